@@ -1,0 +1,335 @@
+"""Typed, validated settings. One precedence: CLI > environment > file > defaults.
+
+Unknown keys and bad values stop start-up with a message naming the key, so a misspelled
+setting fails at load time rather than being silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+
+Mode = Literal["enforce", "shadow", "off"]
+StoreErrorMode = Literal["forward-original", "compact-unstored"]
+Transport = Literal["aiohttp", "httpx"]
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or invalid; the message names the key."""
+
+
+def _check(cond: bool, key: str, why: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {why}")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"
+    port: int = 8787
+    workers: int = 1
+    max_body_bytes: int = 32 * 1024 * 1024
+    log_level: str = "info"
+    data_dir: str = ""
+    secret: str = ""
+    admin_key: str = ""
+
+    def validate(self, p: str) -> None:
+        _check(0 < self.port < 65536, f"{p}.port", "must be 1..65535")
+        _check(self.workers >= 1, f"{p}.workers", "must be >= 1")
+        _check(self.max_body_bytes > 0, f"{p}.max_body_bytes", "must be > 0")
+        levels = ("debug", "info", "warning", "error")
+        _check(self.log_level in levels, f"{p}.log_level", f"must be one of {levels}")
+
+
+@dataclass(frozen=True)
+class UpstreamSettings:
+    url: str = DEFAULT_UPSTREAM
+    connect_timeout: float = 10.0
+    read_timeout: float = 0.0
+    write_timeout: float = 60.0
+    pool_timeout: float = 30.0
+    max_connections: int = 1000
+    transport: Transport = "aiohttp"
+    api_key: str = ""
+    allowed_keys: tuple[str, ...] = ()
+    retry_context_errors: bool = True
+
+    def validate(self, p: str) -> None:
+        _check(self.url.startswith(("http://", "https://")), f"{p}.url", "must be an http(s) URL")
+        _check(self.connect_timeout > 0, f"{p}.connect_timeout", "must be > 0")
+        _check(self.read_timeout >= 0, f"{p}.read_timeout", "must be >= 0 (0 = no limit)")
+        _check(self.max_connections > 0, f"{p}.max_connections", "must be > 0")
+        _check(self.transport in ("aiohttp", "httpx"), f"{p}.transport", "aiohttp or httpx")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    url: str = ""
+    timeout_ms: int = 200
+    retention_days: int = 30
+    on_store_error: StoreErrorMode = "forward-original"
+    pool_size: int = 50
+
+    def validate(self, p: str) -> None:
+        _check(
+            self.url == ""
+            or self.url.startswith(("redis://", "rediss://", "unix://", "sqlite://")),
+            f"{p}.url",
+            "must be redis://, rediss://, unix:// or sqlite:///path",
+        )
+        _check(self.timeout_ms > 0, f"{p}.timeout_ms", "must be > 0")
+        _check(self.retention_days > 0, f"{p}.retention_days", "must be > 0")
+        _check(
+            self.on_store_error in ("forward-original", "compact-unstored"),
+            f"{p}.on_store_error",
+            "forward-original or compact-unstored",
+        )
+        _check(self.pool_size > 0, f"{p}.pool_size", "must be > 0")
+
+
+@dataclass(frozen=True)
+class TokenSettings:
+    models_file: str = ""
+    safety_margin: int = 64
+    cache_size: int = 100_000
+
+    def validate(self, p: str) -> None:
+        _check(self.safety_margin >= 0, f"{p}.safety_margin", "must be >= 0")
+        _check(self.cache_size >= 0, f"{p}.cache_size", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    name: str = "default"
+    match_keys: tuple[str, ...] = ()
+    match_models: tuple[str, ...] = ()
+    match_header: str = ""
+    match_header_values: tuple[str, ...] = ()
+    mode: Mode = "enforce"
+    providers: tuple[str, ...] = ("trim",)
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    budget_tokens: int = 0
+    budget_fraction: float = 1.0
+    trigger_ratio: float = 1.0
+    target_ratio: float = 0.7
+    min_saving: float = 0.10
+    retention_days: int = 0
+    allow_bypass: bool = True
+    selectable: tuple[str, ...] = ()
+    keep_head: int = 0
+    recency_turns: int = 2
+    max_tool_result_tokens: int = 2000
+    reasoning_strip_age_threshold: int = 3
+
+    def validate(self, p: str) -> None:
+        _check(bool(self.name), f"{p}.name", "must not be empty")
+        _check(self.mode in ("enforce", "shadow", "off"), f"{p}.mode", "enforce, shadow or off")
+        _check(self.budget_tokens >= 0, f"{p}.budget_tokens", "must be >= 0 (0 = no cap)")
+        _check(0 < self.budget_fraction <= 1, f"{p}.budget_fraction", "must be in (0, 1]")
+        _check(0 < self.trigger_ratio <= 1, f"{p}.trigger_ratio", "must be in (0, 1]")
+        _check(0 < self.target_ratio <= 1, f"{p}.target_ratio", "must be in (0, 1]")
+        _check(
+            self.target_ratio <= self.trigger_ratio, f"{p}.target_ratio", "must be <= trigger_ratio"
+        )
+        _check(0 <= self.min_saving < 1, f"{p}.min_saving", "must be in [0, 1)")
+        _check(self.retention_days >= 0, f"{p}.retention_days", "must be >= 0 (0 = store's)")
+        _check(self.recency_turns >= 0, f"{p}.recency_turns", "must be >= 0")
+        _check(self.keep_head >= 0, f"{p}.keep_head", "must be >= 0")
+        for opt in self.options:
+            _check(
+                opt in self.providers, f"{p}.options.{opt}", "options for a provider not in chain"
+            )
+
+
+@dataclass(frozen=True)
+class Settings:
+    server: ServerSettings = field(default_factory=ServerSettings)
+    upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    tokens: TokenSettings = field(default_factory=TokenSettings)
+    default_policy: PolicySettings = field(default_factory=PolicySettings)
+    policies: tuple[PolicySettings, ...] = ()
+
+    def validate(self) -> None:
+        """Check every section and the policies' cross-references."""
+        self.server.validate("server")
+        self.upstream.validate("upstream")
+        self.store.validate("store")
+        self.tokens.validate("tokens")
+        self.default_policy.validate("default_policy")
+        names = {self.default_policy.name}
+        for i, pol in enumerate(self.policies):
+            pol.validate(f"policies[{i}]")
+            _check(pol.name not in names, f"policies[{i}].name", f"duplicate name {pol.name!r}")
+            names.add(pol.name)
+        for i, pol in enumerate((self.default_policy, *self.policies)):
+            for sel in pol.selectable:
+                _check(sel in names, f"policy {pol.name!r}.selectable", f"unknown policy {sel!r}")
+
+    def all_policies(self) -> tuple[PolicySettings, ...]:
+        """Every policy, the default last."""
+        return (*self.policies, self.default_policy)
+
+
+# Environment variables that set one key each; COMPACTD_<SECTION>_<KEY> works for every scalar.
+ENV_ALIASES: dict[str, str] = {
+    "COMPACTD_UPSTREAM_URL": "upstream.url",
+    "COMPACTD_UPSTREAM_API_KEY": "upstream.api_key",
+    "COMPACTD_SECRET": "server.secret",
+    "COMPACTD_ADMIN_KEY": "server.admin_key",
+    "COMPACTD_DATA_DIR": "server.data_dir",
+    "REDIS_URL": "store.url",
+    "COMPACTD_STORE_URL": "store.url",
+}
+
+
+_SECTION_TYPES: dict[str, type[Any]] = {
+    "server": ServerSettings,
+    "upstream": UpstreamSettings,
+    "store": StoreSettings,
+    "tokens": TokenSettings,
+}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = get_origin(tp)
+    if origin is Literal:
+        _check(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
+        return value
+    if origin in (Union, types.UnionType):
+        return value
+    if dataclasses.is_dataclass(tp):
+        _check(isinstance(value, dict), key, "must be a table")
+        return _build(tp, value, key)  # type: ignore[arg-type]
+    if origin is tuple:
+        (item_tp, _) = get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        _check(isinstance(value, list), key, "must be a list")
+        return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        _check(isinstance(value, dict), key, "must be a table")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, str) and value.lower() in (
+            "1",
+            "true",
+            "yes",
+            "on",
+            "0",
+            "false",
+            "no",
+            "off",
+        ):
+            return value.lower() in ("1", "true", "yes", "on")
+        _check(isinstance(value, bool), key, f"must be true or false, not {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, str):
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(f"{key}: must be an integer, not {value!r}") from None
+        _check(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{key}: must be a number, not {value!r}") from None
+        _check(
+            isinstance(value, int | float) and not isinstance(value, bool), key, "must be a number"
+        )
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str), key, f"must be a string, not {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
+
+
+def _build(cls: type[Any], table: Mapping[str, Any], prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        full = f"{prefix}.{key}" if prefix else key
+        if key not in names:
+            raise ConfigError(f"{full}: unknown key (known: {', '.join(sorted(names))})")
+        if key == "policies":
+            _check(isinstance(value, list), full, "must be an array of tables")
+            kwargs[key] = tuple(
+                _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
+            )
+        else:
+            kwargs[key] = _coerce(value, hints[key], full)
+    return cls(**kwargs)
+
+
+def _set_dotted(table: dict[str, Any], dotted: str, value: Any) -> None:
+    section, key = dotted.split(".", 1)
+    table.setdefault(section, {})[key] = value
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """Settings given by environment variables, as a nested table."""
+    table: dict[str, Any] = {}
+    for section, cls in _SECTION_TYPES.items():
+        for f in dataclasses.fields(cls):
+            name = f"COMPACTD_{section.upper()}_{f.name.upper()}"
+            if name in env:
+                _set_dotted(table, f"{section}.{f.name}", env[name])
+    for name, dotted in ENV_ALIASES.items():
+        if env.get(name):
+            _set_dotted(table, dotted, env[name])
+    return table
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def load_settings(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Settings:
+    """Load and validate settings: `overrides` (CLI) > `env` > the TOML file > defaults."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                table = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path}: {exc}") from None
+    table = _merge(table, env_overrides(os.environ if env is None else env))
+    if overrides:
+        table = _merge(table, overrides)
+    settings: Settings = _build(Settings, table, "")
+    settings.validate()
+    return settings
+
+
+def data_dir(settings: Settings) -> Path:
+    """Where the embedded store, the server secret and the encodings live."""
+    if settings.server.data_dir:
+        return Path(settings.server.data_dir).expanduser()
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "compactd"

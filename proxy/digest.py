@@ -1,0 +1,68 @@
+"""Canonical message form and digests.
+
+Clients resend history with cosmetic changes: key order, whitespace, optional fields sent as
+`null` or left out, the SDK's re-serialization of an assistant reply (`refusal: null`,
+`annotations: []`). The canonical form ignores those, so the same history always has the same
+digests, and a rewritten request always carries the same bytes for the same history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+
+# Keys that clients add as empty placeholders; an empty value means the same as no key.
+_EMPTY_MEANS_ABSENT = frozenset({"annotations", "tool_calls", "refusal", "audio", "function_call"})
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: _clean(v)
+            for k, v in value.items()
+            if v is not None and not (k in _EMPTY_MEANS_ABSENT and v in ([], "", {}))
+        }
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def canonical_message(message: Message) -> Message:
+    """The message without null fields and empty placeholders (key order is fixed on dump)."""
+    cleaned: Message = _clean(message)
+    return cleaned
+
+
+def canonical_bytes(message: Message) -> bytes:
+    """Compact, key-sorted JSON of the canonical form."""
+    return orjson.dumps(canonical_message(message), option=orjson.OPT_SORT_KEYS)
+
+
+def message_digest(message: Message) -> str:
+    """SHA-256 hex (first 32 chars) of one message's canonical form."""
+    return hashlib.sha256(canonical_bytes(message)).hexdigest()[:32]
+
+
+def prefix_digests(digests: Sequence[str]) -> list[str]:
+    """Rolling digests: result[i] identifies messages[0..i] as a whole."""
+    out: list[str] = []
+    h = hashlib.sha256()
+    for d in digests:
+        h.update(d.encode())
+        out.append(h.copy().hexdigest()[:32])
+    return out
+
+
+def conversation_id(messages: Sequence[Message]) -> str:
+    """Digest of the conversation's root: messages up to and including the first user message."""
+    h = hashlib.sha256()
+    for m in messages:
+        h.update(canonical_bytes(m))
+        if m.get("role") == "user":
+            break
+    return h.hexdigest()[:24]

@@ -1,0 +1,1 @@
+"""Compression providers: the plugin API, the registry and the built-ins."""

@@ -1,0 +1,117 @@
+"""The plugin API: what a compression provider is given and what it must return.
+
+Standard library only, so a third-party provider depends on nothing but this module. Messages are
+plain OpenAI chat message dicts; providers must not mutate the lists or dicts they are given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = dict[str, Any]
+"""One OpenAI chat message (`role`, `content`, optional `tool_calls`, `tool_call_id`, `name` …)."""
+
+RequestCounter = Callable[[Sequence[Message]], int]
+"""Tokens the whole request would cost with these messages (tool schemas and priming included)."""
+
+MessageCounter = Callable[[Message], int]
+"""Tokens one message costs inside a request (per-message overhead included)."""
+
+Completer = Callable[[list[Message], str, float], Awaitable[str]]
+"""Calls the upstream chat model: (messages, model, timeout seconds) -> the reply's text."""
+
+REF_PATTERN = re.compile(r"\[compactd:ref=([0-9a-f]{6,32})\b")
+"""Finds the reference ids that compacted messages carry in their text."""
+
+
+class SummaryCache(Protocol):
+    """Where an LLM-backed provider keeps summaries by source digest (the store implements it)."""
+
+    async def get(self, digest: str) -> str | None:
+        """The cached summary for this digest, if any."""
+
+    async def put(self, digest: str, summary: str) -> None:
+        """Keep a summary for this digest."""
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """Everything a provider needs to know about one compaction."""
+
+    limit: int
+    """Target: the request should cost at most this many tokens after compaction."""
+    budget: int
+    """The hard budget the request must fit (limit <= budget)."""
+    count_tokens: RequestCounter
+    count_message: MessageCounter
+    model: str = "gpt-4o"
+    max_tool_result_tokens: int = 2000
+    reasoning_strip_age_threshold: int = 3
+    keep_head: int = 0
+    """Messages after the system/developer prefix that are never dropped."""
+    recency_turns: int = 2
+    """Most recent user turns (a user message and everything after it) kept verbatim."""
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
+    complete: Completer | None = None
+    summary_cache: SummaryCache | None = None
+
+
+@dataclass
+class CompactionResult:
+    """A provider's output: the new message list and exactly what it replaced."""
+
+    messages: list[Message]
+    source_digest: str
+    covered_through: int = -1
+    """Index of the last input message that was rewritten or dropped; -1 if none was."""
+    verbatim: dict[str, list[Message]] = field(default_factory=dict)
+    """Reference id -> the original messages it stands for, in order."""
+    limitations: list[str] = field(default_factory=list)
+    """Human-readable notes about what was lost (e.g. "tool results truncated")."""
+
+
+class ContextProvider(ABC):
+    """A compression strategy. Subclasses set `name` and implement `compress`."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """Unique identifier used in config and the `x-compactd-provider` header."""
+
+    def should_compress(self, messages: list[Message], config: CompressionConfig) -> bool:
+        """Whether this provider has work to do; by default, whether the request is over target."""
+        return config.count_tokens(messages) > config.limit
+
+    @abstractmethod
+    def compress(
+        self, messages: list[Message], config: CompressionConfig
+    ) -> CompactionResult | Awaitable[CompactionResult]:
+        """Return a compacted copy of `messages`; may be `async`. Never mutate the input."""
+
+
+def canonical_json(value: Any) -> bytes:
+    """Stable bytes for hashing: sorted keys, no whitespace, UTF-8."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def compute_source_digest(messages: Sequence[Message]) -> str:
+    """SHA-256 hex of the canonical form of a message list."""
+    return hashlib.sha256(canonical_json(list(messages))).hexdigest()
+
+
+def make_ref_id(originals: Sequence[Message]) -> str:
+    """Deterministic short reference id for a group of original messages."""
+    return compute_source_digest(originals)[:10]
+
+
+def ref_marker(ref_id: str, n_messages: int, tokens: int, verb: str = "summarized") -> str:
+    """The visible reference a compacted message carries, e.g.
+    `[compactd:ref=c7f3a9d2e1 … 3 messages, 2,104 tokens summarized]`."""
+    noun = "message" if n_messages == 1 else "messages"
+    return f"[compactd:ref={ref_id} … {n_messages} {noun}, {tokens:,} tokens {verb}]"

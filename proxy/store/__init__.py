@@ -1,0 +1,1 @@
+"""Where originals, checkpoints and accounting live: Redis for deployments, SQLite embedded."""

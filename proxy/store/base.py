@@ -1,0 +1,120 @@
+"""The store interface every backend implements; one contract test suite runs against each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+Message = dict[str, Any]
+
+
+class StoreError(Exception):
+    """The store could not do what was asked (down, timed out, inconsistent)."""
+
+
+class TenantMismatchError(StoreError):
+    """A value read back belongs to another tenant; never returned to the caller."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Original messages [0..covered_through] of a conversation are replaced by `messages`."""
+
+    tenant: str
+    conversation: str
+    source_digest: str
+    """Rolling prefix digest of the original messages [0..covered_through] (see proxy.digest)."""
+    covered_through: int
+    messages: list[Message]
+    """The compacted prefix, replayed verbatim on every later turn."""
+    providers: list[str]
+    created_at: float
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """Everything one compaction writes, atomically: originals + reference map + checkpoint."""
+
+    checkpoint: Checkpoint
+    originals: dict[str, Message]
+    """Message digest -> verbatim original message (content-addressed per tenant)."""
+    refs: dict[str, list[str]]
+    """Reference id -> digests of the messages it replaced, in order."""
+
+
+@dataclass(frozen=True)
+class ConversationInfo:
+    """What the store knows about one conversation."""
+
+    tenant: str
+    conversation: str
+    created_at: float
+    updated_at: float
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    originals: dict[str, Message] = field(default_factory=dict)
+    refs: dict[str, list[str]] = field(default_factory=dict)
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """Accounting for one request, aggregated per (tenant, policy, model, day)."""
+
+    tenant: str
+    policy: str
+    model: str
+    day: str
+    """UTC date, YYYY-MM-DD."""
+    action: str
+    tokens_before: int
+    tokens_after: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Store(Protocol):
+    """Async store interface. Every method is scoped to a tenant; `tenant=None` means admin."""
+
+    async def find_checkpoint(
+        self, tenant: str, conversation: str, prefix_digests: list[str]
+    ) -> Checkpoint | None:
+        """The checkpoint with the largest covered_through whose source_digest equals
+        prefix_digests[covered_through]; at most two round trips, not one per message."""
+
+    async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> None:
+        """Write originals, refs and checkpoint in one atomic step (all or nothing)."""
+
+    async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
+        """Reference id -> original messages, for the ids this tenant owns (others omitted)."""
+
+    async def get_conversation(
+        self, tenant: str | None, conversation: str
+    ) -> ConversationInfo | None:
+        """Metadata, checkpoints and originals of a conversation; None if absent or not visible."""
+
+    async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
+        """Conversations visible to this tenant (all for admin), without originals."""
+
+    async def purge(self, tenant: str | None, conversation: str) -> bool:
+        """Delete a conversation and everything only it references; True if it existed."""
+
+    async def get_summary(self, tenant: str, digest: str) -> str | None:
+        """A cached LLM summary by source digest."""
+
+    async def put_summary(self, tenant: str, digest: str, summary: str, ttl_seconds: int) -> None:
+        """Cache an LLM summary by source digest."""
+
+    async def record_usage(self, record: UsageRecord) -> None:
+        """Add one request to its (tenant, policy, model, day) aggregate."""
+
+    async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
+        """Aggregates from `since_day` on: one dict per (tenant, policy, model, day)."""
+
+    async def ping(self) -> None:
+        """Raise StoreError unless the store answers."""
+
+    async def close(self) -> None:
+        """Release connections."""
