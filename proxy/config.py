@@ -171,7 +171,7 @@ class Settings:
             pol.validate(f"policies[{i}]")
             _check(pol.name not in names, f"policies[{i}].name", f"duplicate name {pol.name!r}")
             names.add(pol.name)
-        for i, pol in enumerate((self.default_policy, *self.policies)):
+        for pol in self.all_policies():
             for sel in pol.selectable:
                 _check(sel in names, f"policy {pol.name!r}.selectable", f"unknown policy {sel!r}")
 
@@ -198,6 +198,10 @@ _SECTION_TYPES: dict[str, type[Any]] = {
     "store": StoreSettings,
     "tokens": TokenSettings,
 }
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
