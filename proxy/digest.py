@@ -24,7 +24,7 @@ def _clean(value: Any) -> Any:
     if isinstance(value, dict):
         return {
             k: _clean(v)
-            for k, v in value.items()
+            for k, v in sorted(value.items())
             if v is not None and not (k in _EMPTY_MEANS_ABSENT and v in ([], "", {}))
         }
     if isinstance(value, list):
@@ -33,14 +33,18 @@ def _clean(value: Any) -> Any:
 
 
 def canonical_message(message: Message) -> Message:
-    """The message without null fields and empty placeholders (key order is fixed on dump)."""
+    """The message without null fields and empty placeholders, keys sorted at every level.
+
+    Sorting here (rather than with orjson.OPT_SORT_KEYS at dump time) lets a rewritten request
+    keep its own top-level key order while every message in it is serialized canonically.
+    """
     cleaned: Message = _clean(message)
     return cleaned
 
 
 def canonical_bytes(message: Message) -> bytes:
     """Compact, key-sorted JSON of the canonical form."""
-    return orjson.dumps(canonical_message(message), option=orjson.OPT_SORT_KEYS)
+    return orjson.dumps(canonical_message(message))
 
 
 def message_digest(message: Message) -> str:
