@@ -1,0 +1,250 @@
+"""Prometheus metrics: one `Metrics` object per process, one method per event.
+
+Each `Metrics` owns its own `CollectorRegistry` (nothing is registered in prometheus_client's
+global default registry), so tests and several apps in one process never collide.
+
+Several uvicorn workers: prometheus_client decides *when it is imported* whether values live in
+process memory or in per-process mmap files under `PROMETHEUS_MULTIPROC_DIR`. So the CLI must set
+that variable (an empty directory) before the workers start (`multiprocess_dir()` does this), and
+`render()` then merges every worker's files with `MultiProcessCollector`, whichever worker answers
+the scrape. Only counters and histograms are used, which merge by summing; no live gauges, so no
+`mark_process_dead` bookkeeping is needed when a worker exits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    values,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+OTHER_MODEL = "other"
+_MAX_LABEL = 100
+
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_SLOW = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+@contextmanager
+def multiprocess_dir(path: str | None = None) -> Iterator[str]:
+    """Give workers a clean `PROMETHEUS_MULTIPROC_DIR` for the server's lifetime.
+
+    Call in the CLI *before* starting several uvicorn workers (they are spawned, so they inherit
+    the environment and import prometheus_client afresh). Stale files from a previous run are
+    removed first, or counters would resume from old values; a directory we created is removed
+    on exit.
+    """
+    created = path is None
+    root = Path(path or tempfile.mkdtemp(prefix="compactd-metrics-"))
+    root.mkdir(parents=True, exist_ok=True)
+    for stale in root.glob("*.db"):
+        stale.unlink()
+    previous = os.environ.get(MULTIPROC_ENV)
+    os.environ[MULTIPROC_ENV] = str(root)
+    try:
+        yield str(root)
+    finally:
+        if previous is None:
+            os.environ.pop(MULTIPROC_ENV, None)
+        else:
+            os.environ[MULTIPROC_ENV] = previous
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+class Metrics:
+    """Every compactd metric; call the method named after what happened."""
+
+    def __init__(self, *, multiprocess: str | None = None, max_models: int = 200) -> None:
+        path = multiprocess if multiprocess is not None else os.environ.get(MULTIPROC_ENV, "")
+        if path and values.ValueClass is values.MutexValue:
+            # Values would stay in this process's memory while render() reads the files: every
+            # scrape would silently show zeros. Fail at start-up instead.
+            raise RuntimeError(f"{MULTIPROC_ENV} must be set before prometheus_client is imported")
+        self._multiprocess = path
+        self._max_models = max_models
+        # Model names come from clients; cap the label set so a client cannot explode it.
+        self._models: set[str] = set()
+        r = self._registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "compactd_requests",
+            "Chat requests by outcome.",
+            ["action", "model", "policy"],
+            registry=r,
+        )
+        self._tokens_before = Counter(
+            "compactd_tokens_before",
+            "Prompt tokens as the client sent them (tiktoken count).",
+            ["model", "policy"],
+            registry=r,
+        )
+        self._tokens_after = Counter(
+            "compactd_tokens_after",
+            "Prompt tokens as forwarded upstream (tiktoken count).",
+            ["model", "policy"],
+            registry=r,
+        )
+        self._tokens_saved = Counter(
+            "compactd_tokens_saved",
+            "Prompt tokens removed by compaction or replay.",
+            ["model", "policy"],
+            registry=r,
+        )
+        self._overhead = Histogram(
+            "compactd_overhead_seconds",
+            "Time from receiving a request to sending it upstream.",
+            ["action"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self._compactions = Counter(
+            "compactd_compactions",
+            "Compaction events (a new checkpoint was written).",
+            ["policy", "providers"],
+            registry=r,
+        )
+        self._compaction_seconds = Histogram(
+            "compactd_compaction_seconds",
+            "Time spent running the provider chain.",
+            ["policy"],
+            buckets=_SLOW,
+            registry=r,
+        )
+        self._store_seconds = Histogram(
+            "compactd_store_seconds",
+            "Store operation latency.",
+            ["op"],
+            buckets=_FAST,
+            registry=r,
+        )
+        self._upstream = Counter(
+            "compactd_upstream_responses",
+            "Upstream responses by status code.",
+            ["status"],
+            registry=r,
+        )
+        self._ttfb = Histogram(
+            "compactd_upstream_ttfb_seconds",
+            "Time from sending upstream to its first byte.",
+            buckets=_SLOW,
+            registry=r,
+        )
+        self._usage = Counter(
+            "compactd_upstream_usage_tokens",
+            "Tokens the upstream billed (its `usage`), by kind: prompt, cached, completion.",
+            ["kind", "model"],
+            registry=r,
+        )
+        self._violations = Counter(
+            "compactd_invariant_violations",
+            "Provider outputs rejected by the validator (and reverted).",
+            ["provider"],
+            registry=r,
+        )
+        self._fail_open = Counter(
+            "compactd_fail_open",
+            "Requests forwarded unchanged because something failed.",
+            ["reason"],
+            registry=r,
+        )
+        self._refused = Counter(
+            "compactd_client_requests_refused",
+            "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
+            ["header"],
+            registry=r,
+        )
+        self._passthrough_changed = Counter(
+            "compactd_passthrough_bytes_changed",
+            "Bytes that differed on requests forwarded as passthrough; must stay 0.",
+            registry=r,
+        )
+        if path:
+            self._render_registry = CollectorRegistry()
+            MultiProcessCollector(self._render_registry, path=path)  # type: ignore[no-untyped-call]
+        else:
+            self._render_registry = r
+
+    def _model(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) >= self._max_models or len(model) > _MAX_LABEL:
+            return OTHER_MODEL
+        self._models.add(model)
+        return model
+
+    def observe_request(
+        self,
+        *,
+        action: str,
+        model: str,
+        policy: str,
+        tokens_before: int,
+        tokens_after: int,
+        overhead_seconds: float | None = None,
+    ) -> None:
+        """One chat request decided (passthrough, replayed, compacted, bypass, shadow, error)."""
+        m = self._model(model)
+        self._requests.labels(action, m, policy).inc()
+        self._tokens_before.labels(m, policy).inc(tokens_before)
+        self._tokens_after.labels(m, policy).inc(tokens_after)
+        if tokens_before > tokens_after:
+            self._tokens_saved.labels(m, policy).inc(tokens_before - tokens_after)
+        if overhead_seconds is not None:
+            self._overhead.labels(action).observe(overhead_seconds)
+
+    def observe_compaction(self, *, policy: str, providers: str, seconds: float) -> None:
+        """One compaction event: the provider chain ran and a checkpoint was written."""
+        self._compactions.labels(policy, providers).inc()
+        self._compaction_seconds.labels(policy).observe(seconds)
+
+    def observe_store(self, op: str, seconds: float) -> None:
+        """One store call (`find_checkpoint`, `save_compaction`, `record_usage`, ...)."""
+        self._store_seconds.labels(op).observe(seconds)
+
+    def observe_upstream(self, status: int, ttfb_seconds: float | None = None) -> None:
+        """The upstream answered with `status`, its first byte after `ttfb_seconds`."""
+        self._upstream.labels(str(status)).inc()
+        if ttfb_seconds is not None:
+            self._ttfb.observe(ttfb_seconds)
+
+    def observe_usage(
+        self, *, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+    ) -> None:
+        """The upstream's own `usage` for one response."""
+        m = self._model(model)
+        self._usage.labels("prompt", m).inc(prompt_tokens)
+        self._usage.labels("cached", m).inc(cached_tokens)
+        self._usage.labels("completion", m).inc(completion_tokens)
+
+    def invariant_violation(self, provider: str) -> None:
+        """A provider's output broke an invariant and was reverted."""
+        self._violations.labels(provider).inc()
+
+    def fail_open(self, reason: str) -> None:
+        """A request was forwarded unchanged because of a failure (`count`, `store`, ...)."""
+        self._fail_open.labels(reason).inc()
+
+    def refused(self, header: str) -> None:
+        """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""
+        self._refused.labels(header).inc()
+
+    def passthrough_bytes_changed(self, n: int) -> None:
+        """Bytes differed on a passthrough request: a transparency bug, alert on any increase."""
+        self._passthrough_changed.inc(n)
+
+    def render(self) -> tuple[bytes, str]:
+        """The scrape body and its content type (every worker's values in multiprocess mode)."""
+        return generate_latest(self._render_registry), CONTENT_TYPE_LATEST
