@@ -1,0 +1,247 @@
+"""The model table and the token budget of a request.
+
+A request's budget is what is left of the model's context window once the reply has room:
+window - reserved output - safety margin, optionally capped lower by the policy. Compaction starts
+above the trigger and aims for the target, well below the budget, so it does not re-trigger on the
+next turn (DESIGN.md, promise 2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+from proxy.config import ConfigError, PolicySettings
+from proxy.encodings import BUNDLED
+
+_FIELDS = (
+    "context_window",
+    "max_output",
+    "encoding",
+    "input_price",
+    "cached_input_price",
+    "output_price",
+)
+_INT_FIELDS = frozenset({"context_window", "max_output"})
+
+# Model names come from clients, so the lookup memo and the learned windows are bounded.
+_MEMO_SIZE = 4096
+_LEARNED_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What compactd knows about one model (prices in USD per 1M tokens)."""
+
+    pattern: str
+    context_window: int
+    max_output: int
+    encoding: str
+    input_price: float
+    cached_input_price: float
+    output_price: float
+
+    def with_window(self, window: int) -> ModelInfo:
+        """A copy with another context window (e.g. one learned from an upstream error)."""
+        return dataclasses.replace(self, context_window=window)
+
+
+def _entry(table: Any, key: str, *, with_pattern: bool) -> ModelInfo:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{key}: must be a table")
+    known = {"pattern", *_FIELDS} if with_pattern else set(_FIELDS)
+    for name in table:
+        if name not in known:
+            raise ConfigError(f"{key}.{name}: unknown key (known: {', '.join(sorted(known))})")
+    for name in sorted(known):
+        if name not in table:
+            raise ConfigError(f"{key}.{name}: missing")
+    values: dict[str, Any] = {}
+    for name in _FIELDS:
+        value = table[name]
+        full = f"{key}.{name}"
+        if name in _INT_FIELDS:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{full}: must be a positive integer, not {value!r}")
+        elif name == "encoding":
+            if value not in BUNDLED:
+                raise ConfigError(f"{full}: must be one of {BUNDLED}, not {value!r}")
+        elif not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{full}: must be a number >= 0, not {value!r}")
+        values[name] = float(value) if name.endswith("price") else value
+    pattern = table.get("pattern", "*")
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise ConfigError(f"{key}.pattern: must be a non-empty string, not {pattern!r}")
+    return ModelInfo(pattern=pattern.lower(), **values)
+
+
+def _parse(data: Mapping[str, Any]) -> tuple[tuple[ModelInfo, ...], ModelInfo]:
+    for name in data:
+        if name not in ("default", "models"):
+            raise ConfigError(f"{name}: unknown key (known: default, models)")
+    if "default" not in data:
+        raise ConfigError("default: missing (the entry for models no pattern matches)")
+    default = _entry(data["default"], "default", with_pattern=False)
+    raw = data.get("models", [])
+    if not isinstance(raw, list):
+        raise ConfigError("models: must be an array of tables ([[models]])")
+    entries: list[ModelInfo] = []
+    for i, table in enumerate(raw):
+        info = _entry(table, f"models[{i}]", with_pattern=True)
+        for j, earlier in enumerate(entries):
+            # A pattern that the earlier glob matches as a literal string can never be reached.
+            if fnmatchcase(info.pattern, earlier.pattern):
+                raise ConfigError(
+                    f"models[{i}].pattern: {info.pattern!r} is shadowed by models[{j}] "
+                    f"{earlier.pattern!r}; put more specific patterns first"
+                )
+        entries.append(info)
+    return tuple(entries), default
+
+
+def _packaged_table() -> Path:
+    packaged = files("proxy") / "data" / "models.toml"
+    if packaged.is_file():
+        return Path(str(packaged))
+    # Editable install: the repository's config/ sits next to the package.
+    return Path(__file__).resolve().parent.parent / "config" / "models.toml"
+
+
+class ModelTable:
+    """Glob-matched model entries (first match wins) plus windows learned at run time."""
+
+    def __init__(self, entries: tuple[ModelInfo, ...], default: ModelInfo) -> None:
+        self.entries = entries
+        self.default = default
+        self._memo: dict[str, ModelInfo] = {}
+        self._learned: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> ModelTable:
+        """Load and validate a table; without `path`, the packaged copy (or the repo's config/)."""
+        source = path if path is not None else _packaged_table()
+        try:
+            data = tomllib.loads(source.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"models file {source}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"models file {source}: {exc}") from None
+        try:
+            entries, default = _parse(data)
+        except ConfigError as exc:
+            raise ConfigError(f"models file {source}: {exc}") from None
+        return cls(entries, default)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> ModelTable:
+        """Build a table from already-parsed TOML (validated the same way as `load`)."""
+        return cls(*_parse(data))
+
+    def match(self, model: str) -> ModelInfo:
+        """The table's entry for `model` (first glob match, else the default), ignoring overlays."""
+        name = model.lower()
+        found = self._memo.get(name)
+        if found is None:
+            found = next((e for e in self.entries if fnmatchcase(name, e.pattern)), self.default)
+            with self._lock:
+                if len(self._memo) >= _MEMO_SIZE:
+                    self._memo.clear()
+                self._memo[name] = found
+        return found
+
+    def lookup(self, model: str) -> ModelInfo:
+        """The entry for `model`, with its learned context window if one was recorded."""
+        info = self.match(model)
+        window = self._learned.get(model.lower())
+        return info if window is None else info.with_window(window)
+
+    def learn_window(self, model: str, window: int) -> ModelInfo:
+        """Record the window an upstream reported for `model`; later lookups use it."""
+        if window <= 0:
+            raise ValueError(f"window must be > 0, not {window}")
+        with self._lock:
+            if len(self._learned) >= _LEARNED_SIZE:
+                self._learned.clear()
+            self._learned[model.lower()] = window
+        return self.lookup(model)
+
+    def forget_window(self, model: str) -> None:
+        """Drop a learned window so the table's figure applies again."""
+        with self._lock:
+            self._learned.pop(model.lower(), None)
+
+
+# OpenAI phrasings: "This model's maximum context length is 128000 tokens. However, ..." and
+# "Input tokens exceed the configured limit of 272000 tokens."
+_WINDOW_RE = re.compile(
+    r"(?:maximum context length is|configured limit of|context window of)"
+    r"\s+([0-9][0-9,]*)\s+tokens",
+    re.IGNORECASE,
+)
+
+
+def parse_context_window(message: str) -> int | None:
+    """The token limit an upstream context-length error states, if it states one."""
+    found = _WINDOW_RE.search(message)
+    if found is None:
+        return None
+    return int(found.group(1).replace(",", "")) or None
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Token figures for one request: compaction runs above `trigger` and aims for `target`."""
+
+    window: int
+    reserved_output: int
+    margin: int
+    budget: int
+    trigger: int
+    target: int
+
+
+def _requested_output(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def compute_budget(
+    info: ModelInfo, body: Mapping[str, Any], policy: PolicySettings, safety_margin: int
+) -> Budget:
+    """Budget = window - reserved output - margin, capped by the policy; never below a floor.
+
+    The reserved output is the request's `max_completion_tokens` (or `max_tokens`), else the
+    model's default max output. When the reservation and margin leave less than 1/32 of the window
+    (e.g. `max_tokens` ≥ window), the budget is that floor, small but positive: the request is
+    likely to be refused upstream anyway, and compaction must still have a target to aim at.
+    """
+    window = info.context_window
+    reserved = _requested_output(body) or info.max_output
+    margin = max(0, safety_margin)
+    floor = max(1, window // 32)
+    budget = max(window - reserved - margin, floor)
+    if policy.budget_tokens > 0:
+        budget = min(budget, policy.budget_tokens)
+    budget = max(1, min(budget, int(policy.budget_fraction * window)))
+    trigger = max(1, int(budget * policy.trigger_ratio))
+    target = max(1, min(trigger, int(budget * policy.target_ratio)))
+    return Budget(
+        window=window,
+        reserved_output=reserved,
+        margin=margin,
+        budget=budget,
+        trigger=trigger,
+        target=target,
+    )
