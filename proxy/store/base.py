@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Message = dict[str, Any]
+
+# Ids become parts of Redis keys and hash tags: no braces, whitespace or control characters.
+_ID_PATTERN = re.compile(r"[A-Za-z0-9._:@=+/-]{1,128}")
+
+
+def valid_id(value: str) -> bool:
+    """Whether a tenant or conversation id is safe to use as part of a store key."""
+    return _ID_PATTERN.fullmatch(value) is not None
+
+
+def check_ids(tenant: str | None, conversation: str) -> None:
+    """Raise ValueError unless the ids are safe key parts (a client sends conversation ids)."""
+    if tenant is not None and not valid_id(tenant):
+        raise ValueError(f"invalid tenant id {tenant[:40]!r}")
+    if not valid_id(conversation):
+        raise ValueError(f"invalid conversation id {conversation[:40]!r}")
 
 
 class StoreError(Exception):
@@ -56,6 +73,11 @@ class ConversationInfo:
     originals: dict[str, Message] = field(default_factory=dict)
     refs: dict[str, list[str]] = field(default_factory=dict)
     size_bytes: int = 0
+    """Bytes of stored checkpoints, originals and refs (the values, as the store keeps them)."""
+    expires_at: float = 0.0
+    """When retention deletes it unless it is used again (epoch seconds)."""
+    checkpoint_count: int = 0
+    original_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,8 +106,12 @@ class Store(Protocol):
         """The checkpoint with the largest covered_through whose source_digest equals
         prefix_digests[covered_through]; at most two round trips, not one per message."""
 
-    async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> None:
-        """Write originals, refs and checkpoint in one atomic step (all or nothing)."""
+    async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
+        """Write originals, refs and checkpoint in one atomic step (all or nothing).
+
+        First writer wins: if a checkpoint for the same source digest already exists it is kept
+        (its originals and refs are still written, so the caller's ref ids resolve) and returned;
+        the caller should forward the returned checkpoint's messages, not its own."""
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns (others omitted)."""
@@ -93,13 +119,15 @@ class Store(Protocol):
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:
-        """Metadata, checkpoints and originals of a conversation; None if absent or not visible."""
+        """Metadata, checkpoints and originals of a conversation; None if absent or not visible.
+        Admin (None): the most recently used conversation of that id across tenants."""
 
     async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
         """Conversations visible to this tenant (all for admin), without originals."""
 
     async def purge(self, tenant: str | None, conversation: str) -> bool:
-        """Delete a conversation and everything only it references; True if it existed."""
+        """Delete a conversation and everything only it references; True if it existed.
+        Admin (None): every tenant's conversation of that id."""
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached LLM summary by source digest."""
@@ -111,10 +139,15 @@ class Store(Protocol):
         """Add one request to its (tenant, policy, model, day) aggregate."""
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
-        """Aggregates from `since_day` on: one dict per (tenant, policy, model, day)."""
+        """Aggregates from `since_day` on: one dict per (tenant, policy, model, day) with keys
+        tenant, policy, model, day, requests, actions ({action: count}), tokens_before,
+        tokens_after, prompt_tokens, cached_tokens, completion_tokens."""
 
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""
+
+    async def check_config(self) -> list[str]:
+        """Warnings about settings that risk losing stored originals (for the start-up log)."""
 
     async def close(self) -> None:
         """Release connections."""

@@ -1,0 +1,153 @@
+"""How stored values are encoded, shared by every backend.
+
+Every value carries the tenant that wrote it and is checked against the tenant reading it: if a
+connection ever got out of step (the 2023 redis-py cancellation bug that leaked chats across
+users), a read would raise TenantMismatchError rather than hand one tenant another's data.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from proxy.store.base import Checkpoint, Message, StoreError, TenantMismatchError, UsageRecord
+
+USAGE_METRICS = (
+    "tokens_before",
+    "tokens_after",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+)
+MAX_USAGE_DAYS = 1000
+
+
+def _load(raw: bytes | str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise StoreError("stored value is not valid JSON") from exc
+    if not isinstance(value, dict):
+        raise StoreError("stored value is not an object")
+    return value
+
+
+def _owned(raw: bytes | str, tenant: str) -> dict[str, Any]:
+    value = _load(raw)
+    if value.get("t") != tenant:
+        raise TenantMismatchError("a stored value belongs to another tenant")
+    return value
+
+
+def dump_checkpoint(cp: Checkpoint) -> bytes:
+    """The stored form of a checkpoint."""
+    return orjson.dumps(
+        {
+            "t": cp.tenant,
+            "c": cp.conversation,
+            "d": cp.source_digest,
+            "k": cp.covered_through,
+            "m": cp.messages,
+            "p": cp.providers,
+            "at": cp.created_at,
+            "tb": cp.tokens_before,
+            "ta": cp.tokens_after,
+        }
+    )
+
+
+def load_checkpoint(raw: bytes | str, tenant: str) -> Checkpoint:
+    """A stored checkpoint, if `tenant` wrote it."""
+    v = _owned(raw, tenant)
+    return Checkpoint(
+        tenant=v["t"],
+        conversation=v["c"],
+        source_digest=v["d"],
+        covered_through=int(v["k"]),
+        messages=list(v["m"]),
+        providers=list(v["p"]),
+        created_at=float(v["at"]),
+        tokens_before=int(v.get("tb", 0)),
+        tokens_after=int(v.get("ta", 0)),
+    )
+
+
+def dump_original(tenant: str, message: Message) -> bytes:
+    """The stored form of one verbatim original message."""
+    return orjson.dumps({"t": tenant, "m": message})
+
+
+def load_original(raw: bytes | str, tenant: str) -> Message:
+    """A stored original, if `tenant` wrote it."""
+    message: Message = _owned(raw, tenant)["m"]
+    return message
+
+
+def dump_ref(tenant: str, digests: Sequence[str]) -> bytes:
+    """The stored form of a reference id's original digests."""
+    return orjson.dumps({"t": tenant, "d": list(digests)})
+
+
+def load_ref(raw: bytes | str, tenant: str) -> list[str]:
+    """The original digests a reference id stands for, if `tenant` wrote it."""
+    return [str(d) for d in _owned(raw, tenant)["d"]]
+
+
+def dump_summary(tenant: str, summary: str) -> bytes:
+    """The stored form of a cached summary."""
+    return orjson.dumps({"t": tenant, "s": summary})
+
+
+def load_summary(raw: bytes | str, tenant: str) -> str:
+    """A cached summary, if `tenant` wrote it."""
+    return str(_owned(raw, tenant)["s"])
+
+
+def candidates(index: Mapping[str, int], prefix_digests: Sequence[str]) -> list[str]:
+    """Source digests of known checkpoints that match this request's prefix, longest first."""
+    n = len(prefix_digests)
+    found = [(k, d) for d, k in index.items() if 0 <= k < n and prefix_digests[k] == d]
+    return [d for _, d in sorted(found, reverse=True)]
+
+
+def usage_increments(record: UsageRecord) -> dict[str, int]:
+    """Counter name -> increment for one request (`action:<name>` counts actions)."""
+    incs = {"requests": 1, f"action:{record.action}": 1}
+    for metric in USAGE_METRICS:
+        incs[metric] = int(getattr(record, metric))
+    return incs
+
+
+def usage_row(
+    tenant: str, policy: str, model: str, day: str, counters: Mapping[str, int]
+) -> dict[str, Any]:
+    """One aggregate as `Store.usage` returns it."""
+    row: dict[str, Any] = {
+        "tenant": tenant,
+        "policy": policy,
+        "model": model,
+        "day": day,
+        "requests": int(counters.get("requests", 0)),
+        "actions": {
+            name.removeprefix("action:"): int(n)
+            for name, n in sorted(counters.items())
+            if name.startswith("action:")
+        },
+    }
+    for metric in USAGE_METRICS:
+        row[metric] = int(counters.get(metric, 0))
+    return row
+
+
+def days_since(since_day: str, today: dt.date | None = None) -> list[str]:
+    """UTC days from `since_day` through tomorrow (clock skew between workers), capped."""
+    try:
+        start = dt.date.fromisoformat(since_day)
+    except ValueError as exc:
+        raise ValueError(f"since_day must be YYYY-MM-DD, not {since_day!r}") from exc
+    end = (today or dt.datetime.now(dt.UTC).date()) + dt.timedelta(days=1)
+    start = max(start, end - dt.timedelta(days=MAX_USAGE_DAYS))
+    return [(start + dt.timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]

@@ -1,0 +1,33 @@
+"""Opens the store the settings name: Redis for a redis/unix URL, else the embedded SQLite file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from proxy.config import StoreSettings
+from proxy.store.base import Store
+from proxy.store.redis import RedisStore
+from proxy.store.sqlite import SqliteStore
+
+DEFAULT_SQLITE_FILE = "compactd.db"
+
+
+def sqlite_path(url: str, data_dir: Path) -> Path:
+    """`sqlite:///abs/path` -> that file; a relative path is under data_dir; empty -> default."""
+    rest = url.removeprefix("sqlite://")
+    if rest in ("", "/"):
+        return data_dir / DEFAULT_SQLITE_FILE
+    path = Path(rest).expanduser()
+    return path if path.is_absolute() else data_dir / path
+
+
+async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
+    """The configured store, opened (pool created; schema ready)."""
+    url = settings.url
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return await RedisStore.open(
+            url, timeout_ms=settings.timeout_ms, pool_size=settings.pool_size
+        )
+    if url and not url.startswith("sqlite://"):
+        raise ValueError(f"store.url: unsupported scheme in {url!r}")
+    return await SqliteStore.open(sqlite_path(url, data_dir), timeout_ms=settings.timeout_ms)

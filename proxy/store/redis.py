@@ -1,0 +1,351 @@
+"""The Redis store: redis-py asyncio over a blocking connection pool, one MULTI/EXEC per write.
+
+Every call runs in its own task behind `asyncio.shield`, bounded by the configured timeout: a
+request cancelled by a client disconnect never interrupts a command half-way, which is how a
+pooled connection got out of step and leaked chats across users in 2023 (CVE-2023-28858/9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError, ResponseError
+
+from proxy.store import codec
+from proxy.store.base import (
+    Checkpoint,
+    Compaction,
+    ConversationInfo,
+    Message,
+    StoreError,
+    UsageRecord,
+    check_ids,
+)
+from proxy.store.redis_keys import ConversationKeys, KeyLayout
+from proxy.store.redis_ops import (
+    admin_tenants,
+    expire_at_least,
+    fetch_conversation,
+    list_pairs,
+    text,
+)
+
+T = TypeVar("T")
+
+USAGE_TTL_SECONDS = 400 * 86400
+
+
+class RedisStore:
+    """The Store protocol over Redis (standalone, or one shard per conversation on Cluster)."""
+
+    def __init__(self, client: Redis, *, timeout: float, keys: KeyLayout) -> None:
+        self._client = client
+        self._timeout = timeout
+        self._keys = keys
+        # Strong references to shielded calls still running after their caller gave up.
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    async def open(
+        cls, url: str, *, timeout_ms: int = 200, pool_size: int = 50, prefix: str = "compactd:"
+    ) -> RedisStore:
+        """Create the pool and pre-open a few connections (a burst then finds them ready)."""
+        timeout = timeout_ms / 1000
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            # No silent retries: a retried write could double-count usage, and the caller
+            # already fails open; the pool reconnects stale connections on checkout.
+            retry=Retry(NoBackoff(), 0),
+        )
+        store = cls(Redis.from_pool(pool), timeout=timeout, keys=KeyLayout(prefix))
+        warm = [store.ping() for _ in range(min(pool_size, 4))]
+        await asyncio.gather(*warm, return_exceptions=True)
+        return store
+
+    async def _io(self, op: Callable[[Redis], Awaitable[T]]) -> T:
+        """Run `op` shielded from cancellation, bounded by the timeout, errors as StoreError."""
+        task: asyncio.Task[T] = asyncio.ensure_future(op(self._client))
+        self._inflight.add(task)
+        task.add_done_callback(self._settle)
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.shield(task)
+        except TimeoutError as exc:
+            raise StoreError(f"redis did not answer within {self._timeout * 1000:.0f} ms") from exc
+        except (RedisError, OSError) as exc:
+            raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+
+    def _settle(self, task: asyncio.Task[Any]) -> None:
+        self._inflight.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a late failure was already reported to the caller
+
+    async def find_checkpoint(
+        self, tenant: str, conversation: str, prefix_digests: list[str]
+    ) -> Checkpoint | None:
+        """Longest matching checkpoint in two round trips; refreshes retention when found."""
+        k = self._keys.conversation(tenant, conversation)
+        if not prefix_digests:
+            return None
+
+        async def op(r: Redis) -> list[bytes | None]:
+            async with r.pipeline(transaction=False) as p:
+                p.hgetall(k.index)
+                p.hget(k.meta, "ttl")
+                index, ttl = await p.execute()
+            found = codec.candidates({d.decode(): int(n) for d, n in index.items()}, prefix_digests)
+            if not found:
+                return []
+            async with r.pipeline(transaction=False) as p:
+                if ttl is not None:
+                    self._refresh(p, k, tenant, conversation, int(ttl))
+                p.hmget(k.checkpoints, found)
+                rows: list[bytes | None] = (await p.execute())[-1]
+            return rows
+
+        for raw in await self._io(op):
+            if raw is not None:
+                return codec.load_checkpoint(raw, tenant)
+        return None
+
+    def _refresh(self, p: Any, k: ConversationKeys, tenant: str, conv: str, ttl: int) -> None:
+        now = time.time()
+        for key in k.data():
+            p.expire(key, ttl)
+        p.hset(k.meta, "updated_at", now)
+        p.zadd(self._keys.tenant_conversations(tenant), {conv: now})
+        expire_at_least(p, self._keys.tenant_conversations(tenant), ttl)
+
+    async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
+        """One MULTI/EXEC for the conversation's keys, then the cross-slot indexes."""
+        cp = compaction.checkpoint
+        tenant, conv = cp.tenant, cp.conversation
+        k = self._keys.conversation(tenant, conv)
+        originals = {d: codec.dump_original(tenant, m) for d, m in compaction.originals.items()}
+        refs = {ref: codec.dump_ref(tenant, ds) for ref, ds in compaction.refs.items()}
+        body = codec.dump_checkpoint(cp)
+        now = time.time()
+
+        async def op(r: Redis) -> bytes:
+            async with r.pipeline(transaction=True) as p:
+                if originals:
+                    p.hset(k.originals, mapping=originals)  # type: ignore[arg-type]
+                if refs:
+                    p.hset(k.refs, mapping=refs)  # type: ignore[arg-type]
+                p.hsetnx(k.checkpoints, cp.source_digest, body)
+                p.hset(k.index, cp.source_digest, cp.covered_through)
+                p.hsetnx(k.meta, "created_at", now)
+                meta: dict[str | bytes, str | float | int] = {
+                    "tenant": tenant,
+                    "conversation": conv,
+                    "updated_at": now,
+                    "ttl": ttl_seconds,
+                }
+                p.hset(k.meta, mapping=meta)  # type: ignore[arg-type]
+                for key in k.data():
+                    p.expire(key, ttl_seconds)
+                p.hget(k.checkpoints, cp.source_digest)
+                stored: bytes = (await p.execute())[-1]
+            async with r.pipeline(transaction=False) as p:
+                p.zadd(self._keys.tenant_conversations(tenant), {conv: now})
+                expire_at_least(p, self._keys.tenant_conversations(tenant), ttl_seconds)
+                p.zadd(self._keys.all_conversations(), {f"{conv}\t{tenant}": 0})
+                expire_at_least(p, self._keys.all_conversations(), ttl_seconds)
+                if refs:
+                    p.hset(self._keys.tenant_refs(tenant), mapping=dict.fromkeys(refs, conv))
+                    expire_at_least(p, self._keys.tenant_refs(tenant), ttl_seconds)
+                await p.execute()
+            return stored
+
+        return codec.load_checkpoint(await self._io(op), tenant)
+
+    async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
+        """Reference id -> originals: ref index, then refs, then originals (three round trips)."""
+        if not ref_ids:
+            return {}
+
+        async def op(r: Redis) -> list[tuple[str, bytes, list[bytes | None]]]:
+            convs = await r.hmget(self._keys.tenant_refs(tenant), ref_ids)
+            owners = [(ref, text(c)) for ref, c in zip(ref_ids, convs, strict=True) if c]
+            async with r.pipeline(transaction=False) as p:
+                for ref, conv in owners:
+                    p.hget(self._keys.conversation(tenant, conv).refs, ref)
+                ref_rows = await p.execute()
+            found = [(ref, conv, raw) for (ref, conv), raw in zip(owners, ref_rows, strict=True)]
+            found = [(ref, conv, raw) for ref, conv, raw in found if raw is not None]
+            async with r.pipeline(transaction=False) as p:
+                for _, conv, raw in found:
+                    p.hmget(
+                        self._keys.conversation(tenant, conv).originals, codec.load_ref(raw, tenant)
+                    )
+                originals = await p.execute()
+            return [(ref, raw, o) for (ref, _, raw), o in zip(found, originals, strict=True)]
+
+        out: dict[str, list[Message]] = {}
+        for ref, raw, rows in await self._io(op):
+            codec.load_ref(raw, tenant)
+            if rows and all(row is not None for row in rows):
+                out[ref] = [codec.load_original(row, tenant) for row in rows if row is not None]
+        return out
+
+    async def get_conversation(
+        self, tenant: str | None, conversation: str
+    ) -> ConversationInfo | None:
+        """Everything stored for one conversation (admin: the most recently used of that id)."""
+        check_ids(tenant, conversation)
+        if tenant is not None:
+            return await self._io(lambda r: fetch_conversation(r, self._keys, tenant, conversation))
+        infos = [
+            await self.get_conversation(t, conversation)
+            for t in await self._io(lambda r: admin_tenants(r, self._keys, conversation))
+        ]
+        found = [i for i in infos if i is not None]
+        return max(found, key=lambda i: i.updated_at) if found else None
+
+    async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
+        """Conversations with sizes and counts, most recently used first (no originals)."""
+        return await self._io(lambda r: list_pairs(r, self._keys, tenant))
+
+    async def purge(self, tenant: str | None, conversation: str) -> bool:
+        """Delete the conversation's keys and its index entries."""
+        check_ids(tenant, conversation)
+
+        async def op(r: Redis) -> bool:
+            tenants = [tenant] if tenant else await admin_tenants(r, self._keys, conversation)
+            existed = False
+            for t in tenants:
+                k = self._keys.conversation(t, conversation)
+                async with r.pipeline(transaction=False) as p:
+                    p.hget(k.meta, "tenant")
+                    p.hkeys(k.refs)
+                    owner, refs = await p.execute()
+                if owner is not None and owner.decode() != t:
+                    raise StoreError("conversation metadata names another tenant")
+                existed = existed or owner is not None
+                async with r.pipeline(transaction=True) as p:
+                    p.delete(*k.data())
+                    await p.execute()
+                refidx = self._keys.tenant_refs(t)
+                owners = await r.hmget(refidx, refs) if refs else []
+                mine = [
+                    ref for ref, c in zip(refs, owners, strict=True) if c == conversation.encode()
+                ]
+                async with r.pipeline(transaction=False) as p:
+                    p.zrem(self._keys.tenant_conversations(t), conversation)
+                    p.zrem(self._keys.all_conversations(), f"{conversation}\t{t}")
+                    if mine:
+                        p.hdel(refidx, *mine)
+                    await p.execute()
+            return existed
+
+        return await self._io(op)
+
+    async def get_summary(self, tenant: str, digest: str) -> str | None:
+        """A cached summary by source digest."""
+        raw = await self._io(lambda r: r.get(self._keys.summary(tenant, digest)))
+        return None if raw is None else codec.load_summary(raw, tenant)
+
+    async def put_summary(self, tenant: str, digest: str, summary: str, ttl_seconds: int) -> None:
+        """Cache a summary, expiring after `ttl_seconds`."""
+        raw = codec.dump_summary(tenant, summary)
+        await self._io(lambda r: r.set(self._keys.summary(tenant, digest), raw, ex=ttl_seconds))
+
+    async def record_usage(self, record: UsageRecord) -> None:
+        """HINCRBY the request's counters into its day's hash (kept 400 days)."""
+        key = self._keys.usage(record.day, record.tenant)
+        tenants = self._keys.usage_tenants(record.day)
+
+        async def op(r: Redis) -> None:
+            async with r.pipeline(transaction=True) as p:
+                for name, n in codec.usage_increments(record).items():
+                    p.hincrby(key, orjson.dumps([record.policy, record.model, name]), n)
+                p.sadd(tenants, record.tenant)
+                p.expire(key, USAGE_TTL_SECONDS)
+                p.expire(tenants, USAGE_TTL_SECONDS)
+                await p.execute()
+
+        await self._io(op)
+
+    async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
+        """Aggregates per (tenant, policy, model, day) from `since_day` on."""
+        days = codec.days_since(since_day)
+
+        async def op(r: Redis) -> list[dict[str, Any]]:
+            if tenant is None:
+                async with r.pipeline(transaction=False) as p:
+                    for day in days:
+                        p.smembers(self._keys.usage_tenants(day))
+                    members = await p.execute()
+                pairs = [(d, t.decode()) for d, ts in zip(days, members, strict=True) for t in ts]
+            else:
+                pairs = [(d, tenant) for d in days]
+            async with r.pipeline(transaction=False) as p:
+                for day, t in pairs:
+                    p.hgetall(self._keys.usage(day, t))
+                hashes = await p.execute()
+            rows: dict[tuple[str, str, str, str], dict[str, int]] = {}
+            for (day, t), fields in zip(pairs, hashes, strict=True):
+                for field, n in fields.items():
+                    policy, model, name = orjson.loads(field)
+                    rows.setdefault((t, policy, model, day), {})[name] = int(n)
+            return [codec.usage_row(*key, counters) for key, counters in sorted(rows.items())]
+
+        return await self._io(op)
+
+    async def ping(self) -> None:
+        """Raise StoreError unless Redis answers PING."""
+        await self._io(lambda r: r.ping())
+
+    async def check_config(self) -> list[str]:
+        """Warn about no persistence or an evicting maxmemory-policy; tolerate disabled CONFIG."""
+        try:
+            cfg = await self._io(lambda r: r.config_get("appendonly", "save", "maxmemory-policy"))
+        except StoreError as exc:
+            if not isinstance(exc.__cause__, ResponseError):
+                raise
+            return await self._io(self._check_info)
+        warnings = []
+        if cfg.get("appendonly") != "yes" and not cfg.get("save"):
+            warnings.append(
+                "redis has no persistence (appendonly no, save ''): a restart loses every "
+                "stored original; run with appendonly yes, appendfsync everysec"
+            )
+        policy = cfg.get("maxmemory-policy") or "noeviction"
+        if policy != "noeviction":
+            warnings.append(_eviction_warning(policy))
+        return warnings
+
+    async def _check_info(self, r: Redis) -> list[str]:
+        info = await r.info("persistence")
+        memory = await r.info("memory")
+        warnings = ["redis CONFIG is disabled; RDB snapshot settings could not be checked"]
+        if not int(info.get("aof_enabled", 0)):
+            warnings.append("redis runs without AOF (appendonly no): recent originals may be lost")
+        policy = str(memory.get("maxmemory_policy", "noeviction"))
+        if policy != "noeviction":
+            warnings.append(_eviction_warning(policy))
+        return warnings
+
+    async def close(self) -> None:
+        """Let shielded calls finish (bounded), then close the pool."""
+        if self._inflight:
+            await asyncio.wait(list(self._inflight), timeout=self._timeout * 2)
+        await self._client.aclose()
+
+
+def _eviction_warning(policy: str) -> str:
+    return (
+        f"redis maxmemory-policy is {policy}: under memory pressure Redis deletes stored "
+        "originals; set maxmemory-policy noeviction"
+    )

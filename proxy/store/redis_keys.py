@@ -1,0 +1,76 @@
+"""Where things live in Redis.
+
+Every key of one conversation shares the hash tag `{t:<tenant>:c:<conv>}`, so a compaction's
+MULTI/EXEC touches one slot and works unchanged on Redis Cluster. Indexes that span
+conversations (per tenant, for the admin, ref id -> conversation) have tags of their own and are
+written after the transaction: they are only for finding things, never the data itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.store.base import check_ids
+
+
+@dataclass(frozen=True)
+class ConversationKeys:
+    """The keys of one conversation, all in one hash slot."""
+
+    meta: str
+    """hash: tenant, conversation, created_at, updated_at, ttl"""
+    index: str
+    """hash: checkpoint source digest -> covered_through (what find_checkpoint reads first)"""
+    checkpoints: str
+    """hash: source digest -> checkpoint"""
+    originals: str
+    """hash: message digest -> verbatim original (content-addressed: stored once)"""
+    refs: str
+    """hash: reference id -> original digests"""
+
+    def data(self) -> tuple[str, str, str, str, str]:
+        """Every key, originals first: a refresh cut short leaves originals living longest."""
+        return (self.originals, self.refs, self.checkpoints, self.index, self.meta)
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Key names under one prefix (tests use a random prefix to share a server)."""
+
+    prefix: str = "compactd:"
+
+    def conversation(self, tenant: str, conversation: str) -> ConversationKeys:
+        """The keys of one conversation of one tenant."""
+        check_ids(tenant, conversation)
+        tag = f"{self.prefix}{{t:{tenant}:c:{conversation}}}"
+        return ConversationKeys(
+            meta=f"{tag}:meta",
+            index=f"{tag}:idx",
+            checkpoints=f"{tag}:cp",
+            originals=f"{tag}:orig",
+            refs=f"{tag}:refs",
+        )
+
+    def tenant_conversations(self, tenant: str) -> str:
+        """zset: conversation -> last used (epoch seconds)."""
+        return f"{self.prefix}{{t:{tenant}}}:convs"
+
+    def tenant_refs(self, tenant: str) -> str:
+        """hash: reference id -> conversation that stores it."""
+        return f"{self.prefix}{{t:{tenant}}}:refidx"
+
+    def summary(self, tenant: str, digest: str) -> str:
+        """string: a cached summary."""
+        return f"{self.prefix}{{t:{tenant}}}:sum:{digest}"
+
+    def all_conversations(self) -> str:
+        """zset (all scores 0, lexicographic): `<conversation>\\t<tenant>` for the admin."""
+        return f"{self.prefix}{{admin}}:convs"
+
+    def usage(self, day: str, tenant: str) -> str:
+        """hash: JSON [policy, model, counter] -> count."""
+        return f"{self.prefix}{{u:{day}}}:t:{tenant}"
+
+    def usage_tenants(self, day: str) -> str:
+        """set: tenants with usage on that day."""
+        return f"{self.prefix}{{u:{day}}}:tenants"

@@ -1,0 +1,166 @@
+"""The embedded store: SQLite in WAL mode, safe with several worker processes on one machine.
+
+All statements run on one dedicated thread that owns the connection, so the event loop never
+blocks on disk and the connection is never used from two threads at once. A cancelled caller
+does not stop a statement half-way: the thread finishes (or rolls back) the transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proxy.store import codec, sqlite_ops
+from proxy.store.base import (
+    Checkpoint,
+    Compaction,
+    ConversationInfo,
+    Message,
+    StoreError,
+    UsageRecord,
+    check_ids,
+)
+
+T = TypeVar("T")
+
+
+class SqliteStore:
+    """The Store protocol over one SQLite file."""
+
+    def __init__(self, con: sqlite3.Connection, executor: ThreadPoolExecutor, timeout: float):
+        self._con = con
+        self._executor = executor
+        self._timeout = timeout
+        self._next_purge = 0.0
+
+    @classmethod
+    async def open(cls, path: Path, *, timeout_ms: int = 200) -> SqliteStore:
+        """Open (creating the file, its directory and schema if needed) the database at `path`."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compactd-sqlite")
+        loop = asyncio.get_running_loop()
+        # Another worker may hold the write lock a while at start-up; wait longer than a request.
+        busy_ms = max(timeout_ms, 5000)
+        try:
+            con = await loop.run_in_executor(executor, sqlite_ops.connect, str(path), busy_ms)
+        except sqlite3.Error as exc:
+            executor.shutdown(wait=False)
+            raise StoreError(f"sqlite {path}: {exc}") from exc
+        await loop.run_in_executor(executor, con.execute, f"PRAGMA busy_timeout = {timeout_ms}")
+        return cls(con, executor, timeout_ms / 1000)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(connection, *args)` on the store's thread, bounded by the timeout."""
+        future = asyncio.get_running_loop().run_in_executor(
+            self._executor, partial(fn, self._con, *args)
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.shield(future)
+        except TimeoutError as exc:
+            raise StoreError(f"sqlite did not answer within {self._timeout * 1000:.0f} ms") from exc
+        except sqlite3.Error as exc:
+            raise StoreError(f"sqlite: {exc}") from exc
+
+    async def find_checkpoint(
+        self, tenant: str, conversation: str, prefix_digests: list[str]
+    ) -> Checkpoint | None:
+        """Longest matching checkpoint (one thread hop); refreshes retention when found."""
+        check_ids(tenant, conversation)
+        if not prefix_digests:
+            return None
+        return await self._run(sqlite_ops.find_checkpoint, tenant, conversation, prefix_digests)
+
+    async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
+        """One BEGIN IMMEDIATE transaction; first writer of a source digest wins."""
+        check_ids(compaction.checkpoint.tenant, compaction.checkpoint.conversation)
+        now = time.time()
+        purge_due = now >= self._next_purge
+        if purge_due:
+            self._next_purge = now + sqlite_ops.PURGE_EVERY_SECONDS
+        return await self._run(sqlite_ops.save_compaction, compaction, ttl_seconds, purge_due)
+
+    async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
+        """Reference id -> original messages, for the ids this tenant owns."""
+        if not ref_ids:
+            return {}
+        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids)
+
+    async def get_conversation(
+        self, tenant: str | None, conversation: str
+    ) -> ConversationInfo | None:
+        """Everything stored for one conversation (admin: the most recently used of that id)."""
+        check_ids(tenant, conversation)
+        return await self._run(sqlite_ops.get_conversation, tenant, conversation)
+
+    async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
+        """Conversations with sizes and counts, most recently used first (no originals)."""
+        return await self._run(sqlite_ops.list_conversations, tenant)
+
+    async def purge(self, tenant: str | None, conversation: str) -> bool:
+        """Delete the conversation (admin: every tenant's conversation of that id)."""
+        check_ids(tenant, conversation)
+
+        def op(con: sqlite3.Connection) -> bool:
+            owners = con.execute(
+                "SELECT tenant FROM conversations"
+                " WHERE conversation = ? AND (tenant = ? OR ? IS NULL)",
+                (conversation, tenant, tenant),
+            ).fetchall()
+            gone = [sqlite_ops.delete_conversation(con, t, conversation) for (t,) in owners]
+            return any(gone)
+
+        return await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)))
+
+    async def get_summary(self, tenant: str, digest: str) -> str | None:
+        """A cached summary by source digest."""
+
+        def op(con: sqlite3.Connection) -> bytes | None:
+            row = con.execute(
+                "SELECT body FROM summaries WHERE tenant = ? AND digest = ? AND expires_at > ?",
+                (tenant, digest, time.time()),
+            ).fetchone()
+            return None if row is None else bytes(row[0])
+
+        raw = await self._run(op)
+        return None if raw is None else codec.load_summary(raw, tenant)
+
+    async def put_summary(self, tenant: str, digest: str, summary: str, ttl_seconds: int) -> None:
+        """Cache a summary, expiring after `ttl_seconds`."""
+        row = (tenant, digest, codec.dump_summary(tenant, summary), time.time() + ttl_seconds)
+
+        def op(con: sqlite3.Connection) -> None:
+            con.execute("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?)", row)
+
+        await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)))
+
+    async def record_usage(self, record: UsageRecord) -> None:
+        """Add one request to its (tenant, policy, model, day) aggregate."""
+        await self._run(sqlite_ops.record_usage, record)
+
+    async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
+        """Aggregates per (tenant, policy, model, day) from `since_day` on."""
+        return await self._run(sqlite_ops.usage, tenant, since_day)
+
+    async def ping(self) -> None:
+        """Raise StoreError unless the database answers."""
+        await self._run(lambda con: con.execute("SELECT 1").fetchone())
+
+    async def check_config(self) -> list[str]:
+        """Warn if WAL could not be enabled (e.g. a network filesystem)."""
+        (mode,) = await self._run(lambda con: con.execute("PRAGMA journal_mode").fetchone())
+        if str(mode).lower() != "wal":
+            return [f"sqlite journal_mode is {mode}, not wal: workers will block each other"]
+        return []
+
+    async def close(self) -> None:
+        """Close the connection on its own thread, then stop the thread."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self._con.close)
+        self._executor.shutdown(wait=True)

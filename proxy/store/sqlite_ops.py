@@ -1,0 +1,315 @@
+"""The SQLite store's statements: synchronous functions over one connection, run off the loop.
+
+Writes run inside `BEGIN IMMEDIATE` (the write lock is taken up front, so two worker processes
+queue on busy_timeout instead of failing a deferred upgrade). Retention is an `expires_at` per
+conversation: reads ignore expired rows, writes delete them lazily.
+
+Table names and `IN (?, ?, …)` placeholder lists are formatted into SQL (ruff S608); every one
+comes from the constants below or counts parameters, never from input, which is always bound.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from proxy.store import codec
+from proxy.store.base import Checkpoint, Compaction, ConversationInfo, Message, UsageRecord
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    tenant TEXT NOT NULL, conversation TEXT NOT NULL, created_at REAL NOT NULL,
+    updated_at REAL NOT NULL, ttl INTEGER NOT NULL, expires_at REAL NOT NULL,
+    PRIMARY KEY (tenant, conversation)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS conversations_by_id ON conversations (conversation);
+CREATE INDEX IF NOT EXISTS conversations_by_expiry ON conversations (expires_at);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    tenant TEXT NOT NULL, conversation TEXT NOT NULL, source_digest TEXT NOT NULL,
+    covered_through INTEGER NOT NULL, body BLOB NOT NULL,
+    PRIMARY KEY (tenant, conversation, source_digest)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS originals (
+    tenant TEXT NOT NULL, conversation TEXT NOT NULL, digest TEXT NOT NULL, body BLOB NOT NULL,
+    PRIMARY KEY (tenant, conversation, digest)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS refs (
+    tenant TEXT NOT NULL, conversation TEXT NOT NULL, ref_id TEXT NOT NULL, body BLOB NOT NULL,
+    PRIMARY KEY (tenant, conversation, ref_id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS refs_by_id ON refs (tenant, ref_id);
+CREATE TABLE IF NOT EXISTS summaries (
+    tenant TEXT NOT NULL, digest TEXT NOT NULL, body BLOB NOT NULL, expires_at REAL NOT NULL,
+    PRIMARY KEY (tenant, digest)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage (
+    day TEXT NOT NULL, tenant TEXT NOT NULL, policy TEXT NOT NULL, model TEXT NOT NULL,
+    counter TEXT NOT NULL, n INTEGER NOT NULL,
+    PRIMARY KEY (day, tenant, policy, model, counter)) WITHOUT ROWID;
+"""
+DATA_TABLES = ("checkpoints", "originals", "refs")
+PURGE_EVERY_SECONDS = 60.0
+
+
+def connect(path: str, busy_ms: int) -> sqlite3.Connection:
+    """A connection in WAL mode with the schema in place (autocommit: we BEGIN ourselves)."""
+    con = sqlite3.connect(
+        path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False
+    )
+    con.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
+    con.execute("PRAGMA journal_mode = WAL")
+    # FULL: a compaction is forwarded only once its originals survive a power cut, too.
+    con.execute("PRAGMA synchronous = FULL")
+    with transaction(con):
+        for stmt in SCHEMA.split(";"):
+            if stmt.strip():
+                con.execute(stmt)
+    return con
+
+
+@contextmanager
+def transaction(con: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iterator[None]:
+    """BEGIN … COMMIT, or ROLLBACK on any error (all or nothing)."""
+    con.execute(f"BEGIN {mode}")
+    try:
+        yield
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+
+
+def _marks(items: Sequence[Any]) -> str:
+    return ",".join("?" * len(items))
+
+
+def purge_expired(con: sqlite3.Connection, now: float) -> None:
+    """Delete every conversation and summary whose retention has passed."""
+    expired = "SELECT tenant, conversation FROM conversations WHERE expires_at <= ?"
+    for table in DATA_TABLES:
+        con.execute(f"DELETE FROM {table} WHERE (tenant, conversation) IN ({expired})", (now,))  # noqa: S608
+    con.execute("DELETE FROM conversations WHERE expires_at <= ?", (now,))
+    con.execute("DELETE FROM summaries WHERE expires_at <= ?", (now,))
+
+
+def find_checkpoint(
+    con: sqlite3.Connection, tenant: str, conv: str, prefix_digests: Sequence[str]
+) -> Checkpoint | None:
+    """Longest matching checkpoint; refreshes retention when it was used."""
+    now = time.time()
+    with transaction(con, "DEFERRED"):
+        row = con.execute(
+            "SELECT ttl, expires_at FROM conversations"
+            " WHERE tenant = ? AND conversation = ? AND expires_at > ?",
+            (tenant, conv, now),
+        ).fetchone()
+        if row is None:
+            return None
+        index = dict(
+            con.execute(
+                "SELECT source_digest, covered_through FROM checkpoints"
+                " WHERE tenant = ? AND conversation = ?",
+                (tenant, conv),
+            ).fetchall()
+        )
+        found = None
+        for digest in codec.candidates(index, prefix_digests):
+            found = con.execute(
+                "SELECT body FROM checkpoints"
+                " WHERE tenant = ? AND conversation = ? AND source_digest = ?",
+                (tenant, conv, digest),
+            ).fetchone()
+            if found is not None:
+                break
+    if found is None:
+        return None
+    checkpoint = codec.load_checkpoint(found[0], tenant)
+    ttl, expires_at = int(row[0]), float(row[1])
+    # Refresh only when it moves retention noticeably: a write on every replay would make
+    # worker processes queue on the write lock for nothing.
+    if now + ttl - expires_at > min(60.0, ttl / 100):
+        with transaction(con):
+            con.execute(
+                "UPDATE conversations SET expires_at = ?, updated_at = ?"
+                " WHERE tenant = ? AND conversation = ?",
+                (now + ttl, now, tenant, conv),
+            )
+    return checkpoint
+
+
+def save_compaction(
+    con: sqlite3.Connection, compaction: Compaction, ttl: int, purge_due: bool
+) -> Checkpoint:
+    """Originals, refs, checkpoint and metadata in one IMMEDIATE transaction; first writer wins."""
+    cp = compaction.checkpoint
+    t, c = cp.tenant, cp.conversation
+    now = time.time()
+    with transaction(con):
+        if purge_due:
+            purge_expired(con, now)
+        stale = con.execute(
+            "SELECT 1 FROM conversations WHERE tenant = ? AND conversation = ? AND expires_at <= ?",
+            (t, c, now),
+        ).fetchone()
+        if stale:
+            delete_conversation(con, t, c)
+        con.execute(
+            "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (tenant, conversation) DO UPDATE SET updated_at = excluded.updated_at,"
+            " ttl = excluded.ttl, expires_at = excluded.expires_at",
+            (t, c, now, now, ttl, now + ttl),
+        )
+        con.executemany(
+            "INSERT OR IGNORE INTO originals VALUES (?, ?, ?, ?)",
+            [(t, c, d, codec.dump_original(t, m)) for d, m in compaction.originals.items()],
+        )
+        con.executemany(
+            "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
+            [(t, c, ref, codec.dump_ref(t, ds)) for ref, ds in compaction.refs.items()],
+        )
+        con.execute(
+            "INSERT OR IGNORE INTO checkpoints VALUES (?, ?, ?, ?, ?)",
+            (t, c, cp.source_digest, cp.covered_through, codec.dump_checkpoint(cp)),
+        )
+        (body,) = con.execute(
+            "SELECT body FROM checkpoints"
+            " WHERE tenant = ? AND conversation = ? AND source_digest = ?",
+            (t, c, cp.source_digest),
+        ).fetchone()
+    return codec.load_checkpoint(body, t)
+
+
+def delete_conversation(con: sqlite3.Connection, tenant: str, conv: str) -> bool:
+    """Delete one conversation's rows (inside the caller's transaction); True if it existed."""
+    for table in DATA_TABLES:
+        con.execute(f"DELETE FROM {table} WHERE tenant = ? AND conversation = ?", (tenant, conv))  # noqa: S608
+    cur = con.execute(
+        "DELETE FROM conversations WHERE tenant = ? AND conversation = ?", (tenant, conv)
+    )
+    return cur.rowcount > 0
+
+
+def resolve_refs(
+    con: sqlite3.Connection, tenant: str, ref_ids: Sequence[str]
+) -> dict[str, list[Message]]:
+    """Reference id -> originals, for live conversations of this tenant."""
+    out: dict[str, list[Message]] = {}
+    with transaction(con, "DEFERRED"):
+        rows = con.execute(
+            "SELECT r.conversation, r.ref_id, r.body FROM refs r JOIN conversations c"  # noqa: S608
+            " ON c.tenant = r.tenant AND c.conversation = r.conversation"
+            f" WHERE r.tenant = ? AND r.ref_id IN ({_marks(ref_ids)}) AND c.expires_at > ?",
+            (tenant, *ref_ids, time.time()),
+        ).fetchall()
+        for conv, ref, body in rows:
+            digests = codec.load_ref(body, tenant)
+            found = dict(
+                con.execute(
+                    "SELECT digest, body FROM originals WHERE tenant = ? AND conversation = ?"  # noqa: S608
+                    f" AND digest IN ({_marks(digests)})",
+                    (tenant, conv, *digests),
+                ).fetchall()
+            )
+            if ref not in out and all(d in found for d in digests):
+                out[ref] = [codec.load_original(found[d], tenant) for d in digests]
+    return out
+
+
+def get_conversation(
+    con: sqlite3.Connection, tenant: str | None, conv: str
+) -> ConversationInfo | None:
+    """Everything stored for one conversation (admin: the most recently used of that id)."""
+    with transaction(con, "DEFERRED"):
+        meta = con.execute(
+            "SELECT tenant, created_at, updated_at, expires_at FROM conversations"
+            " WHERE conversation = ? AND (tenant = ? OR ? IS NULL) AND expires_at > ?"
+            " ORDER BY updated_at DESC LIMIT 1",
+            (conv, tenant, tenant, time.time()),
+        ).fetchone()
+        if meta is None:
+            return None
+        owner = str(meta[0])
+        data = {
+            table: con.execute(
+                f"SELECT * FROM {table} WHERE tenant = ? AND conversation = ?",  # noqa: S608
+                (owner, conv),
+            ).fetchall()
+            for table in DATA_TABLES
+        }
+    checkpoints = sorted(
+        (codec.load_checkpoint(row[-1], owner) for row in data["checkpoints"]),
+        key=lambda cp: (cp.covered_through, cp.created_at),
+    )
+    return ConversationInfo(
+        tenant=owner,
+        conversation=conv,
+        created_at=float(meta[1]),
+        updated_at=float(meta[2]),
+        checkpoints=checkpoints,
+        originals={row[2]: codec.load_original(row[3], owner) for row in data["originals"]},
+        refs={row[2]: codec.load_ref(row[3], owner) for row in data["refs"]},
+        size_bytes=sum(len(row[-1]) for rows in data.values() for row in rows),
+        expires_at=float(meta[3]),
+        checkpoint_count=len(checkpoints),
+        original_count=len(data["originals"]),
+    )
+
+
+def _per_conv(expr: str, table: str) -> str:
+    same = "x.tenant = c.tenant AND x.conversation = c.conversation"
+    return f"(SELECT {expr} FROM {table} x WHERE {same})"  # noqa: S608
+
+
+def list_conversations(con: sqlite3.Connection, tenant: str | None) -> list[ConversationInfo]:
+    """Live conversations with sizes and counts, most recently used first."""
+    size = " + ".join(_per_conv("coalesce(sum(length(body)), 0)", t) for t in DATA_TABLES)
+    rows = con.execute(
+        "SELECT tenant, conversation, created_at, updated_at, expires_at,"  # noqa: S608
+        f" {_per_conv('count(*)', 'checkpoints')}, {_per_conv('count(*)', 'originals')}, {size}"
+        " FROM conversations c WHERE (tenant = ? OR ? IS NULL) AND expires_at > ?"
+        " ORDER BY updated_at DESC",
+        (tenant, tenant, time.time()),
+    ).fetchall()
+    return [
+        ConversationInfo(
+            tenant=r[0],
+            conversation=r[1],
+            created_at=r[2],
+            updated_at=r[3],
+            expires_at=r[4],
+            checkpoint_count=r[5],
+            original_count=r[6],
+            size_bytes=r[7],
+        )
+        for r in rows
+    ]
+
+
+def record_usage(con: sqlite3.Connection, record: UsageRecord) -> None:
+    """Add one request's counters to its aggregate."""
+    key = (record.day, record.tenant, record.policy, record.model)
+    with transaction(con):
+        con.executemany(
+            "INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (day, tenant, policy, model, counter) DO UPDATE SET n = n + excluded.n",
+            [(*key, name, n) for name, n in codec.usage_increments(record).items()],
+        )
+
+
+def usage(con: sqlite3.Connection, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
+    """Aggregates per (tenant, policy, model, day) from `since_day` on."""
+    codec.days_since(since_day)  # validates the format
+    rows: dict[tuple[str, str, str, str], dict[str, int]] = {}
+    for day, t, policy, model, counter, n in con.execute(
+        "SELECT day, tenant, policy, model, counter, n FROM usage"
+        " WHERE day >= ? AND (tenant = ? OR ? IS NULL)",
+        (since_day, tenant, tenant),
+    ):
+        rows.setdefault((t, policy, model, day), {})[counter] = n
+    return [codec.usage_row(*key, counters) for key, counters in sorted(rows.items())]
+
+
+def run_write(con: sqlite3.Connection, fn: Callable[[], T]) -> T:
+    """Run `fn` inside an IMMEDIATE transaction."""
+    with transaction(con):
+        return fn()
