@@ -1,0 +1,138 @@
+"""Runs a policy's provider chain: each provider only if the previous one missed the target.
+
+Every provider's output is validated against that provider's input; a result that breaks an
+invariant, or a provider that raises, is discarded and the next provider starts from the last good
+messages. The chain's result is expressed against the ORIGINAL input, so the caller can store it
+as one checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.providers.base import (
+    CompactionResult,
+    CompressionConfig,
+    ContextProvider,
+    Message,
+    compute_source_digest,
+)
+from proxy.providers.validate import check_result
+
+log = logging.getLogger(__name__)
+
+RunSync = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class ChainOutcome:
+    """What a chain run produced and why."""
+
+    result: CompactionResult | None
+    """The compacted request against the original input; None when nothing valid changed."""
+    providers: tuple[str, ...]
+    """Providers whose (valid) output contributed, in order."""
+    tokens_before: int
+    tokens_after: int
+    reached_target: bool
+    fits_budget: bool
+    violations: tuple[str, ...] = ()
+    """`provider: problem` for every discarded result."""
+    errors: tuple[str, ...] = ()
+    """`provider: ExceptionType: message` for every provider that raised."""
+
+
+async def run_chain(
+    messages: list[Message],
+    providers: Sequence[ContextProvider],
+    config: CompressionConfig,
+    *,
+    run_sync: RunSync = asyncio.to_thread,
+) -> ChainOutcome:
+    """Run `providers` in order on `messages` until the request costs at most `config.limit`."""
+    tokens_before = config.count_tokens(messages)
+    current, tokens = messages, tokens_before
+    verbatim: dict[str, list[Message]] = {}
+    limitations: list[str] = []
+    used: list[str] = []
+    violations: list[str] = []
+    errors: list[str] = []
+    for provider in providers:
+        if tokens <= config.limit:
+            break
+        name = provider.name
+        try:
+            if not provider.should_compress(current, config):
+                continue
+            result = await _call(provider, current, config, run_sync)
+        except Exception as exc:  # a plugin's failure must not fail the request
+            log.warning("provider %s raised %s", name, type(exc).__name__, exc_info=True)
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        problems = check_result(current, result, config, check_budget=False)
+        if problems:
+            log.warning("provider %s broke %d invariant(s): %s", name, len(problems), problems[0])
+            violations.extend(f"{name}: {p}" for p in problems)
+            continue
+        if result.messages == current:
+            continue
+        current = result.messages
+        tokens = config.count_tokens(current)
+        verbatim.update(result.verbatim)
+        limitations.extend(x for x in result.limitations if x not in limitations)
+        used.append(name)
+    return ChainOutcome(
+        result=_final(messages, current, verbatim, limitations) if used else None,
+        providers=tuple(used),
+        tokens_before=tokens_before,
+        tokens_after=tokens,
+        reached_target=tokens <= config.limit,
+        fits_budget=tokens <= config.budget,
+        violations=tuple(violations),
+        errors=tuple(errors),
+    )
+
+
+async def _call(
+    provider: ContextProvider, messages: list[Message], config: CompressionConfig, run_sync: RunSync
+) -> CompactionResult:
+    """Await async providers; run sync ones off the event loop."""
+    if inspect.iscoroutinefunction(provider.compress):
+        out: Any = await provider.compress(messages, config)
+    else:
+        out = await run_sync(provider.compress, messages, config)
+        if inspect.isawaitable(out):
+            out = await out
+    if not isinstance(out, CompactionResult):
+        raise TypeError(f"compress returned {type(out).__name__}, not CompactionResult")
+    return out
+
+
+def _final(
+    original: list[Message],
+    messages: list[Message],
+    verbatim: dict[str, list[Message]],
+    limitations: list[str],
+) -> CompactionResult:
+    """The chain's result against the original input: what changed ends at `covered_through`."""
+    return CompactionResult(
+        messages=messages,
+        source_digest=compute_source_digest(original),
+        covered_through=len(original) - 1 - common_suffix(original, messages),
+        verbatim=verbatim,
+        limitations=limitations,
+    )
+
+
+def common_suffix(a: Sequence[Message], b: Sequence[Message]) -> int:
+    """How many trailing messages two lists share unchanged."""
+    n = 0
+    limit = min(len(a), len(b))
+    while n < limit and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n

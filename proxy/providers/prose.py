@@ -1,0 +1,153 @@
+"""Text surgery for rule-based providers: previews, reasoning blocks, extractive condensing.
+
+Everything here is deterministic and linear in the text length.
+"""
+
+from __future__ import annotations
+
+import re
+
+_THINK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL)
+_BLANK_RUNS = re.compile(r"\n{3,}")
+_FENCE = re.compile(r"(```.*?```)", re.DOTALL)
+_PARAGRAPH = re.compile(r"\n[ \t]*\n")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_ERROR = re.compile(r"\b(error|exception|traceback|failed|failure|fatal|panic)\b", re.IGNORECASE)
+PATH = re.compile(r"(?:~|\.{1,2})?(?:/[\w.@+-]+){2,}|(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b")
+# What a reader would need to act on: code spans, paths, URLs, identifiers, numbers, errors.
+_HARD_FACT = re.compile(
+    r"`[^`\n]+`"
+    r"|https?://\S+"
+    r"|(?:[\w.-]+/)+[\w.-]+"
+    r"|\b[a-z]+_[a-z0-9_]+\b"
+    r"|\b[a-z]+[A-Z]\w*\b"
+    r"|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b"
+    r"|\b[A-Za-z_][\w.]*\("
+    r"|\d"
+    r"|(?i:\b(?:error|exception|traceback|failed|failure|warning)\b)"
+)
+_KEY_TERMS = re.compile(
+    r"\b(decided|decision|because|must|never|always|important|note|todo|fixme|result|"
+    r"conclusion|therefore|next step|will)\b",
+    re.IGNORECASE,
+)
+ELLIPSIS = "…"
+
+
+def looks_like_error(text: str) -> bool:
+    """Whether text reports an error (such tool output is never stubbed as stale)."""
+    return _ERROR.search(text) is not None
+
+
+def paths_in(text: str) -> set[str]:
+    """File paths mentioned in text."""
+    return set(PATH.findall(text))
+
+
+def strip_reasoning(text: str) -> str:
+    """Text without `<think>`/`<thinking>` blocks (blank-line runs collapsed)."""
+    if "<think" not in text:
+        return text
+    return _BLANK_RUNS.sub("\n\n", _THINK.sub("", text)).strip()
+
+
+def preview(text: str, chars: int) -> str:
+    """The head and tail of text, `chars` in total (2/3 head), cut at line ends where possible."""
+    if len(text) <= chars:
+        return text
+    if chars <= 0:
+        return ""
+    head_len = chars * 2 // 3
+    tail_len = chars - head_len
+    head = text[:head_len]
+    cut = head.rfind("\n")
+    if cut > head_len // 2:
+        head = head[:cut]
+    tail = text[len(text) - tail_len :]
+    cut = tail.find("\n")
+    if 0 <= cut < tail_len // 2:
+        tail = tail[cut + 1 :]
+    return f"{head}\n{ELLIPSIS}\n{tail}"
+
+
+def condense(text: str, keep_ratio: float) -> str:
+    """Extractive condensing: keep code fences whole, every sentence holding a path, identifier,
+    number or error, line and paragraph breaks, and the best-scoring rest up to `keep_ratio`."""
+    parts = _FENCE.split(text)
+    items: list[tuple[int, int, int, str]] = []  # (part, paragraph, line, sentence)
+    ranked: list[tuple[float, int]] = []
+    for pa, part in enumerate(parts):
+        if pa % 2:
+            continue
+        for pg, paragraph in enumerate(_PARAGRAPH.split(part)):
+            sentences = _sentences(paragraph)
+            for k, (ln, sentence) in enumerate(sentences):
+                ranked.append((-_score(sentence, k, len(sentences)), len(items)))
+                items.append((pa, pg, ln, sentence))
+    budget = sum(len(s) for *_, s in items) * keep_ratio
+    keep = [False] * len(items)
+    used = 0
+    for neg, idx in sorted(ranked):
+        size = len(items[idx][3])
+        if neg <= -_MANDATORY or used + size <= budget:
+            keep[idx] = True
+            used += size
+    return _assemble(parts, items, keep)
+
+
+def _assemble(parts: list[str], items: list[tuple[int, int, int, str]], keep: list[bool]) -> str:
+    """Kept sentences in their places; an ellipsis marks a line that lost something."""
+    lines: dict[tuple[int, int, int], list[str]] = {}
+    gaps: set[tuple[int, int, int]] = set()
+    for (pa, pg, ln, sentence), kept in zip(items, keep, strict=True):
+        key = (pa, pg, ln)
+        if kept:
+            lines.setdefault(key, []).append(sentence)
+        else:
+            gaps.add(key)
+    out: list[str] = []
+    for pa, part in enumerate(parts):
+        if pa % 2:
+            out.append(part)
+            continue
+        paragraphs: dict[int, list[str]] = {}
+        for (p, pg, ln), sentences in lines.items():
+            if p == pa:
+                tail = f" {ELLIPSIS}" if (p, pg, ln) in gaps else ""
+                paragraphs.setdefault(pg, []).append(" ".join(sentences) + tail)
+        block = "\n\n".join("\n".join(paragraphs[pg]) for pg in sorted(paragraphs))
+        if block:
+            out.append(block)
+    return "\n\n".join(x.strip("\n") for x in out if x.strip())
+
+
+def _sentences(paragraph: str) -> list[tuple[int, str]]:
+    """(line number, sentence): list items, headings and short lines stay whole."""
+    out: list[tuple[int, str]] = []
+    for ln, line in enumerate(paragraph.splitlines()):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped[0] in "-*#>|0123456789" or len(stripped) < 80:
+            out.append((ln, stripped))
+        else:
+            out.extend((ln, s) for s in _SENTENCE.split(stripped) if s)
+    return out
+
+
+_MANDATORY = 10.0
+
+
+def _score(sentence: str, position: int, count: int) -> float:
+    """Facts make a sentence mandatory; otherwise position and key terms rank it."""
+    if _HARD_FACT.search(sentence):
+        return _MANDATORY
+    score = 0.0
+    if position == 0:
+        score += 2.0
+    elif position == count - 1:
+        score += 1.0
+    score += 0.5 * len(_KEY_TERMS.findall(sentence))
+    if len(sentence) > 200:
+        score -= 0.5
+    return score

@@ -1,0 +1,194 @@
+"""The pipeline validator: what every provider's result must satisfy before it is trusted.
+
+Runs on every compaction, so it is one linear walk that aligns the result with its input: a result
+message is either the next input message unchanged, or a replacement whose reference ids expand
+(through `verbatim`, nested refs included) to exactly the next input messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from proxy.providers.base import CompactionResult, CompressionConfig, Message
+from proxy.providers.units import hard_protected, refs_in, tool_call_ids
+
+MAX_REF_DEPTH = 10
+_MEDIA_TYPES = frozenset({"image_url", "input_audio", "file", "audio"})
+
+
+@dataclass(frozen=True)
+class _Replacement:
+    position: int
+    start: int
+    end: int
+
+
+def check_result(
+    original: Sequence[Message],
+    result: CompactionResult,
+    config: CompressionConfig,
+    *,
+    check_budget: bool = True,
+) -> list[str]:
+    """Every invariant `result` breaks against its input `original`, as readable sentences."""
+    out = result.messages
+    problems: list[str] = []
+    replacements, kept = _align(original, out, result.verbatim, problems)
+    if problems:
+        return problems
+    for i in sorted(hard_protected(original)):
+        if not kept[i]:
+            role = original[i].get("role")
+            problems.append(f"protected message {i} ({role}) was rewritten or dropped")
+    for rep in replacements:
+        problems.extend(_check_replacement(original, out, rep, config))
+    problems.extend(_new_pairing_problems(original, out))
+    problems.extend(_check_suffix(original, out, result.covered_through))
+    if check_budget:
+        tokens = config.count_tokens(out)
+        if tokens > config.budget:
+            problems.append(f"result costs {tokens} tokens, over the budget of {config.budget}")
+    return problems
+
+
+def _align(
+    original: Sequence[Message],
+    out: Sequence[Message],
+    verbatim: Mapping[str, list[Message]],
+    problems: list[str],
+) -> tuple[list[_Replacement], list[bool]]:
+    """Match result messages to input messages; record which inputs survived unchanged."""
+    kept = [False] * len(original)
+    replacements: list[_Replacement] = []
+    i = 0
+    for pos, message in enumerate(out):
+        if i < len(original) and message == original[i]:
+            kept[i] = True
+            i += 1
+            continue
+        end = _consume(message, i, original, verbatim, 0)
+        if end is None or end == i:
+            problems.append(
+                f"result message {pos} is neither input message {i} unchanged nor a replacement "
+                "whose ref ids (in verbatim) stand for the next input messages"
+            )
+            return replacements, kept
+        replacements.append(_Replacement(pos, i, end))
+        i = end
+    if i != len(original):
+        problems.append(f"input messages {i}..{len(original) - 1} are missing from the result")
+    return replacements, kept
+
+
+def _consume(
+    message: Message,
+    i: int,
+    original: Sequence[Message],
+    verbatim: Mapping[str, list[Message]],
+    depth: int,
+) -> int | None:
+    """Index after the input messages `message` stands for, starting at `i`; None if it doesn't."""
+    if i < len(original) and message == original[i]:
+        return i + 1
+    if depth > MAX_REF_DEPTH:
+        return None
+    refs = _outer_refs(message, verbatim)
+    if not refs:
+        return None
+    for ref in refs:
+        for inner in verbatim[ref]:
+            nxt = _consume(inner, i, original, verbatim, depth + 1)
+            if nxt is None:
+                return None
+            i = nxt
+    return i
+
+
+def _outer_refs(message: Message, verbatim: Mapping[str, list[Message]]) -> list[str]:
+    """Known refs of a message, minus those only quoted from inside another of its refs."""
+    refs = [r for r in refs_in(message) if r in verbatim]
+    if len(refs) < 2:
+        return refs
+    nested = {r for ref in refs for m in verbatim[ref] for r in refs_in(m)}
+    return [r for r in refs if r not in nested]
+
+
+def _check_replacement(
+    original: Sequence[Message],
+    out: Sequence[Message],
+    rep: _Replacement,
+    config: CompressionConfig,
+) -> list[str]:
+    new = out[rep.position]
+    before = sum(config.count_message(original[k]) for k in range(rep.start, rep.end))
+    after = config.count_message(new)
+    where = f"result message {rep.position}"
+    problems = []
+    if after > before:
+        problems.append(f"{where} grew from {before} to {after} tokens")
+    if rep.end - rep.start == 1:
+        problems.extend(_same_shape(original[rep.start], new, where))
+    elif new.get("role") not in ("user", "assistant") or new.get("tool_calls"):
+        problems.append(
+            f"{where} stands for several messages but is not a plain user/assistant one"
+        )
+    return problems
+
+
+def _same_shape(old: Message, new: Message, where: str) -> list[str]:
+    """A one-for-one rewrite keeps role, tool identity, content type and media parts."""
+    problems = []
+    for key in ("role", "tool_call_id", "name"):
+        if old.get(key) != new.get(key):
+            problems.append(f"{where} changed its {key}")
+    if tool_call_ids(old) != tool_call_ids(new):
+        problems.append(f"{where} changed its tool_calls ids")
+    a, b = old.get("content"), new.get("content")
+    if isinstance(a, list):
+        if not isinstance(b, list):
+            problems.append(f"{where} turned a content-part list into {type(b).__name__}")
+        else:
+            media = [p for p in a if isinstance(p, dict) and p.get("type") in _MEDIA_TYPES]
+            if any(p not in b for p in media):
+                problems.append(f"{where} lost an image, audio or file part")
+    elif isinstance(a, str) and not isinstance(b, str):
+        problems.append(f"{where} turned string content into {type(b).__name__}")
+    return problems
+
+
+def pairing_problems(messages: Sequence[Message]) -> set[str]:
+    """Tool-call pairing errors: unanswered call ids and tool results answering no earlier call."""
+    problems: set[str] = set()
+    pending: dict[str, int] = {}
+    for pos, m in enumerate(messages):
+        role = m.get("role")
+        if role == "tool":
+            call_id = m.get("tool_call_id")
+            if pending.pop(call_id, None) is None:  # type: ignore[arg-type]
+                problems.add(f"tool result {call_id!r} answers no preceding tool call")
+            continue
+        # Any other message closes the previous assistant's block of answers.
+        problems.update(f"tool call {cid!r} has no tool result" for cid in pending)
+        pending = dict.fromkeys(tool_call_ids(m), pos) if role == "assistant" else {}
+    problems.update(f"tool call {cid!r} has no tool result" for cid in pending)
+    return problems
+
+
+def _new_pairing_problems(original: Sequence[Message], out: Sequence[Message]) -> list[str]:
+    """Pairing errors the result has and its input did not (a client's own mistakes stay theirs)."""
+    after = pairing_problems(out)
+    if not after:
+        return []
+    return sorted(after - pairing_problems(original))
+
+
+def _check_suffix(
+    original: Sequence[Message], out: Sequence[Message], covered_through: int
+) -> list[str]:
+    if not -1 <= covered_through < len(original):
+        return [f"covered_through {covered_through} is outside the input"]
+    tail = len(original) - covered_through - 1
+    if tail > len(out) or (tail and list(out[-tail:]) != list(original[-tail:])):
+        return [f"the input after covered_through {covered_through} is not an unchanged suffix"]
+    return []
