@@ -1,0 +1,139 @@
+"""Closed-loop load generator (aiohttp on uvloop) measuring latency, TTFB and SSE fidelity.
+
+Each worker keeps one keep-alive connection busy: it sends the next request as soon as the
+previous answer has been read in full. Time-to-first-byte is the first *body* bytes, not the
+status line, because that is what a streaming client waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+
+
+@dataclass
+class Result:
+    """What one scenario against one target measured."""
+
+    latencies: list[float] = field(default_factory=list)
+    ttfbs: list[float] = field(default_factory=list)
+    errors: int = 0
+    mismatched_bodies: int = 0
+    events_identical: int = 0
+    events_total: int = 0
+    elapsed: float = 0.0
+
+    @property
+    def rps(self) -> float:
+        """Completed requests per second over the whole scenario."""
+        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+    @property
+    def identical_pct(self) -> float:
+        """Share of SSE events that arrived byte-identical to the upstream's, in percent."""
+        return 100.0 * self.events_identical / self.events_total if self.events_total else 0.0
+
+
+def percentile(values: list[float], pct: float) -> float:
+    """Nearest-rank percentile (no interpolation), in the unit of `values`."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, math.ceil(pct / 100 * len(ordered)) - 1))
+    return ordered[rank]
+
+
+def split_events(body: bytes) -> list[bytes]:
+    """Split an SSE body into events, each keeping its terminating blank line."""
+    parts = body.split(b"\n\n")
+    events = [p + b"\n\n" for p in parts[:-1]]
+    if parts[-1]:
+        events.append(parts[-1])
+    return events
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One load shape: body, concurrency, and a bound in requests or in seconds."""
+
+    name: str
+    body: bytes
+    concurrency: int
+    requests: int = 0
+    seconds: float = 0.0
+    stream: bool = False
+    warmup: int = 20
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    sc: Scenario,
+    headers: dict[str, str],
+    expected: bytes,
+    ref_events: list[bytes],
+    res: Result,
+) -> None:
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, data=sc.body, headers=headers) as resp:
+            first = await resp.content.readany()
+            t1 = time.perf_counter()
+            body = first + await resp.content.read()
+            t2 = time.perf_counter()
+            status = resp.status
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        res.errors += 1
+        return
+    if status != 200:
+        res.errors += 1
+        return
+    res.latencies.append(t2 - t0)
+    res.ttfbs.append(t1 - t0)
+    if sc.stream:
+        got = split_events(body)
+        res.events_total += max(len(got), len(ref_events))
+        res.events_identical += sum(1 for a, b in zip(got, ref_events, strict=False) if a == b)
+    elif body != expected:
+        res.mismatched_bodies += 1
+
+
+async def run_scenario(url: str, sc: Scenario, expected: bytes, ref_events: list[bytes]) -> Result:
+    """Run `sc` against `url` (a full chat-completions URL) and return the measurements."""
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench-overhead"}
+    if sc.stream:
+        headers["x-bench-stream"] = "1"
+    connector = aiohttp.TCPConnector(limit=sc.concurrency, limit_per_host=sc.concurrency)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        warm = Result()
+        # Warm-up opens every connection and fills caches; its figures are dropped.
+        n_warm = max(sc.warmup, sc.concurrency)
+        for start in range(0, n_warm, sc.concurrency):
+            batch = min(sc.concurrency, n_warm - start)
+            await asyncio.gather(
+                *(_one(session, url, sc, headers, expected, ref_events, warm) for _ in range(batch))
+            )
+        res = Result()
+        budget = [sc.requests]
+        deadline = time.perf_counter() + sc.seconds if sc.seconds else 0.0
+
+        async def worker() -> None:
+            while True:
+                if sc.seconds:
+                    if time.perf_counter() >= deadline:
+                        return
+                else:
+                    if budget[0] <= 0:
+                        return
+                    budget[0] -= 1
+                await _one(session, url, sc, headers, expected, ref_events, res)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(sc.concurrency)))
+        res.elapsed = time.perf_counter() - t0
+    return res

@@ -1,0 +1,117 @@
+"""Process helpers: free loopback ports, CPU pinning, readiness waits and certain clean-up."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A currently unused TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cores() -> tuple[int, int]:
+    """(proxy core, load-generator core): the two cores this process may run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return allowed[0], allowed[0]
+    return allowed[0], allowed[1]
+
+
+def wait_http(
+    url: str, proc: subprocess.Popen[bytes], log: Path | None = None, timeout: float = 30.0
+) -> None:
+    """Poll `url` until it answers 200, failing early (with the log's tail) if `proc` dies."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise RuntimeError(f"process exited with {proc.returncode}: {err}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not become ready in {timeout:.0f}s")
+
+
+class PinnedServer:
+    """A server subprocess pinned to one core with taskset, in its own process group."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        port: int,
+        core: int,
+        env: dict[str, str] | None = None,
+        health_path: str = "/healthz",
+    ) -> None:
+        self.name = name
+        self.port = port
+        self._argv = ["taskset", "-c", str(core), *argv] if shutil.which("taskset") else [*argv]
+        self._env = {**os.environ, **(env or {})}
+        self._health = f"http://127.0.0.1:{port}{health_path}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        # A file, not a pipe: a chatty server must never block on a full stderr pipe.
+        self.log = Path(tempfile.mkstemp(prefix=f"compactd-bench-{name}-", suffix=".log")[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server (no path)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> PinnedServer:
+        self.proc = subprocess.Popen(
+            self._argv,
+            env=self._env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+            start_new_session=True,
+        )
+        try:
+            wait_http(self._health, self.proc, self.log)
+        except Exception:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def worker_pids(self) -> list[int]:
+        """The server's own pid and its children (uvicorn workers), for profiling."""
+        assert self.proc is not None
+        pids = [self.proc.pid]
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        if children.exists():
+            pids += [int(p) for p in children.read_text().split()]
+        return pids
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self.log.unlink(missing_ok=True)
+            return
+        # The server runs in its own session, so its group id is its pid: this ends only it
+        # and the workers it spawned.
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.unlink(missing_ok=True)

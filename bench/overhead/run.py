@@ -1,0 +1,176 @@
+"""compactd overhead benchmark: direct-to-upstream against each proxy, in one run.
+
+    .venv/bin/python bench/overhead/run.py [--seconds 10] [--requests 300] [--profile DIR]
+
+An nginx upstream serves fixed JSON and SSE bodies on loopback. Each proxy (two naive
+starlette + httpx pass-throughs and compactd with each upstream transport) runs alone, pinned
+to the first core with taskset; the load generator and nginx share the second. Prints a
+markdown table and the target checks; with --profile also py-spy hot spots for compactd.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvloop
+from bodies import chat_body, completion_response, large_body, sse_events
+from loadgen import Result, Scenario, run_scenario
+from procs import PinnedServer, cores, free_port
+from report import render_table, target_checks
+from spy import start_record, summarise
+from upstream import NginxUpstream
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Target:
+    """A proxy under test: how to start it given (port, upstream base URL, data dir)."""
+
+    name: str
+    kind: str  # "direct", "naive" or "compactd"
+    transport: str = ""
+
+
+TARGETS = (
+    Target("direct", "direct"),
+    Target("naive-httpx", "naive", "httpx"),
+    Target("naive-aiohttp", "naive", "aiohttp"),
+    Target("compactd-aiohttp", "compactd", "aiohttp"),
+    Target("compactd-httpx", "compactd", "httpx"),
+)
+
+
+def scenarios(seconds: float, requests: int) -> list[Scenario]:
+    """The four load shapes of the benchmark, (a) to (d)."""
+    return [
+        Scenario("a", chat_body(), concurrency=1, requests=requests, warmup=50),
+        Scenario("b", chat_body(), concurrency=32, seconds=seconds),
+        Scenario("c", chat_body(stream=True), concurrency=64, seconds=seconds, stream=True),
+        Scenario("d", large_body(), concurrency=4, seconds=seconds),
+    ]
+
+
+def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedServer:
+    """A pinned server process for target `t` (not started)."""
+    port = free_port()
+    if t.kind == "naive":
+        argv = [sys.executable, str(HERE / "naive.py"), t.transport, str(port), upstream]
+        return PinnedServer(t.name, argv, port, core)
+    exe = Path(sys.executable).parent / "compactd"
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
+    argv = [*base, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = {
+        "COMPACTD_UPSTREAM_URL": upstream,
+        "COMPACTD_UPSTREAM_TRANSPORT": t.transport,
+        "COMPACTD_DATA_DIR": str(data_dir / t.name),
+        "COMPACTD_SERVER_LOG_LEVEL": "warning",
+    }
+    return PinnedServer(t.name, argv, port, core, env=env)
+
+
+async def measure(
+    url: str, scs: list[Scenario], expected: bytes, ref: list[bytes]
+) -> dict[str, Result]:
+    """Run every scenario in order against `url`."""
+    return {sc.name: await run_scenario(url, sc, expected, ref) for sc in scs}
+
+
+async def profile_pass(
+    server: PinnedServer,
+    url: str,
+    scs: list[Scenario],
+    expected: bytes,
+    ref: list[bytes],
+    out: Path,
+) -> None:
+    """Re-run the load scenarios while py-spy samples the server; write hot-spot summaries."""
+    out.mkdir(parents=True, exist_ok=True)
+    for sc in scs:
+        if not sc.seconds:
+            continue
+        raw = out / f"{server.name}-{sc.name}.txt"
+        rec = start_record(server.worker_pids()[-1], raw, sc.seconds + 1)
+        if rec is None:
+            print("py-spy not installed: pip install py-spy", file=sys.stderr)
+            return
+        await asyncio.sleep(0.5)
+        await run_scenario(url, sc, expected, ref)
+        await asyncio.to_thread(rec.wait, 30)
+        if raw.exists():
+            md = summarise(raw)
+            (out / f"{server.name}-{sc.name}.md").write_text(md)
+            print(f"\n### py-spy {server.name}, scenario {sc.name}\n\n{md}", file=sys.stderr)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    """Run the benchmark and print the report."""
+    proxy_core, load_core = cores()
+    # Children inherit this affinity: nginx shares the load generator's core, and each proxy is
+    # re-pinned to the other core by taskset.
+    import os  # noqa: PLC0415
+
+    os.sched_setaffinity(0, {load_core})
+    expected = completion_response()
+    ref = sse_events()
+    scs = scenarios(args.seconds, args.requests)
+    chosen = [t for t in TARGETS if not args.only or t.name in args.only.split(",")]
+    results: dict[str, dict[str, Result] | str] = {}
+    with (
+        NginxUpstream(expected, b"".join(ref)) as up,
+        tempfile.TemporaryDirectory(prefix="compactd-bench-data-") as data,
+    ):
+        for t in chosen:
+            print(f"-- {t.name}", file=sys.stderr)
+            if t.kind == "direct":
+                direct_url = up.base_url + "/chat/completions"
+                results[t.name] = await measure(direct_url, scs, expected, ref)
+                continue
+            try:
+                with server_for(t, up.base_url, proxy_core, Path(data)) as server:
+                    url = f"{server.url}/v1/chat/completions"
+                    results[t.name] = await measure(url, scs, expected, ref)
+                    if args.profile and t.kind == "compactd":
+                        await profile_pass(server, url, scs, expected, ref, Path(args.profile))
+            except (RuntimeError, TimeoutError) as exc:
+                results[t.name] = f"did not start: {str(exc)[:300]}"
+                print(f"   {t.name} {results[t.name]}", file=sys.stderr)
+    print(render_table(results, scs))
+    print(target_checks(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(_as_json(results), indent=2))
+    return 0
+
+
+def _as_json(results: dict[str, dict[str, Result] | str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for name, res in results.items():
+        if isinstance(res, str):
+            out[name] = res
+            continue
+        out[name] = {
+            k: {"rps": r.rps, "n": len(r.latencies), "errors": r.errors, "sse%": r.identical_pct}
+            for k, r in res.items()
+        }
+    return out
+
+
+def main() -> int:
+    """Parse arguments and run the benchmark on uvloop."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="duration of (b), (c), (d)")
+    parser.add_argument("--requests", type=int, default=300, help="requests in (a)")
+    parser.add_argument("--only", default="", help="comma-separated target names")
+    parser.add_argument("--profile", default="", help="directory for py-spy profiles")
+    parser.add_argument("--json", default="", help="also write raw figures to this file")
+    return uvloop.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
