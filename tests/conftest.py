@@ -14,3 +14,39 @@ def _offline_tiktoken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cache = tmp_path_factory.mktemp("tiktoken")
     os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
     return cache
+
+
+from collections.abc import AsyncIterator, Callable  # noqa: E402
+from contextlib import AbstractAsyncContextManager  # noqa: E402
+from typing import Any  # noqa: E402
+
+from tests.upstream import FakeUpstream, serve  # noqa: E402
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[tuple[FakeUpstream, str]]:
+    """A scriptable fake upstream on a real socket: (recorder, base URL ending in /v1)."""
+    fake = FakeUpstream()
+    async with serve(fake) as url:
+        yield fake, f"{url}/v1"
+
+
+ProxyFactory = Callable[..., AbstractAsyncContextManager[str]]
+
+
+@pytest.fixture
+def make_proxy(tmp_path: Path) -> ProxyFactory:
+    """Start compactd (real uvicorn) in front of an upstream URL with config overrides."""
+    from proxy.app import create_app
+    from proxy.config import load_settings
+
+    def factory(upstream_url: str, **sections: Any) -> AbstractAsyncContextManager[str]:
+        overrides: dict[str, Any] = {"upstream": {"url": upstream_url}, **sections}
+        overrides["upstream"] = {"url": upstream_url, **sections.get("upstream", {})}
+        server = dict(sections.get("server", {}))
+        server.setdefault("data_dir", str(tmp_path / "data"))
+        overrides["server"] = server
+        settings = load_settings(None, env={}, overrides=overrides)
+        return serve(create_app(settings), lifespan="on")
+
+    return factory

@@ -1,0 +1,77 @@
+"""OpenAI-shaped errors: what compactd answers when the failure is its own or the upstream's leg."""
+
+from __future__ import annotations
+
+import orjson
+
+
+class ProxyError(Exception):
+    """An error compactd answers itself, with an HTTP status and an OpenAI error body."""
+
+    status = 500
+    type = "server_error"
+    code = "compactd_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class BodyTooLargeError(ProxyError):
+    """The request body exceeds `server.max_body_bytes`."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class BadPathError(ProxyError):
+    """The path cannot be mapped onto the upstream safely."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_path"
+
+
+class NotFoundError(ProxyError):
+    """No such compactd route."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class UnauthorizedError(ProxyError):
+    """The client's key is not admitted by this gateway."""
+
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class UpstreamUnreachableError(ProxyError):
+    """The upstream refused or dropped the connection before answering."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeoutError(ProxyError):
+    """The upstream did not connect or answer in time."""
+
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"
+
+
+def error_body(message: str, type_: str, code: str | None) -> bytes:
+    """`{"error": {"message", "type", "param", "code"}}` as OpenAI sends it."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+def sse_error_event(
+    message: str, type_: str = "server_error", code: str = "upstream_error"
+) -> bytes:
+    """An SSE event the openai SDK raises as APIError; never followed by a fake [DONE]."""
+    return b"data: " + error_body(message, type_, code) + b"\n\n"
