@@ -1,0 +1,278 @@
+"""The `engine` provider: the context-compression-engine behaviour, done right for OpenAI requests.
+
+Every unit (a user message, or an assistant message with all its tool results) that may change
+climbs one ladder, oldest units first and the recency window last: summarized (hard content kept,
+exact or fuzzy duplicates replaced by a readable reference), then reduced to its facts, then
+dropped into a stub that keeps the run's facts; the last rung (`force_converge`) leaves only
+reference markers. A binary search over the ladder finds the least lossy rung that fits the
+target. Messages of different roles, `name`s or `tool_call_id`s are never merged; system/developer
+messages, the head, the last user message and the final message are never touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from proxy.providers.base import (
+    CompactionResult,
+    CompressionConfig,
+    ContextProvider,
+    Message,
+    compute_source_digest,
+)
+from proxy.providers.dedup import Duplicate, find_exact, find_fuzzy
+from proxy.providers.engine_forms import (
+    BARE,
+    DROPPED,
+    FACTS,
+    SUMMARY,
+    Form,
+    Forms,
+    FormSettings,
+)
+from proxy.providers.units import Unit, droppable, message_text, protection, split_units
+
+_LIMITATIONS = {
+    SUMMARY: "older prose summarized extractively (hard content kept)",
+    FACTS: "older messages reduced to their facts",
+    DROPPED: "oldest units dropped (their facts kept in a stub)",
+    BARE: "forced convergence: some messages reduced to their reference marker",
+}
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine's `extra_config` keys (unknown keys are rejected)."""
+
+    preserve: tuple[str, ...] = ("system", "developer")
+    dedup: bool = True
+    fuzzy_dedup: bool = False
+    fuzzy_threshold: float = 0.85
+    dedup_min_chars: int = 200
+    summary_ratio: float = 0.4
+    facts_ratio: float = 0.2
+    stub_facts_ratio: float = 0.1
+    max_facts_chars: int = 600
+    merge_consecutive: bool = True
+    force_converge: bool = True
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> EngineOptions:
+        """Validated options from a policy's `extra_config`; raises ValueError on bad input."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - names)
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        values = dict(extra)
+        if "preserve" in values:
+            values["preserve"] = tuple(str(r) for r in values["preserve"])
+        options = cls(**values)
+        for name in ("fuzzy_threshold", "summary_ratio", "facts_ratio", "stub_facts_ratio"):
+            if not 0.0 < float(getattr(options, name)) <= 1.0:
+                raise ValueError(f"engine option {name} must be in (0, 1]")
+        if options.max_facts_chars < 0 or options.dedup_min_chars < 0:
+            raise ValueError("engine character limits must be >= 0")
+        return options
+
+
+@dataclass(frozen=True)
+class _Step:
+    unit: int
+    level: int
+
+
+class EngineProvider(ContextProvider):
+    """Deterministic summaries, dedup and dropping, searched to fit the target."""
+
+    @property
+    def name(self) -> str:
+        """Registry name."""
+        return "engine"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        """Compact `messages` to the least lossy rung of the ladder that fits `config.limit`."""
+        return compact(messages, config, EngineOptions.from_extra(config.extra_config))
+
+
+def _duplicates(
+    texts: Sequence[str], candidates: list[int], opts: EngineOptions
+) -> dict[int, Duplicate]:
+    if not opts.dedup:
+        return {}
+    found = {d.index: d for d in find_exact(texts, candidates, opts.dedup_min_chars)}
+    if opts.fuzzy_dedup:
+        fuzzy = find_fuzzy(
+            texts, candidates, opts.dedup_min_chars, opts.fuzzy_threshold, frozenset(found)
+        )
+        found.update((d.index, d) for d in fuzzy)
+    return found
+
+
+def _ladder(
+    units: Sequence[Unit], fixed: frozenset[int], recent: frozenset[int], can_drop: Sequence[bool]
+) -> list[_Step]:
+    """Outside the recency window first, then inside it; each part oldest first, level by level."""
+    movable = [u for u, unit in enumerate(units) if any(i not in fixed for i in unit.indices())]
+    outside = [u for u in movable if not any(i in recent for i in units[u].indices())]
+    inside = [u for u in movable if u not in set(outside)]
+    steps: list[_Step] = []
+    for part in (outside, inside):
+        for level in (SUMMARY, FACTS, DROPPED):
+            steps.extend(_Step(u, level) for u in part if level != DROPPED or can_drop[u])
+    return steps
+
+
+@dataclass
+class _Plan:
+    messages: Sequence[Message]
+    units: Sequence[Unit]
+    fixed: frozenset[int]
+    steps: list[_Step]
+    forms: Forms
+    merge: bool
+    base: int
+
+    def build(self, s: int, force: bool) -> tuple[list[Message], list[Form], int]:
+        """The messages at rung `s`, the forms used, and their estimated request tokens."""
+        levels = [0] * len(self.units)
+        for step in self.steps[:s]:
+            levels[step.unit] = step.level
+        out: list[Message] = []
+        used: list[Form] = []
+        tokens = self.base
+        run: list[Unit] = []
+        pending: list[Form] = []
+
+        def emit(form: Form | None, start: int, end: int) -> None:
+            nonlocal tokens
+            if form is None:
+                out.extend(self.messages[start:end])
+                tokens += self.forms.span_cost(start, end)
+            else:
+                out.append(form.message)
+                used.append(form)
+                tokens += self.forms.cost(form)
+
+        def flush_pending() -> None:
+            if len(pending) > 1:
+                emit(self.forms.merged(pending), pending[0].start, pending[-1].end)
+            elif pending:
+                emit(pending[0], pending[0].start, pending[0].end)
+            pending.clear()
+
+        def flush_run() -> None:
+            if run:
+                stub = self.forms.stub(run[0].start, run[-1].end, force)
+                if stub is not None:
+                    flush_pending()
+                    emit(stub, stub.start, stub.end)
+                else:
+                    for unit in run:
+                        emit_unit(unit, FACTS)
+                run.clear()
+
+        def emit_unit(unit: Unit, level: int) -> None:
+            for i in unit.indices():
+                form = None
+                if i not in self.fixed and level:
+                    form = self.forms.single(i, BARE if force else level)
+                if form is not None and self.merge and _mergeable(form, pending):
+                    pending.append(form)
+                    continue
+                flush_pending()
+                if form is not None and self.merge and _mergeable(form, []):
+                    pending.append(form)
+                else:
+                    emit(form, i, i + 1)
+
+        for u, unit in enumerate(self.units):
+            if levels[u] == DROPPED:
+                run.append(unit)
+                continue
+            flush_run()
+            emit_unit(unit, levels[u])
+        flush_run()
+        flush_pending()
+        return out, used, tokens
+
+
+def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
+    m = form.message
+    if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or m.get("tool_call_id"):
+        return False
+    if not isinstance(m.get("content"), str) or form.end - form.start != 1:
+        return False
+    if not pending:
+        return True
+    last = pending[-1].message
+    return (
+        last.get("role") == m.get("role")
+        and last.get("name") == m.get("name")
+        and pending[-1].end == form.start
+    )
+
+
+def _search(count: Callable[[int], int], n: int, target: int) -> int | None:
+    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb."""
+    if count(n) > target:
+        return None
+    lo, hi = -1, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if count(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def compact(
+    messages: list[Message], config: CompressionConfig, opts: EngineOptions
+) -> CompactionResult:
+    """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
+    digest = compute_source_digest(messages)
+    units = split_units(messages)
+    prot = protection(messages, units, config.keep_head, config.recency_turns)
+    fixed = (
+        prot.hard
+        | prot.head
+        | {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
+    )
+    can_drop = [
+        droppable(u, prot, relaxed=True) and not any(i in fixed for i in u.indices()) for u in units
+    ]
+    steps = _ladder(units, fixed, prot.recent, can_drop)
+    texts = [message_text(m) for m in messages]
+    candidates = [i for i in range(len(messages)) if i not in fixed]
+    settings = FormSettings(
+        opts.summary_ratio, opts.facts_ratio, opts.stub_facts_ratio, opts.max_facts_chars
+    )
+    forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts))
+    base = config.count_tokens(messages) - sum(forms.costs)
+    plan = _Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
+    rungs = len(steps) + (1 if opts.force_converge else 0)
+    cache: dict[int, int] = {}
+
+    def cost(s: int) -> int:
+        if s not in cache:
+            cache[s] = plan.build(min(s, len(steps)), s > len(steps))[2]
+        return cache[s]
+
+    chosen = _search(cost, rungs, config.limit)
+    if chosen is None:
+        chosen = _search(cost, rungs, config.budget)
+    if chosen is None:
+        chosen = rungs
+    out, used, _ = plan.build(min(chosen, len(steps)), chosen > len(steps))
+    if not used:
+        return CompactionResult(messages=list(messages), source_digest=digest)
+    levels = {step.level for step in steps[:chosen]} | ({BARE} if chosen > len(steps) else set())
+    return CompactionResult(
+        messages=out,
+        source_digest=digest,
+        covered_through=max(f.end for f in used) - 1,
+        verbatim={f.ref: list(messages[f.start : f.end]) for f in used},
+        limitations=[_LIMITATIONS[lv] for lv in sorted(levels)],
+    )

@@ -1,0 +1,204 @@
+"""The compacted forms of messages the engine provider chooses between, memoized per run.
+
+Levels, from least to most lossy: 1 = summary (or a duplicate reference), 2 = facts only,
+3 = dropped into a stub that stands for a run of whole units (with their facts), and the forced
+forms: a stub or message that is only its reference marker. A form is offered only if it costs
+fewer tokens than what it replaces, so no message ever grows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.providers.base import (
+    REF_PATTERN,
+    CompressionConfig,
+    Message,
+    make_ref_id,
+    ref_marker,
+)
+from proxy.providers.dedup import Duplicate
+from proxy.providers.summary import extract_facts, fact_candidates, pack_facts, summarize_text
+from proxy.providers.units import message_text, with_text
+
+SUMMARY, FACTS, DROPPED, BARE = 1, 2, 3, 4
+_SNIPPET = 60
+# Fields that cost tokens but carry nothing the summary keeps; the originals hold them.
+_DROP_ON_REWRITE = ("reasoning_content", "reasoning", "thinking")
+
+
+@dataclass(frozen=True)
+class FormSettings:
+    """The engine options that shape forms."""
+
+    summary_ratio: float
+    facts_ratio: float
+    stub_facts_ratio: float
+    max_facts_chars: int
+
+
+@dataclass(frozen=True)
+class Form:
+    """A replacement for input messages `start .. end-1`."""
+
+    message: Message
+    start: int
+    end: int
+    body: str
+    """The replacement's text without its marker line (what a merge joins)."""
+    ref: str
+
+
+def fact_text(message: Message) -> str:
+    """A message's text plus its tool-call names and arguments (where agents keep ids)."""
+    parts = [message_text(message)]
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict):
+            parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
+    return "\n".join(p for p in parts if p)
+
+
+def _snippet(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= _SNIPPET else flat[:_SNIPPET].rstrip() + "…"
+
+
+@dataclass
+class Forms:
+    """Lazily built, memoized forms and token costs for one compaction."""
+
+    messages: Sequence[Message]
+    config: CompressionConfig
+    settings: FormSettings
+    duplicates: dict[int, Duplicate]
+    costs: list[int] = field(init=False)
+    _memo: dict[tuple[int, int, int], Form | None] = field(default_factory=dict)
+    _cost_memo: dict[int, int] = field(default_factory=dict)
+    _merges: dict[tuple[int, ...], Form] = field(default_factory=dict)
+    _texts: dict[int, str] = field(default_factory=dict)
+    _facts: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.costs = [self.config.count_message(m) for m in self.messages]
+
+    def cost(self, form: Form) -> int:
+        """Tokens a form costs (memoized by identity: forms are memoized too)."""
+        key = id(form)
+        if key not in self._cost_memo:
+            self._cost_memo[key] = self.config.count_message(form.message)
+        return self._cost_memo[key]
+
+    def span_cost(self, start: int, end: int) -> int:
+        """Tokens input messages start .. end-1 cost."""
+        return sum(self.costs[start:end])
+
+    def _make(self, start: int, end: int, verb: str, body: str, role: str | None = None) -> Form:
+        originals = list(self.messages[start:end])
+        ref = make_ref_id(originals)
+        marker = ref_marker(ref, end - start, self.span_cost(start, end), verb)
+        text = f"{marker}\n{body}" if body else marker
+        first = originals[0]
+        if end - start == 1:
+            message = with_text(first, text)
+            for key in _DROP_ON_REWRITE:
+                message.pop(key, None)
+        else:
+            content: object = text
+            if isinstance(first.get("content"), list):
+                content = [{"type": "text", "text": text}]
+            message = {"role": role or first.get("role"), "content": content}
+            if first.get("name") is not None and all(
+                m.get("name") == first.get("name") for m in originals
+            ):
+                message["name"] = first["name"]
+        return Form(message, start, end, body, ref)
+
+    def _accept(self, form: Form) -> Form | None:
+        return form if self.cost(form) < self.span_cost(form.start, form.end) else None
+
+    def single(self, i: int, level: int) -> Form | None:
+        """Message i at SUMMARY, FACTS or BARE level; None if that would not make it smaller."""
+        key = (i, i + 1, level)
+        if key not in self._memo:
+            self._memo[key] = self._build_single(i, level)
+        return self._memo[key]
+
+    def _build_single(self, i: int, level: int) -> Form | None:
+        text = message_text(self.messages[i])
+        if level == BARE:
+            return self._accept(self._make(i, i + 1, "dropped", ""))
+        if level == FACTS:
+            cap = min(
+                self.settings.max_facts_chars, max(48, int(len(text) * self.settings.facts_ratio))
+            )
+            facts = extract_facts(text, cap)
+            best = self._accept(
+                self._make(i, i + 1, "reduced to facts", f"facts: {facts}" if facts else "")
+            )
+            lighter = self.single(i, SUMMARY)
+            if best is None or (lighter is not None and self.cost(lighter) <= self.cost(best)):
+                return lighter
+            return best
+        if not text.strip() or REF_PATTERN.search(text):
+            # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
+            return None
+        dup = self.duplicates.get(i)
+        if dup is not None:
+            role = self.messages[dup.target].get("role")
+            if dup.similarity >= 1.0:
+                body = f'Same text as a later {role} message: "{_snippet(text)}"'
+                return self._accept(self._make(i, i + 1, "deduplicated", body))
+            cap = int(len(text) * self.settings.summary_ratio)
+            only = "\n".join(dup.only_here)[:cap]
+            body = (
+                f"{round(dup.similarity * 100)}% the same lines as a later {role} message "
+                f'("{_snippet(message_text(self.messages[dup.target]))}"); lines only here:\n{only}'
+            )
+            form = self._accept(self._make(i, i + 1, "deduplicated", body))
+            if form is not None:
+                return form
+        ratio = self.settings.summary_ratio
+        summary = summarize_text(text, ratio, self.settings.max_facts_chars)
+        if summary == text:
+            return None
+        return self._accept(self._make(i, i + 1, "summarized", summary))
+
+    def merged(self, parts: Sequence[Form]) -> Form:
+        """One message for consecutive same-role rewritten messages (a single marker)."""
+        key = tuple(id(p) for p in parts)
+        form = self._merges.get(key)
+        if form is None:
+            body = "\n\n".join(p.body for p in parts if p.body)
+            form = self._make(parts[0].start, parts[-1].end, "summarized", body)
+            self._merges[key] = form
+        return form
+
+    def _fact_text(self, i: int) -> str:
+        if i not in self._texts:
+            self._texts[i] = fact_text(self.messages[i])
+        return self._texts[i]
+
+    def _candidates(self, i: int) -> list[tuple[int, str]]:
+        if i not in self._facts:
+            self._facts[i] = fact_candidates(self._fact_text(i))
+        return self._facts[i]
+
+    def stub(self, start: int, end: int, bare: bool) -> Form | None:
+        """A run of whole units dropped, replaced by one user/assistant message with its facts."""
+        key = (start, end, BARE if bare else DROPPED)
+        if key not in self._memo:
+            role = "user" if self.messages[start].get("role") == "user" else "assistant"
+            body = ""
+            if not bare:
+                chars = sum(len(self._fact_text(i)) for i in range(start, end))
+                cap = min(
+                    self.settings.max_facts_chars,
+                    max(40, int(chars * self.settings.stub_facts_ratio)),
+                )
+                candidates = [c for i in range(start, end) for c in self._candidates(i)]
+                facts = pack_facts(candidates, cap)
+                body = f"facts: {facts}" if facts else ""
+            self._memo[key] = self._accept(self._make(start, end, "dropped", body, role))
+        return self._memo[key]

@@ -1,0 +1,297 @@
+"""Deterministic extractive summaries that keep hard content and drop filler.
+
+Standard library only. "Hard content" is what a model cannot re-derive from a paraphrase: code,
+JSON, SQL, tracebacks, keys, file paths, identifiers, numbers, URLs, error lines and decisions.
+Two levels are offered: `summarize_text` keeps the hard blocks verbatim and the most informative
+prose sentences (the facts of dropped sentences follow in a `facts:` line), and `extract_facts`
+keeps only the facts, for when a summary is still too long.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n+")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_LIST_MARKER = re.compile(r"^(?:[-*+]|\(?\w{1,3}[.)])$")
+
+# Ordered: the first alternative that matches at a position wins, so longer shapes come first.
+_FACT = re.compile(
+    r"(?P<url>https?://[^\s<>()\[\]\"'`]+[^\s<>()\[\]\"'`.,;:!?])"
+    r"|(?P<email>\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b)"
+    r"|(?P<date>\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b"
+    r"|\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp][Mm]\b)?)"
+    r"|(?P<path>(?:~|\.{1,2})?/?(?:[\w.-]++/)++[\w.-]+|\b[\w-]+\.(?:py|js|ts|tsx|jsx|json|toml|"
+    r"yaml|yml|md|txt|sh|go|rs|java|rb|c|h|cpp|hpp|cs|sql|html|css|cfg|ini|lock|env)\b)"
+    r"|(?P<ident>\b[A-Za-z_][A-Za-z0-9_]*+(?:\.[A-Za-z_][A-Za-z0-9_]*+)++\(?"
+    r"|\b[A-Za-z0-9]++(?:_[A-Za-z0-9]++)++\b"
+    r"|\b[a-z]++[A-Z][A-Za-z0-9]*+\b"
+    r"|\b[A-Z][a-z0-9]++[A-Z][A-Za-z0-9]*+\b"
+    r"|\b(?=[A-Za-z]*\d)(?=\d*[A-Za-z])[A-Za-z0-9]{3,}\b"
+    r"|\b[A-Z]{3,}\b)"
+    r"|(?P<number>[$€£]?\b\d[\d,]*(?:\.\d+)?(?:%|\b))"
+)
+_ERROR_LINE = re.compile(
+    r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b",
+    re.I,
+)
+_DECISION = re.compile(
+    r"\b(?:decided|decision|we(?:'ll| will) use|going with|chose|instead|must|never|always|"
+    r"important|confirmed?|agreed|the (?:fix|solution|approach|plan) is)\b",
+    re.I,
+)
+_FILLER = re.compile(
+    r"^\s*(?:sure|great|certainly|of course|ok(?:ay)?|thanks|thank you|got it|absolutely|"
+    r"i understand|i see|no problem|happy to|glad to|let me|here(?:'s| is)|alright|"
+    r"i hope this|feel free|please let me know|if you have any)\b",
+    re.I,
+)
+_SQL = re.compile(
+    r"\b(?:SELECT\s.+\sFROM|INSERT INTO|UPDATE\s+\w+\s+SET|DELETE FROM|CREATE (?:TABLE|INDEX)|"
+    r"ALTER TABLE|GROUP BY|ORDER BY|PRIMARY KEY|(?:INNER|LEFT|RIGHT|OUTER) JOIN)\b",
+    re.S,
+)
+_TRACEBACK = re.compile(
+    r"Traceback \(most recent call last\)|^\s+File \"[^\"]+\", line \d+|"
+    r"^\s+at [\w$.<>]+\(",
+    re.M,
+)
+_SPECIAL = frozenset("{}[]<>|\\;:@#$%^&*()=+`~")
+# Facts whose kind tells the most per character go first when a cap forces a choice.
+_FACT = re.compile(r"(?<![\w./@$€£~-])(?=[\w$€£~./])(?:" + _FACT.pattern + ")")
+_ID_SHAPE = re.compile(r"[\w.@-]+")
+_THREE_DIGITS = re.compile(r"\d\D*\d\D*\d")
+_CODE = re.compile(r"[A-Z0-9]{5,8}")
+_KIND_RANK = {"url": 1, "email": 1, "path": 1, "date": 2, "ident": 0, "number": 3}
+_MIN_FACT_LEN = 2
+
+
+def fact_items(text: str) -> list[str]:
+    """Identifiers, paths, URLs, ids, dates and numbers in `text`, unique, in order."""
+    seen: dict[str, None] = {}
+    for match in _FACT.finditer(text):
+        value = match.group(0).rstrip("(")
+        if match.lastgroup == "number" and len(value.strip("$€£%,.")) < _MIN_FACT_LEN:
+            continue
+        seen.setdefault(value, None)
+    return list(seen)
+
+
+def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
+    ranked: dict[str, tuple[int, int, str]] = {}
+    for pos, match in enumerate(_FACT.finditer(text)):
+        value = match.group(0).rstrip("(")
+        kind = match.lastgroup or "number"
+        if kind == "number" and len(value.strip("$€£%,.")) < _MIN_FACT_LEN:
+            continue
+        rank = _KIND_RANK[kind]
+        if kind == "ident" and not any(c.isdigit() for c in value):
+            rank = 2
+        if value not in ranked:
+            ranked[value] = (rank, pos, value)
+    return list(ranked.values())
+
+
+def _pack(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> list[str]:
+    """The best-ranked items that fit in max_chars, back in their original order."""
+    chosen: list[tuple[int, int, str]] = []
+    used = 0
+    for item in sorted(items):
+        cost = len(item[2]) + len(sep)
+        if used + cost > max_chars:
+            continue
+        chosen.append(item)
+        used += cost
+    return [value for _, _, value in sorted(chosen, key=lambda t: t[1])]
+
+
+def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
+    """The last `limit` lines that report an error (the final one is usually the cause)."""
+    lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln)]
+    return [ln[:width] for ln in lines[-limit:]]
+
+
+def _id_like(value: str) -> bool:
+    return bool(_ID_SHAPE.fullmatch(value)) and bool(
+        _THREE_DIGITS.search(value) or _CODE.fullmatch(value)
+    )
+
+
+def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
+    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too."""
+    items: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def walk(node: Any, key: str, depth: int) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if _id_like(str(k)):
+                    items.setdefault((key, str(k)), (0, len(items)))
+                walk(v, str(k), depth + 1)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, key, depth + 1)
+        elif node not in (None, "", False) and not isinstance(node, bool):
+            text = str(node)
+            rank = (
+                0 if _id_like(text) else (1 if isinstance(node, int | float) else 2 + min(depth, 3))
+            )
+            items.setdefault((key, text), (rank, len(items)))
+
+    walk(value, "", 0)
+    return items
+
+
+def _json_facts(value: Any, max_chars: int) -> str | None:
+    """Scalar leaves grouped by key (`flight_number: HAT069, HAT083; price: 121`), ids first."""
+    items = _json_items(value)
+    chosen: list[tuple[int, str, str]] = []
+    keys_used: set[str] = set()
+    used = 0
+    for (key, text), (_rank, pos) in sorted(items.items(), key=lambda kv: kv[1]):
+        cost = len(text) + 2 + (0 if key in keys_used else len(key) + 4)
+        if used + cost > max_chars:
+            continue
+        keys_used.add(key)
+        chosen.append((pos, key, text))
+        used += cost
+    if not chosen:
+        return None
+    groups: dict[str, list[str]] = {}
+    for _pos, key, text in sorted(chosen):
+        groups.setdefault(key, []).append(text)
+    return "; ".join(f"{k}: {', '.join(v)}" if k else ", ".join(v) for k, v in groups.items())
+
+
+def fact_candidates(text: str) -> list[tuple[int, str]]:
+    """(rank, fact) pairs of a text in order of appearance; lower ranks matter more."""
+    value = parse_json(text)
+    if value is not None:
+        ranked = sorted(_json_items(value).items(), key=lambda kv: kv[1][1])
+        return [(rank, fact) for (_key, fact), (rank, _pos) in ranked]
+    return [(rank, fact) for rank, _pos, fact in _ranked_facts(text)]
+
+
+def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
+    """The best-ranked unique facts that fit in max_chars, comma-separated, in original order."""
+    unique: dict[str, tuple[int, int, str]] = {}
+    for pos, (rank, fact) in enumerate(candidates):
+        if fact not in unique:
+            unique[fact] = (rank, pos, fact)
+    return ", ".join(_pack(unique.values(), max_chars, ", "))
+
+
+def parse_json(text: str) -> Any | None:
+    """The JSON value if the whole text is a JSON object or array, else None."""
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "[{":
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return None
+
+
+def extract_facts(text: str, max_chars: int) -> str:
+    """Only the facts of `text` (error lines first, then ids, paths, numbers), at most max_chars."""
+    value = parse_json(text)
+    if value is not None:
+        return _json_facts(value, max_chars) or ""
+    parts = [ln for ln in error_lines(text) if len(ln) < max_chars // 2]
+    budget = max_chars - sum(len(p) + 3 for p in parts)
+    facts = _pack(_ranked_facts(text), budget, ", ")
+    if facts:
+        parts.append(", ".join(facts))
+    return " | ".join(parts)[:max_chars]
+
+
+def _is_hard(block: str) -> bool:
+    lines = [ln for ln in block.splitlines() if ln.strip()]
+    if not lines:
+        return False
+    if _TRACEBACK.search(block) or _SQL.search(block):
+        return True
+    if len(lines) >= 2 and all(ln.startswith(("    ", "\t")) for ln in lines):
+        return True
+    special = sum(1 for c in block if c in _SPECIAL)
+    return len(block) >= 20 and special / len(block) > 0.15
+
+
+def _split_blocks(text: str) -> list[tuple[bool, str]]:
+    """(is_hard, text) blocks in order: fences and hard paragraphs, and prose paragraphs."""
+    blocks: list[tuple[bool, str]] = []
+    pos = 0
+    for match in _FENCE.finditer(text):
+        blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos : match.start()]))
+        blocks.append((True, match.group(0)))
+        pos = match.end()
+    blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos:]))
+    return [(hard, b.strip("\n")) for hard, b in blocks if b.strip()]
+
+
+def sentences(block: str) -> list[str]:
+    """Sentences of a prose block; lines never join, list markers stay with their item."""
+    out: list[str] = []
+    for line in block.splitlines():
+        pending = ""
+        for piece in _SENTENCE_END.split(line.strip()):
+            if _LIST_MARKER.match(piece) or len(piece) < 4:
+                pending = f"{pending}{piece} "
+                continue
+            out.append(pending + piece)
+            pending = ""
+        if pending.strip():
+            out.append(pending.strip())
+    return out
+
+
+def _score(sentence: str, first: bool) -> float:
+    if _FILLER.match(sentence):
+        return -10.0
+    score = 2.0 * len(fact_items(sentence))
+    score += 3.0 if _ERROR_LINE.search(sentence) else 0.0
+    score += 2.0 if _DECISION.search(sentence) else 0.0
+    score += 1.0 if first else 0.0
+    return score - (1.0 if len(sentence) < 15 else 0.0)
+
+
+def summarize_text(text: str, ratio: float = 0.4, facts_chars: int = 400) -> str:
+    """Hard blocks verbatim and the best prose sentences within `ratio` of the prose; facts of
+    the dropped sentences follow on a `facts:` line. A JSON document is returned unchanged."""
+    if parse_json(text) is not None:
+        return text
+    blocks = _split_blocks(text)
+    scored: list[tuple[float, int, str]] = []
+    for b, (hard, block) in enumerate(blocks):
+        if not hard:
+            for s, sentence in enumerate(sentences(block)):
+                scored.append((_score(sentence, s == 0), b * 100_000 + s, sentence))
+    prose_chars = sum(len(s) for _, _, s in scored)
+    budget = int(prose_chars * ratio)
+    kept: set[int] = set()
+    used = 0
+    for score, key, sentence in sorted(scored, key=lambda t: (-t[0], t[1])):
+        if score < 0 or used + len(sentence) > budget:
+            continue
+        kept.add(key)
+        used += len(sentence) + 1
+    out: list[str] = []
+    dropped: list[str] = []
+    for b, (hard, block) in enumerate(blocks):
+        if hard:
+            out.append(block)
+            continue
+        chosen = [s for _, key, s in scored if key // 100_000 == b and key in kept]
+        dropped.extend(s for _, key, s in scored if key // 100_000 == b and key not in kept)
+        if chosen:
+            out.append(" ".join(chosen))
+    body = "\n\n".join(out)
+    missing = [f for f in fact_items(" ".join(dropped)) if f not in body]
+    if missing:
+        facts = _pack(((0, i, f) for i, f in enumerate(missing)), facts_chars, ", ")
+        if facts:
+            body = f"{body}\nfacts: {', '.join(facts)}" if body else f"facts: {', '.join(facts)}"
+    return body
