@@ -50,13 +50,9 @@ def test_passthrough_bytes_changed_counts_bytes(metrics: Metrics) -> None:
 
 
 def test_observe_request_moves_requests_and_token_counters(metrics: Metrics) -> None:
+    sizes = {"tokens_before": 1000, "tokens_after": 600}
     metrics.observe_request(
-        action="compacted",
-        model="gpt-4o",
-        policy="default",
-        tokens_before=1000,
-        tokens_after=600,
-        overhead_seconds=0.002,
+        action="compacted", model="gpt-4o", policy="default", overhead_seconds=0.002, **sizes
     )
     metrics.observe_request(
         action="passthrough", model="gpt-4o", policy="default", tokens_before=50, tokens_after=50
