@@ -1,0 +1,126 @@
+"""What the contract suite needs from each backend beyond the Store protocol: ways to age a
+conversation, forge a cross-tenant value, and make the next save fail half-way."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from redis.asyncio import Redis
+
+from proxy.store.base import Store
+from proxy.store.redis import RedisStore
+from proxy.store.redis_keys import KeyLayout
+from tests.store.cutting_proxy import CuttingProxy
+
+
+class Backend(Protocol):
+    store: Store
+
+    async def age(self, tenant: str, conversation: str, remaining: int) -> None:
+        """Make the conversation expire in `remaining` seconds (0: now)."""
+
+    async def graft(self, owner: str, thief: str, conversation: str) -> None:
+        """Copy owner's stored values under thief's keys, as a desynced read would see them."""
+
+    def failing_saves(self) -> Any:
+        """Async context manager yielding a store whose saves fail in the middle of the write."""
+
+
+@dataclass
+class RedisBackend:
+    store: RedisStore
+    raw: Redis
+    keys: KeyLayout
+    url: str
+    port: int
+
+    async def age(self, tenant: str, conversation: str, remaining: int) -> None:
+        for key in self.keys.conversation(tenant, conversation).data():
+            if remaining > 0:
+                await self.raw.expire(key, remaining)
+            else:
+                await self.raw.delete(key)
+
+    async def graft(self, owner: str, thief: str, conversation: str) -> None:
+        src = self.keys.conversation(owner, conversation).data()
+        dst = self.keys.conversation(thief, conversation).data()
+        for s, d in zip(src, dst, strict=True):
+            await self.raw.copy(s, d, replace=True)
+
+    @asynccontextmanager
+    async def failing_saves(self) -> AsyncIterator[RedisStore]:
+        proxy = CuttingProxy(self.port)
+        port = await proxy.start()
+        store = await RedisStore.open(
+            f"redis://127.0.0.1:{port}/0", timeout_ms=2000, prefix=self.keys.prefix
+        )
+        try:
+            yield store
+        finally:
+            await store.close()
+            await proxy.close()
+        assert proxy.cuts > 0, "the proxy never saw a MULTI to cut"
+
+
+@dataclass
+class SqliteBackend:
+    store: Store
+    path: Path
+
+    def _sql(self, *statements: tuple[str, tuple[Any, ...]]) -> None:
+        con = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            for sql, params in statements:
+                con.execute(sql, params)
+        finally:
+            con.close()
+
+    async def age(self, tenant: str, conversation: str, remaining: int) -> None:
+        self._sql(
+            (
+                "UPDATE conversations SET expires_at = ? WHERE tenant = ? AND conversation = ?",
+                (time.time() + remaining, tenant, conversation),
+            )
+        )
+
+    async def graft(self, owner: str, thief: str, conversation: str) -> None:
+        self._sql(
+            *[
+                (
+                    f"INSERT OR REPLACE INTO {table} SELECT ?, conversation, {_rest(table)}"
+                    f" FROM {table} WHERE tenant = ? AND conversation = ?",
+                    (thief, owner, conversation),
+                )
+                for table in ("conversations", "checkpoints", "originals", "refs")
+            ]
+        )
+
+    @asynccontextmanager
+    async def failing_saves(self) -> AsyncIterator[Store]:
+        # A trigger aborts the checkpoint insert after originals and refs were inserted.
+        self._sql(
+            (
+                "CREATE TRIGGER inject_failure BEFORE INSERT ON checkpoints"
+                " BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+                (),
+            )
+        )
+        try:
+            yield self.store
+        finally:
+            self._sql(("DROP TRIGGER inject_failure", ()))
+
+
+def _rest(table: str) -> str:
+    return {
+        "conversations": "created_at, updated_at, ttl, expires_at",
+        "checkpoints": "source_digest, covered_through, body",
+        "originals": "digest, body",
+        "refs": "ref_id, body",
+    }[table]

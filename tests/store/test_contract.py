@@ -1,0 +1,296 @@
+"""The Store contract, run against Redis and SQLite alike."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from proxy.digest import message_digest, prefix_digests
+from proxy.store.base import (
+    Checkpoint,
+    Compaction,
+    StoreError,
+    TenantMismatchError,
+    UsageRecord,
+)
+from tests.store.backends import Backend
+
+TTL = 1000
+A, B = "aaaaaaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbbbbbb"
+
+
+def history(n: int, tag: str = "") -> list[dict[str, object]]:
+    """n alternating user/assistant messages."""
+    roles = ("user", "assistant")
+    return [{"role": roles[i % 2], "content": f"message {i}{tag}"} for i in range(n)]
+
+
+def compaction(
+    tenant: str, conv: str, messages: list[dict[str, object]], k: int, label: str = "summary"
+) -> Compaction:
+    """A compaction of messages[0..k] into one summary message referring to them."""
+    digests = [message_digest(m) for m in messages]
+    ref = f"{k:04x}abcdef"
+    cp = Checkpoint(
+        tenant=tenant,
+        conversation=conv,
+        source_digest=prefix_digests(digests)[k],
+        covered_through=k,
+        messages=[{"role": "user", "content": f"[compactd:ref={ref} … {label}]"}],
+        providers=["trim"],
+        created_at=time.time(),
+        tokens_before=1000,
+        tokens_after=100,
+    )
+    originals = {d: m for d, m in zip(digests[: k + 1], messages[: k + 1], strict=True)}
+    return Compaction(cp, originals, {ref: digests[: k + 1]})
+
+
+def prefixes(messages: list[dict[str, object]]) -> list[str]:
+    return prefix_digests([message_digest(m) for m in messages])
+
+
+async def test_find_returns_the_longest_matching_checkpoint(backend: Backend) -> None:
+    msgs = history(12)
+    for k in (3, 7, 5):
+        await backend.store.save_compaction(compaction(A, "c1", msgs, k), TTL)
+
+    found = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    shorter = await backend.store.find_checkpoint(A, "c1", prefixes(msgs[:7]))
+
+    assert found is not None
+    assert found.covered_through == 7
+    assert shorter is not None
+    assert shorter.covered_through == 5
+
+
+async def test_a_fork_falls_back_to_the_checkpoint_before_the_first_changed_message(
+    backend: Backend,
+) -> None:
+    msgs = history(12)
+    for k in (3, 7):
+        await backend.store.save_compaction(compaction(A, "c1", msgs, k), TTL)
+    forked = [*msgs[:6], {"role": "assistant", "content": "edited"}, *msgs[7:]]
+
+    found = await backend.store.find_checkpoint(A, "c1", prefixes(forked))
+    edited_first = await backend.store.find_checkpoint(A, "c1", prefixes(history(12, "x")))
+
+    assert found is not None
+    assert found.covered_through == 3
+    assert edited_first is None
+
+
+async def test_find_in_an_unknown_conversation_returns_none(backend: Backend) -> None:
+    assert await backend.store.find_checkpoint(A, "nobody", prefixes(history(3))) is None
+    assert await backend.store.find_checkpoint(A, "nobody", []) is None
+
+
+async def test_a_save_cut_short_half_way_leaves_nothing(backend: Backend) -> None:
+    msgs = history(10)
+    async with backend.failing_saves() as failing:
+        with pytest.raises(StoreError):
+            await failing.save_compaction(compaction(A, "c1", msgs, 6), TTL)
+
+    assert await backend.store.find_checkpoint(A, "c1", prefixes(msgs)) is None
+    assert await backend.store.get_conversation(A, "c1") is None
+    assert await backend.store.resolve_refs(A, ["0006abcdef"]) == {}
+
+
+async def test_a_save_returns_the_checkpoint_and_the_first_writer_wins(backend: Backend) -> None:
+    msgs = history(10)
+    first = compaction(A, "c1", msgs, 4, "first")
+    second = compaction(A, "c1", msgs, 4, "second")
+    second = Compaction(second.checkpoint, second.originals, {"ffffffffff": list(second.originals)})
+
+    stored_first = await backend.store.save_compaction(first, TTL)
+    stored_second = await backend.store.save_compaction(second, TTL)
+    found = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+
+    assert stored_first == first.checkpoint
+    assert stored_second == first.checkpoint
+    assert found == first.checkpoint
+    assert set(await backend.store.resolve_refs(A, ["ffffffffff"])) == {"ffffffffff"}
+
+
+async def test_a_message_sent_on_many_turns_is_stored_once(backend: Backend) -> None:
+    msgs = history(30)
+    for k in range(3, 30, 3):
+        await backend.store.save_compaction(compaction(A, "c1", msgs, k), TTL)
+
+    info = await backend.store.get_conversation(A, "c1")
+
+    assert info is not None
+    assert info.original_count == 28  # messages 0..27, each once
+    assert len(info.originals) == 28
+    assert info.checkpoint_count == 9
+    one_copy = sum(len(str(m)) for m in msgs)
+    assert info.size_bytes < 9 * one_copy  # not one copy of the history per checkpoint
+
+
+async def test_refs_resolve_to_their_originals_in_order(backend: Backend) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5), TTL)
+
+    resolved = await backend.store.resolve_refs(A, ["0005abcdef", "0123456789"])
+
+    assert resolved == {"0005abcdef": msgs[:6]}
+
+
+async def test_a_tenant_cannot_see_another_tenants_data_even_with_its_conversation_id(
+    backend: Backend,
+) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(B, "c1", msgs, 5), TTL)
+    store = backend.store
+
+    assert await store.find_checkpoint(A, "c1", prefixes(msgs)) is None
+    assert await store.get_conversation(A, "c1") is None
+    assert await store.resolve_refs(A, ["0005abcdef"]) == {}
+    assert await store.list_conversations(A) == []
+    assert await store.purge(A, "c1") is False
+    assert await store.find_checkpoint(B, "c1", prefixes(msgs)) is not None
+
+
+async def test_a_value_belonging_to_another_tenant_raises_instead_of_being_returned(
+    backend: Backend,
+) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(B, "c1", msgs, 5), TTL)
+    await backend.graft(B, A, "c1")
+
+    with pytest.raises(TenantMismatchError):
+        await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    with pytest.raises(TenantMismatchError):
+        await backend.store.get_conversation(A, "c1")
+
+
+async def test_retention_is_set_by_save_and_refreshed_when_the_checkpoint_is_used(
+    backend: Backend,
+) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5), TTL)
+    saved = await backend.store.get_conversation(A, "c1")
+    await backend.age(A, "c1", 10)
+    aged = await backend.store.get_conversation(A, "c1")
+
+    await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    refreshed = await backend.store.get_conversation(A, "c1")
+
+    assert saved is not None
+    assert aged is not None
+    assert refreshed is not None
+    assert TTL - 60 < saved.expires_at - time.time() <= TTL
+    assert aged.expires_at - time.time() <= 10
+    assert TTL - 60 < refreshed.expires_at - time.time() <= TTL
+    assert refreshed.original_count == 6  # originals live exactly as long as the checkpoint
+
+
+async def test_an_expired_conversation_is_gone(backend: Backend) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5), TTL)
+    await backend.age(A, "c1", 0)
+
+    assert await backend.store.find_checkpoint(A, "c1", prefixes(msgs)) is None
+    assert await backend.store.get_conversation(A, "c1") is None
+    assert await backend.store.list_conversations(A) == []
+    assert await backend.store.resolve_refs(A, ["0005abcdef"]) == {}
+
+
+async def test_purge_deletes_the_conversation_its_originals_and_refs(backend: Backend) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5), TTL)
+    await backend.store.save_compaction(compaction(A, "c2", msgs, 5), TTL)
+
+    assert await backend.store.purge(A, "c1") is True
+    assert await backend.store.purge(A, "c1") is False
+    assert await backend.store.get_conversation(A, "c1") is None
+    assert await backend.store.find_checkpoint(A, "c1", prefixes(msgs)) is None
+    assert [i.conversation for i in await backend.store.list_conversations(A)] == ["c2"]
+
+
+async def test_the_admin_sees_lists_and_purges_every_tenant(backend: Backend) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "shared", msgs, 5), TTL)
+    await backend.store.save_compaction(compaction(B, "shared", msgs, 3), TTL)
+    await backend.store.save_compaction(compaction(B, "only-b", msgs, 3), TTL)
+
+    listed = {(i.tenant, i.conversation) for i in await backend.store.list_conversations(None)}
+    latest = await backend.store.get_conversation(None, "shared")
+
+    assert listed == {(A, "shared"), (B, "shared"), (B, "only-b")}
+    assert latest is not None
+    assert latest.tenant == B  # the most recently used of that id
+    assert await backend.store.purge(None, "shared") is True
+    remaining = await backend.store.list_conversations(None)
+    assert [(i.tenant, i.conversation) for i in remaining] == [(B, "only-b")]
+
+
+async def test_list_reports_sizes_and_counts_newest_first(backend: Backend) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "small", msgs, 1), TTL)
+    await backend.store.save_compaction(compaction(A, "big", msgs, 8), TTL)
+    await backend.store.save_compaction(compaction(A, "big", msgs, 4), TTL)
+
+    listed = await backend.store.list_conversations(A)
+    full = await backend.store.get_conversation(A, "big")
+
+    assert [i.conversation for i in listed] == ["big", "small"]
+    big, small = listed
+    assert (big.checkpoint_count, big.original_count) == (2, 9)
+    assert (small.checkpoint_count, small.original_count) == (1, 2)
+    assert big.size_bytes > small.size_bytes > 0
+    assert full is not None
+    assert big.size_bytes == full.size_bytes
+    assert big.originals == {}
+
+
+async def test_summaries_are_cached_per_tenant(backend: Backend) -> None:
+    await backend.store.put_summary(A, "d1", "the summary", TTL)
+
+    assert await backend.store.get_summary(A, "d1") == "the summary"
+    assert await backend.store.get_summary(B, "d1") is None
+    assert await backend.store.get_summary(A, "d2") is None
+
+
+async def test_usage_is_aggregated_per_tenant_policy_model_and_day(backend: Backend) -> None:
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    for action, before, after in (("compacted", 1000, 300), ("replayed", 900, 350)):
+        await backend.store.record_usage(
+            UsageRecord(A, "default", "gpt-4o", day, action, before, after, 340, 200, 20)
+        )
+    await backend.store.record_usage(UsageRecord(B, "default", "gpt-4o", day, "passthrough", 5, 5))
+
+    mine = await backend.store.usage(A, day)
+    everyone = await backend.store.usage(None, day)
+
+    assert mine == [
+        {
+            "tenant": A,
+            "policy": "default",
+            "model": "gpt-4o",
+            "day": day,
+            "requests": 2,
+            "actions": {"compacted": 1, "replayed": 1},
+            "tokens_before": 1900,
+            "tokens_after": 650,
+            "prompt_tokens": 680,
+            "cached_tokens": 400,
+            "completion_tokens": 40,
+        }
+    ]
+    assert {r["tenant"] for r in everyone} == {A, B}
+
+
+async def test_ids_that_would_break_the_key_layout_are_rejected(backend: Backend) -> None:
+    with pytest.raises(ValueError, match="conversation"):
+        await backend.store.find_checkpoint(A, "x}:{t:b", ["d"])
+    with pytest.raises(ValueError, match="conversation"):
+        await backend.store.get_conversation(A, "has space")
+
+
+async def test_ping_and_config_check_answer(backend: Backend) -> None:
+    await backend.store.ping()
+    warnings = await backend.store.check_config()
+
+    assert all(isinstance(w, str) for w in warnings)
