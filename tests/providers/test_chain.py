@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from proxy.providers.base import (
+    CompactionResult,
+    CompressionConfig,
+    ContextProvider,
+    Message,
+    compute_source_digest,
+)
+from proxy.providers.chain import run_chain
+from proxy.providers.middle_out import MiddleOutProvider
+from proxy.providers.none import NoneProvider
+from proxy.providers.trim import TrimProvider
+from proxy.providers.uncompress import uncompress
+from tests.providers.build import agent_run, assistant, system, user, words
+from tests.providers.tokens import count_tokens, make_config
+
+
+class Recording(ContextProvider):
+    """Wraps another provider and records the inputs it was given."""
+
+    def __init__(self, inner: ContextProvider, name: str = "") -> None:
+        self.inner = inner
+        self._name = name or inner.name
+        self.seen: list[list[Message]] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        self.seen.append(messages)
+        out = self.inner.compress(messages, config)
+        assert isinstance(out, CompactionResult)
+        return out
+
+
+class Raising(ContextProvider):
+    name = "raising"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        raise RuntimeError("model unavailable")
+
+
+class Vandal(ContextProvider):
+    """Rewrites the system prompt: the validator must throw this result away."""
+
+    name = "vandal"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        out = [{"role": "system", "content": "x"}, *messages[1:]]
+        return CompactionResult(messages=out, source_digest="", covered_through=0)
+
+
+class AsyncTrim(ContextProvider):
+    name = "async-trim"
+
+    async def compress(
+        self, messages: list[Message], config: CompressionConfig
+    ) -> CompactionResult:
+        await asyncio.sleep(0)
+        return TrimProvider().compress(messages, config)
+
+
+def half(messages: list[Message], **kw: Any) -> CompressionConfig:
+    total = count_tokens(messages)
+    return make_config(limit=total // 2, budget=total * 3 // 4, **kw)
+
+
+async def test_a_provider_that_reaches_the_target_ends_the_chain() -> None:
+    msgs = agent_run(12)
+    second = Recording(MiddleOutProvider())
+    outcome = await run_chain(msgs, [TrimProvider(), second], half(msgs))
+    assert outcome.providers == ("trim",)
+    assert outcome.reached_target
+    assert outcome.fits_budget
+    assert second.seen == []
+
+
+async def test_the_next_provider_starts_from_the_previous_output_and_verbatims_merge() -> None:
+    msgs = agent_run(12)
+    # A first step that leaves work for the next provider (large previews keep it over target).
+    weak = make_config(limit=count_tokens(msgs) // 3, extra_config={"preview_chars": 1500})
+    first = Recording(NoneProvider(), "noop")
+    trimmed = TrimProvider().compress(msgs, weak)
+    second = Recording(MiddleOutProvider())
+
+    class Fixed(ContextProvider):
+        name = "fixed"
+
+        def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+            return trimmed
+
+    config = make_config(limit=count_tokens(trimmed.messages) - 200)
+    outcome = await run_chain(msgs, [first, Fixed(), second], config)
+    assert outcome.providers == ("fixed", "middle-out")
+    assert second.seen == [trimmed.messages]
+    assert outcome.result is not None
+    assert set(trimmed.verbatim) <= set(outcome.result.verbatim)
+    restored = uncompress(outcome.result.messages, outcome.result.verbatim, recursive=True)
+    assert restored.messages == msgs
+
+
+async def test_a_raising_provider_is_recorded_and_skipped() -> None:
+    msgs = agent_run(8)
+    trim = Recording(TrimProvider())
+    outcome = await run_chain(msgs, [Raising(), trim], half(msgs))
+    assert outcome.errors == ("raising: RuntimeError: model unavailable",)
+    assert trim.seen == [msgs]
+    assert outcome.providers == ("trim",)
+
+
+async def test_a_result_that_breaks_an_invariant_is_discarded_with_the_provider_named() -> None:
+    msgs = agent_run(8)
+    trim = Recording(TrimProvider())
+    outcome = await run_chain(msgs, [Vandal(), trim], half(msgs))
+    assert outcome.violations
+    assert all(v.startswith("vandal: ") for v in outcome.violations)
+    assert trim.seen == [msgs]
+    assert outcome.result is not None
+    assert outcome.result.messages[0] == msgs[0]
+
+
+async def test_nothing_valid_changed_means_no_result() -> None:
+    msgs = agent_run(8)
+    outcome = await run_chain(msgs, [Vandal(), NoneProvider()], half(msgs))
+    assert outcome.result is None
+    assert outcome.providers == ()
+    assert outcome.tokens_after == outcome.tokens_before
+    assert not outcome.reached_target
+
+
+async def test_under_target_runs_no_provider() -> None:
+    msgs = [system(), user("hi")]
+    trim = Recording(TrimProvider())
+    outcome = await run_chain(msgs, [trim], make_config(limit=10_000))
+    assert trim.seen == []
+    assert outcome.result is None
+    assert outcome.reached_target
+
+
+async def test_async_providers_are_awaited_and_sync_ones_go_through_run_sync() -> None:
+    msgs = agent_run(8)
+    calls: list[Callable[..., Any]] = []
+
+    async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
+        calls.append(fn)
+        return fn(*args)
+
+    outcome = await run_chain(msgs, [AsyncTrim()], half(msgs), run_sync=run_sync)
+    assert outcome.providers == ("async-trim",)
+    assert calls == []
+    await run_chain(msgs, [TrimProvider()], half(msgs), run_sync=run_sync)
+    assert len(calls) == 1
+
+
+async def test_covered_through_and_digest_refer_to_the_original_input() -> None:
+    msgs = [
+        system(),
+        user(words(800)),
+        assistant(words(800)),
+        user("q2"),
+        assistant("a2"),
+        user("q3"),
+    ]
+    outcome = await run_chain(msgs, [TrimProvider()], make_config(limit=400, recency_turns=2))
+    assert outcome.result is not None
+    assert outcome.result.source_digest == compute_source_digest(msgs)
+    assert outcome.result.covered_through == 2
+    assert outcome.result.messages[-3:] == msgs[-3:]
+
+
+async def test_over_budget_after_every_provider_is_reported_not_hidden() -> None:
+    msgs = [system(words(500)), user(words(500))]
+    outcome = await run_chain(msgs, [TrimProvider()], make_config(limit=100, budget=200))
+    assert not outcome.fits_budget
+    assert not outcome.reached_target
+    assert outcome.tokens_after == count_tokens(msgs)
