@@ -1,0 +1,287 @@
+"""Savings accounting: tokens and money per tenant, policy or model, net of prompt caching.
+
+Input is what `Store.usage` returns (one aggregate per tenant, policy, model and day) or plain
+`UsageRecord`s (one request each). Prices come from the model table (USD per 1M tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from proxy.store.base import UsageRecord
+
+GroupBy = Literal["tenant", "policy", "model"]
+GROUP_BY: tuple[GroupBy, ...] = ("tenant", "policy", "model")
+_SINCE = re.compile(r"\s*(\d+)\s*([dw])\s*", re.IGNORECASE)
+_MILLION = 1_000_000
+
+
+class Prices(Protocol):
+    """A model's prices in USD per 1M tokens (0 = unknown); `proxy.budget.ModelInfo` is one."""
+
+    @property
+    def input_price(self) -> float: ...
+    @property
+    def cached_input_price(self) -> float: ...
+    @property
+    def output_price(self) -> float: ...
+
+
+class PriceTable(Protocol):
+    """Anything that prices a model by name; `proxy.budget.ModelTable` is one."""
+
+    def lookup(self, model: str) -> Prices: ...
+
+
+@dataclass(frozen=True)
+class StatsRow:
+    """Accounting for one tenant, policy or model (or the total) over the period."""
+
+    key: str
+    requests: int = 0
+    compactions: int = 0
+    tokens_without: int = 0
+    """Prompt tokens the clients sent (what the upstream would have seen without compactd)."""
+    tokens_sent: int = 0
+    tokens_saved: int = 0
+    shadow_requests: int = 0
+    shadow_tokens_would_save: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    """What the upstream billed, from its own `usage` (0 where the model has no price)."""
+    gross_saved_usd: float = 0.0
+    cache_loss_usd: float = 0.0
+    saved_usd: float = 0.0
+    """gross_saved_usd - cache_loss_usd: may be negative, which is worth knowing."""
+    shadow_would_save_usd: float = 0.0
+    unpriced_models: tuple[str, ...] = ()
+
+    @property
+    def saved_share(self) -> float:
+        """Share of prompt tokens compactd removed."""
+        return self.tokens_saved / self.tokens_without if self.tokens_without else 0.0
+
+    @property
+    def cache_hit_share(self) -> float:
+        """cached / prompt tokens, as the upstream reported them."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class _Sums:
+    requests: int = 0
+    compactions: int = 0
+    shadow: int = 0
+    active: int = 0  # compacted or replayed: requests that really were rewritten
+    tokens_before: int = 0
+    tokens_after: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    compacted_tokens_after: int = 0
+    has_compacted_after: bool = True
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        actions: Mapping[str, int] = row.get("actions") or {}
+        self.requests += int(row.get("requests", 0))
+        self.compactions += int(actions.get("compacted", 0))
+        self.shadow += sum(int(n) for a, n in actions.items() if a.startswith("shadow"))
+        self.active += int(actions.get("compacted", 0)) + int(actions.get("replayed", 0))
+        for name in ("tokens_before", "tokens_after", "prompt_tokens", "cached_tokens"):
+            setattr(self, name, getattr(self, name) + int(row.get(name, 0)))
+        self.completion_tokens += int(row.get("completion_tokens", 0))
+        if "compacted_tokens_after" in row:
+            self.compacted_tokens_after += int(row["compacted_tokens_after"])
+        else:
+            self.has_compacted_after = False
+
+
+def _as_row(item: Mapping[str, Any] | UsageRecord) -> Mapping[str, Any]:
+    if isinstance(item, UsageRecord):
+        row = dataclasses.asdict(item)
+        row["requests"] = 1
+        row["actions"] = {item.action: 1}
+        row["compacted_tokens_after"] = item.tokens_after if item.action == "compacted" else 0
+        return row
+    return item
+
+
+def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
+    """One (tenant, policy, model) aggregate with its money figures (see `compute_stats`)."""
+    # Shadow requests forwarded the original; split a row that mixes modes by request share.
+    rewritten = s.active + s.shadow
+    shadow_share = s.shadow / rewritten if rewritten else 0.0
+    would_save = round(shadow_share * (s.tokens_before - s.tokens_after))
+    sent = s.tokens_after + would_save
+    saved = s.tokens_before - sent
+    p_in, p_cached, p_out = prices.input_price, prices.cached_input_price, prices.output_price
+    hit = s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+    blended = hit * p_cached + (1 - hit) * p_in
+    if s.has_compacted_after:
+        compacted_after = s.compacted_tokens_after
+    else:
+        # The store did not keep it: estimate each event's prefix by the mean request size.
+        compacted_after = s.compactions * s.tokens_after // s.requests if s.requests else 0
+    gross = saved * blended / _MILLION
+    loss = hit * compacted_after * (p_in - p_cached) / _MILLION
+    cost = (
+        (s.prompt_tokens - s.cached_tokens) * p_in
+        + s.cached_tokens * p_cached
+        + s.completion_tokens * p_out
+    ) / _MILLION
+    return StatsRow(
+        key=key,
+        requests=s.requests,
+        compactions=s.compactions,
+        tokens_without=s.tokens_before,
+        tokens_sent=sent,
+        tokens_saved=saved,
+        shadow_requests=s.shadow,
+        shadow_tokens_would_save=would_save,
+        prompt_tokens=s.prompt_tokens,
+        cached_tokens=s.cached_tokens,
+        completion_tokens=s.completion_tokens,
+        cost_usd=cost,
+        gross_saved_usd=gross,
+        cache_loss_usd=loss,
+        saved_usd=gross - loss,
+        shadow_would_save_usd=would_save * blended / _MILLION,
+        unpriced_models=() if p_in > 0 else (model,),
+    )
+
+
+def _merge(key: str, rows: Iterable[StatsRow]) -> StatsRow:
+    total = StatsRow(key=key)
+    for row in rows:
+        fields: dict[str, Any] = {}
+        for f in dataclasses.fields(StatsRow):
+            if f.name == "key":
+                continue
+            if f.name == "unpriced_models":
+                merged = sorted({*total.unpriced_models, *row.unpriced_models})
+                fields[f.name] = tuple(merged)
+            else:
+                fields[f.name] = getattr(total, f.name) + getattr(row, f.name)
+        total = StatsRow(key=key, **fields)
+    return total
+
+
+def compute_stats(
+    rows: Iterable[Mapping[str, Any] | UsageRecord], *, by: GroupBy, model_table: PriceTable
+) -> list[StatsRow]:
+    """Accounting grouped by tenant, policy or model, sorted by key.
+
+    Per (tenant, policy, model) over the period, then added up into the groups; with that
+    model's prices per 1M tokens p_in, p_cached, p_out:
+
+    - sent = tokens_after, except shadow requests, which forwarded tokens_before;
+      saved = tokens_before - sent; shadow_would_save = shadow's tokens_before - tokens_after.
+    - h = cached_tokens / prompt_tokens (the upstream's own usage): the cache-hit share.
+    - gross_saved = saved * (h * p_cached + (1 - h) * p_in): a removed token would have been
+      cached with probability h, so it is worth the blended price, not the list price.
+    - cache_loss = h * compacted_tokens_after * (p_in - p_cached): a compaction event rewrites
+      the prefix, so the new prefix (tokens_after of the compaction requests), which would
+      otherwise have been a cache hit at share h, is paid at full price once.
+    - saved_usd = gross_saved - cache_loss.
+    - cost = (prompt - cached) * p_in + cached * p_cached + completion * p_out.
+
+    Where the store gives no `compacted_tokens_after`, it is estimated as compactions times the
+    mean tokens_after per request. A model priced 0 (unknown) adds tokens but no money and is
+    listed in `unpriced_models`.
+    """
+    if by not in GROUP_BY:
+        raise ValueError(f"by must be one of {GROUP_BY}, not {by!r}")
+    # Priced at the finest grain, so every grouping adds up to the same total.
+    sums: dict[tuple[str, str, str], _Sums] = {}
+    for item in rows:
+        row = _as_row(item)
+        grain = (str(row.get("tenant", "")), str(row.get("policy", "")), str(row.get("model", "")))
+        sums.setdefault(grain, _Sums()).add(row)
+    index = GROUP_BY.index(by)
+    groups: dict[str, list[StatsRow]] = {}
+    for grain, s in sums.items():
+        key, model = grain[index], grain[2]
+        groups.setdefault(key, []).append(_priced(key, model, s, model_table.lookup(model)))
+    return [_merge(key, parts) for key, parts in sorted(groups.items())]
+
+
+def total(rows: Iterable[StatsRow]) -> StatsRow:
+    """All rows added up (shares recomputed from the sums)."""
+    return _merge("total", rows)
+
+
+def parse_since(text: str, today: date | None = None) -> date:
+    """First UTC day to include: `7d` (7 days ago), `2w`, `0d` (today) or a YYYY-MM-DD date."""
+    today = today or datetime.now(UTC).date()
+    m = _SINCE.fullmatch(text)
+    if m is not None:
+        n = int(m.group(1)) * (7 if m.group(2).lower() == "w" else 1)
+        return today - timedelta(days=n)
+    try:
+        return date.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"since must look like 7d, 2w or 2026-11-01, not {text!r}") from None
+
+
+def _row_json(row: StatsRow) -> dict[str, Any]:
+    out = dataclasses.asdict(row)
+    out["unpriced_models"] = list(row.unpriced_models)
+    out["saved_share"] = round(row.saved_share, 4)
+    out["cache_hit_share"] = round(row.cache_hit_share, 4)
+    for name in ("cost_usd", "gross_saved_usd", "cache_loss_usd", "saved_usd"):
+        out[name] = round(out[name], 6)
+    out["shadow_would_save_usd"] = round(out["shadow_would_save_usd"], 6)
+    return out
+
+
+def stats_json(
+    rows: list[StatsRow], *, by: GroupBy | None = None, since: date | None = None
+) -> dict[str, Any]:
+    """The body of `GET /compactd/v1/stats`: the rows and their total."""
+    return {
+        "by": by,
+        "since": since.isoformat() if since else None,
+        "rows": [_row_json(r) for r in rows],
+        "total": _row_json(total(rows)),
+    }
+
+
+_COLUMNS = (
+    ("", lambda r: r.key),
+    ("requests", lambda r: f"{r.requests:,}"),
+    ("compactions", lambda r: f"{r.compactions:,}"),
+    ("tokens w/o", lambda r: f"{r.tokens_without:,}"),
+    ("tokens sent", lambda r: f"{r.tokens_sent:,}"),
+    ("saved", lambda r: f"{r.saved_share:.1%}"),
+    ("cache hit", lambda r: f"{r.cache_hit_share:.1%}"),
+    ("cost $", lambda r: f"{r.cost_usd:,.2f}"),
+    ("saved $ (net)", lambda r: f"{r.saved_usd:,.2f}"),
+    ("cache loss $", lambda r: f"{r.cache_loss_usd:,.2f}"),
+    ("shadow would save $", lambda r: f"{r.shadow_would_save_usd:,.2f}"),
+)
+
+
+def format_table(rows: list[StatsRow]) -> str:
+    """A plain-text table of the rows and their total, for `compactd stats`."""
+    body = [*rows, total(rows)]
+    cells = [[head for head, _ in _COLUMNS]]
+    cells += [[str(fmt(r)) for _, fmt in _COLUMNS] for r in body]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(_COLUMNS))]
+    lines = []
+    for n, row in enumerate(cells):
+        first = row[0].ljust(widths[0])
+        rest = (c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True))
+        lines.append("  ".join([first, *rest]).rstrip())
+        if n == 0 or n == len(cells) - 2:
+            lines.append("  ".join("-" * w for w in widths))
+    unpriced = total(rows).unpriced_models
+    if unpriced:
+        lines.append(f"no price in the model table (money not counted): {', '.join(unpriced)}")
+    return "\n".join(lines)
