@@ -16,6 +16,7 @@ import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from proxy.store import codec
@@ -64,9 +65,10 @@ class RedisStore:
             timeout=timeout,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
-            # No silent retries: a retried write could double-count usage, and the caller
-            # already fails open; the pool reconnects stale connections on checkout.
-            retry=Retry(NoBackoff(), 0),
+            # One immediate retry on a broken connection only: after a Redis restart every pooled
+            # connection is dead, and the first use of each would otherwise fail a request. Not on
+            # timeouts: a slow Redis must fail open at the deadline, not twice as late.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         store = cls(Redis.from_pool(pool), timeout=timeout, keys=KeyLayout(prefix))
         warm = [store.ping() for _ in range(min(pool_size, 4))]

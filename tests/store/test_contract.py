@@ -43,7 +43,7 @@ def compaction(
         tokens_before=1000,
         tokens_after=100,
     )
-    originals = {d: m for d, m in zip(digests[: k + 1], messages[: k + 1], strict=True)}
+    originals = dict(zip(digests[: k + 1], messages[: k + 1], strict=True))
     return Compaction(cp, originals, {ref: digests[: k + 1]})
 
 

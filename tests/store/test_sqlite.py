@@ -1,0 +1,70 @@
+"""The SQLite store shared by several worker processes on one machine."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import sqlite3
+from pathlib import Path
+
+from proxy.store.base import UsageRecord
+from proxy.store.sqlite import SqliteStore
+from tests.store.test_contract import A, compaction, history, prefixes
+
+TTL = 1000
+ROUNDS = 40
+
+
+async def _write(path: Path, worker: int) -> None:
+    store = await SqliteStore.open(path, timeout_ms=10_000)
+    msgs = history(ROUNDS + 2)
+    for i in range(ROUNDS):
+        await store.save_compaction(compaction(A, f"w{worker}-{i}", msgs, i), TTL)
+        # Both workers also race on one shared conversation: the same source digest (first
+        # writer wins) and distinct ones (none may be lost).
+        await store.save_compaction(compaction(A, "shared", msgs, i, f"worker {worker}"), TTL)
+        await store.record_usage(UsageRecord(A, "default", "m", "2026-01-01", "compacted", 10, 5))
+    await store.close()
+
+
+def _worker(path: str, worker: int) -> None:
+    asyncio.run(_write(Path(path), worker))
+
+
+async def test_two_processes_writing_one_file_stay_consistent(tmp_path: Path) -> None:
+    path = tmp_path / "compactd.db"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker, args=(str(path), w)) for w in (1, 2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        await asyncio.to_thread(p.join, 120)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+    store = await SqliteStore.open(path, timeout_ms=2000)
+    listed = await store.list_conversations(A)
+    shared = await store.get_conversation(A, "shared")
+    usage = await store.usage(A, "2026-01-01")
+    longest = await store.find_checkpoint(A, "shared", prefixes(history(ROUNDS + 2)))
+    await store.close()
+
+    assert len(listed) == 2 * ROUNDS + 1
+    assert shared is not None
+    assert shared.checkpoint_count == ROUNDS
+    assert shared.original_count == ROUNDS
+    assert usage[0]["requests"] == 2 * ROUNDS
+    assert longest is not None
+    assert longest.covered_through == ROUNDS - 1
+    with sqlite3.connect(path) as con:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_the_database_file_and_its_directory_are_created(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "dir" / "compactd.db"
+    store = await SqliteStore.open(path)
+    await store.ping()
+
+    assert await store.check_config() == []
+    await store.close()
+    assert path.exists()

@@ -1,0 +1,66 @@
+"""Tenant ids: an HMAC of the bearer key under a server secret that is kept in the data dir."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from proxy.tenant import bearer_key, key_fingerprint, load_or_create_secret, tenant_id
+
+
+def test_the_configured_secret_wins_over_the_file(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("from-file\n")
+
+    assert load_or_create_secret("from-config", tmp_path) == b"from-config"
+
+
+def test_a_missing_secret_is_generated_once_and_kept_private(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+
+    first = load_or_create_secret("", data_dir)
+    second = load_or_create_secret("", data_dir)
+
+    assert first == second
+    assert len(first) == 64
+    assert stat.S_IMODE((data_dir / "secret").stat().st_mode) == 0o600
+
+
+def test_an_empty_secret_file_is_an_error_not_a_weak_secret(tmp_path: Path) -> None:
+    (tmp_path / "secret").write_text("")
+
+    with pytest.raises(ValueError, match="empty"):
+        load_or_create_secret("", tmp_path)
+
+
+def test_tenants_differ_per_key_and_per_secret_and_never_contain_the_key() -> None:
+    t1 = tenant_id(b"s1", "sk-alpha")
+
+    assert t1 == tenant_id(b"s1", "sk-alpha")
+    assert t1 != tenant_id(b"s1", "sk-beta")
+    assert t1 != tenant_id(b"s2", "sk-alpha")
+    assert len(t1) == 24
+    assert "alpha" not in t1
+    assert key_fingerprint(b"s1", "sk-alpha") == t1[:12]
+
+
+def test_no_key_is_the_anonymous_tenant() -> None:
+    assert tenant_id(b"s", None) == "anonymous"
+    assert tenant_id(b"s", "") == "anonymous"
+    assert key_fingerprint(b"s", None) == "anonymous"
+
+
+@pytest.mark.parametrize(
+    ("header", "key"),
+    [
+        ("Bearer sk-1", "sk-1"),
+        ("bearer   sk-2 ", "sk-2"),
+        ("Basic dXNlcg==", None),
+        ("Bearer", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_bearer_key_reads_only_bearer_authorization(header: str | None, key: str | None) -> None:
+    assert bearer_key(header) == key
