@@ -110,9 +110,9 @@ class Metrics:
             buckets=_FAST,
             registry=r,
         )
-        self._compactions = Counter(
-            "compactd_compactions",
-            "Compaction events (a new checkpoint was written).",
+        self._compaction_runs = Counter(
+            "compactd_compaction_runs",
+            "Provider chain runs, kept or not (kept ones: requests_total{action=compacted}).",
             ["policy", "providers"],
             registry=r,
         )
@@ -206,8 +206,8 @@ class Metrics:
             self._overhead.labels(action).observe(overhead_seconds)
 
     def observe_compaction(self, *, policy: str, providers: str, seconds: float) -> None:
-        """One compaction event: the provider chain ran and a checkpoint was written."""
-        self._compactions.labels(policy, providers).inc()
+        """The provider chain ran for `seconds` (whether or not its result was kept)."""
+        self._compaction_runs.labels(policy, providers).inc()
         self._compaction_seconds.labels(policy).observe(seconds)
 
     def observe_store(self, op: str, seconds: float) -> None:

@@ -71,9 +71,9 @@ def test_observe_request_moves_requests_and_token_counters(metrics: Metrics) -> 
     assert value(metrics, "compactd_overhead_seconds_count", action="passthrough") == 0
 
 
-def test_observe_compaction_moves_events_and_latency(metrics: Metrics) -> None:
+def test_observe_compaction_moves_runs_and_latency(metrics: Metrics) -> None:
     metrics.observe_compaction(policy="default", providers="trim", seconds=0.3)
-    assert value(metrics, "compactd_compactions_total", policy="default", providers="trim") == 1
+    assert value(metrics, "compactd_compaction_runs_total", policy="default", providers="trim") == 1
     assert value(metrics, "compactd_compaction_seconds_count", policy="default") == 1
     assert value(metrics, "compactd_compaction_seconds_sum", policy="default") == pytest.approx(0.3)
     assert value(metrics, "compactd_compaction_seconds_bucket", policy="default", le="0.25") == 0
