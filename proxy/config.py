@@ -108,6 +108,16 @@ class TokenSettings:
 
 
 @dataclass(frozen=True)
+class AccountingSettings:
+    enabled: bool = True
+    request_stream_usage: bool = False
+
+    def validate(self, p: str) -> None:
+        """Nothing to check beyond types."""
+        del p
+
+
+@dataclass(frozen=True)
 class PolicySettings:
     name: str = "default"
     match_keys: tuple[str, ...] = ()
@@ -156,6 +166,7 @@ class Settings:
     upstream: UpstreamSettings = field(default_factory=UpstreamSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
+    accounting: AccountingSettings = field(default_factory=AccountingSettings)
     default_policy: PolicySettings = field(default_factory=PolicySettings)
     policies: tuple[PolicySettings, ...] = ()
 
@@ -197,6 +208,7 @@ _SECTION_TYPES: dict[str, type[Any]] = {
     "upstream": UpstreamSettings,
     "store": StoreSettings,
     "tokens": TokenSettings,
+    "accounting": AccountingSettings,
 }
 
 

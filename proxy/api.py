@@ -1,0 +1,169 @@
+"""compactd's own HTTP API: health, metrics, conversations, restore, stats."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from proxy.errors import NotFoundError, ProxyError, UnauthorizedError, error_body
+from proxy.providers.uncompress import uncompress_async
+from proxy.services import Services
+from proxy.stats import compute_stats, parse_since, stats_json
+from proxy.store.base import StoreError
+from proxy.tenant import bearer_key, tenant_id
+
+
+class _Json(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def _error(exc: ProxyError) -> Response:
+    return Response(
+        error_body(exc.message, exc.type, exc.code), exc.status, media_type="application/json"
+    )
+
+
+def _services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def _caller(request: Request, services: Services) -> str | None:
+    """The caller's tenant; None for the admin key (sees every tenant)."""
+    key = bearer_key(request.headers.get("authorization"))
+    admin = services.settings.server.admin_key
+    if admin and key == admin:
+        return None
+    return tenant_id(services.secret, key)
+
+
+async def healthz(request: Request) -> Response:
+    """Liveness: the process answers."""
+    del request
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    """Readiness: the lifespan finished; the store's state is reported (we fail open without it)."""
+    services: Services | None = getattr(request.app.state, "services", None)
+    if services is None:
+        return JSONResponse({"status": "starting"}, status_code=503)
+    try:
+        await services.store.ping()
+        store = "ok"
+    except StoreError:
+        store = "unavailable"
+    return JSONResponse({"status": "ready", "store": store})
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition."""
+    body, content_type = _services(request).metrics.render()
+    return Response(body, media_type=content_type)
+
+
+def _conversation_json(info: Any, *, originals: bool) -> dict[str, Any]:
+    out = dataclasses.asdict(info)
+    if not originals:
+        out.pop("originals", None)
+        out.pop("checkpoints", None)
+    return out
+
+
+async def list_conversations(request: Request) -> Response:
+    """Conversations visible to the caller, with sizes."""
+    services = _services(request)
+    tenant = _caller(request, services)
+    infos = await services.store.list_conversations(tenant)
+    return _Json({"data": [_conversation_json(i, originals=False) for i in infos]})
+
+
+async def get_conversation(request: Request) -> Response:
+    """One conversation: metadata, checkpoints and originals (the caller's own only)."""
+    services = _services(request)
+    tenant = _caller(request, services)
+    try:
+        info = await services.store.get_conversation(tenant, request.path_params["conv"])
+    except ValueError:
+        info = None
+    if info is None:
+        return _error(NotFoundError("No such conversation."))
+    return _Json(_conversation_json(info, originals=True))
+
+
+async def purge_conversation(request: Request) -> Response:
+    """Delete a conversation and what only it references (data-subject requests)."""
+    services = _services(request)
+    tenant = _caller(request, services)
+    try:
+        deleted = await services.store.purge(tenant, request.path_params["conv"])
+    except ValueError:
+        deleted = False
+    if not deleted:
+        return _error(NotFoundError("No such conversation."))
+    return _Json({"deleted": True, "id": request.path_params["conv"]})
+
+
+async def uncompress(request: Request) -> Response:
+    """Restore compacted messages from the caller's stored originals."""
+    services = _services(request)
+    tenant = _caller(request, services)
+    try:
+        body = orjson.loads(await request.body())
+        messages = body["messages"]
+        recursive = bool(body.get("recursive", False))
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError  # noqa: TRY301
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        exc = ProxyError('Body must be {"messages": [...], "recursive": bool}.')
+        exc.status, exc.type, exc.code = 400, "invalid_request_error", "invalid_body"
+        return _error(exc)
+    if tenant is None:
+        return _error(UnauthorizedError("Restore with the key that owns the conversation."))
+
+    async def lookup(ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+        return await services.store.resolve_refs(tenant, ids)
+
+    result = await uncompress_async(messages, lookup, recursive=recursive)
+    return _Json(
+        {
+            "messages": result.messages,
+            "messages_expanded": result.messages_expanded,
+            "messages_passthrough": result.messages_passthrough,
+            "missing_ids": list(result.missing_ids),
+        }
+    )
+
+
+async def stats(request: Request) -> Response:
+    """Accounting (admin key only)."""
+    services = _services(request)
+    if _caller(request, services) is not None:
+        return _error(UnauthorizedError("Stats need the admin key."))
+    by = request.query_params.get("by", "policy")
+    if by not in ("tenant", "policy", "model"):
+        by = "policy"
+    since = parse_since(request.query_params.get("since", "7d"))
+    rows = await services.store.usage(None, since.isoformat())
+    table = compute_stats(rows, by=by, model_table=services.models)  # type: ignore[arg-type]
+    return _Json(stats_json(table, by=by, since=since))  # type: ignore[arg-type]
+
+
+ROUTES = [
+    Route("/healthz", healthz),
+    Route("/readyz", readyz),
+    Route("/metrics", metrics),
+    Route("/compactd/v1/conversations", list_conversations),
+    Route("/compactd/v1/conversations/{conv}", get_conversation, methods=["GET"]),
+    Route("/compactd/v1/conversations/{conv}", purge_conversation, methods=["DELETE"]),
+    Route("/compactd/v1/uncompress", uncompress, methods=["POST"]),
+    Route("/compactd/v1/stats", stats),
+]

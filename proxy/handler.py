@@ -1,0 +1,337 @@
+"""The /v1/* relay: chat completions through the compactor, everything else untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+from starlette.types import Message, Receive, Scope, Send
+
+from proxy.asgi import (
+    BodyStream,
+    ClientDisconnectedError,
+    content_length,
+    read_body,
+    send_error,
+    until_disconnect,
+)
+from proxy.compaction import ChatState, Compactor, Decision
+from proxy.errors import BodyTooLargeError, ProxyError, UnauthorizedError
+from proxy.forward import Upstream, is_event_stream, relay
+from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
+from proxy.logs import log_request, request_log
+from proxy.metrics import Metrics
+from proxy.store.base import Store, UsageRecord
+from proxy.tenant import bearer_key, key_fingerprint
+from proxy.usage import SSEUsageTap, Usage, usage_from_json
+
+log = logging.getLogger("compactd.handler")
+
+CHAT_PATH = b"/chat/completions"
+# An upstream 400 is read (to look for a context-length error) only up to this size.
+OVERFLOW_BODY_LIMIT = 64 * 1024
+JSON_USAGE_LIMIT = 4 * 1024 * 1024
+
+
+@dataclass
+class Gate:
+    """Upstream-key mode: one real key behind the gateway, listed client keys in front of it."""
+
+    secret: bytes
+    upstream_key: str
+    allowed: frozenset[str]
+
+    def authorize(self, headers: RawHeaders) -> RawHeaders:
+        """Swap the client's key for the upstream key, or raise 401 for keys not admitted."""
+        if not self.upstream_key:
+            return headers
+        raw = header(headers, b"authorization")
+        client_key = bearer_key(raw.decode("latin-1") if raw else None)
+        if client_key is None or key_fingerprint(self.secret, client_key) not in self.allowed:
+            raise UnauthorizedError("This API key is not admitted by the gateway.")
+        kept = [(k, v) for k, v in headers if k.lower() not in (b"authorization", b"api-key")]
+        return [*kept, (b"authorization", b"Bearer " + self.upstream_key.encode())]
+
+
+@dataclass
+class _Copy:
+    """Keeps a bounded copy of a JSON response body, for reading `usage` afterwards."""
+
+    limit: int
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def feed(self, chunk: bytes) -> bytes:
+        if self.size <= self.limit:
+            self.chunks.append(chunk)
+            self.size += len(chunk)
+        return chunk
+
+
+@dataclass
+class Handler:
+    """The ASGI app mounted on /v1."""
+
+    upstream: Upstream
+    compactor: Compactor
+    store: Store
+    metrics: Metrics
+    gate: Gate
+    max_body: int
+    accounting: bool = True
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, tracking_send)
+        except ClientDisconnectedError:
+            return
+        except ProxyError as exc:
+            if started:
+                raise
+            await send_error(send, exc, [])
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+        sub_path = raw_path[len(b"/v1") :]
+        url = self.upstream.url(sub_path, scope.get("query_string", b""))
+        method: str = scope["method"]
+        if method == "POST" and sub_path == CHAT_PATH:
+            await self._chat(scope, receive, send, url)
+            return
+        declared = content_length(scope)
+        if declared is not None and declared > self.max_body:
+            raise BodyTooLargeError(f"Request body exceeds the limit of {self.max_body} bytes.")
+        headers = self.gate.authorize(list(scope["headers"]))
+        stream = BodyStream(receive, self.max_body)
+        has_body = declared not in (None, 0) or any(k == b"transfer-encoding" for k, _ in headers)
+        headers = request_headers(headers, keep_length=has_body)
+        content: bytes | BodyStream = stream if has_body else b""
+        if not has_body:
+            stream.done.set()
+
+        async def exchange() -> None:
+            response = await self.upstream.send(method, url, headers, content)
+            await relay(send, response, [])
+
+        try:
+            await until_disconnect(exchange(), receive, stream.done)
+        except ProxyError:
+            if stream.error is not None:
+                raise stream.error from None
+            raise
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL) -> None:
+        body = await read_body(receive, self.max_body, content_length(scope))
+        headers = self.gate.authorize(list(scope["headers"]))
+        decision = await self.compactor.prepare(scope, body)
+        outgoing = request_headers(headers, keep_length=False)
+        exchange = _ChatExchange(self, send, url, outgoing, decision)
+        cancelled = await until_disconnect(exchange.run(), receive)
+        exchange.finish(cancelled=cancelled)
+
+    def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run accounting off the request path, keeping a reference until it is done."""
+        task = asyncio.ensure_future(work())
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+
+
+class _ChatExchange:
+    """One chat request's upstream exchange, its overflow retry, and its accounting."""
+
+    def __init__(
+        self, handler: Handler, send: Send, url: httpx.URL, headers: RawHeaders, decision: Decision
+    ) -> None:
+        self.h = handler
+        self.send = send
+        self.url = url
+        self.headers = headers
+        self.decision = decision
+        self.status: int | None = None
+        self.ttfb: float | None = None
+        self.overhead: float = 0.0
+        self.usage: Usage | None = None
+        self.error: str | None = decision.state.error
+
+    @property
+    def state(self) -> ChatState:
+        return self.decision.state
+
+    async def run(self) -> None:
+        response = await self._send(self.decision)
+        if response.status_code == 400 and self.state.parsed is not None:
+            retried = await self._maybe_retry(response)
+            if retried is None:
+                return
+            response = retried
+        await self._relay(response)
+
+    async def _send(self, decision: Decision) -> httpx.Response:
+        self.overhead = time.perf_counter() - decision.state.started
+        t0 = time.perf_counter()
+        response = await self.h.upstream.send("POST", self.url, self.headers, decision.content)
+        self.ttfb = time.perf_counter() - t0
+        self.status = response.status_code
+        self.h.metrics.observe_upstream(response.status_code, self.ttfb)
+        return response
+
+    async def _maybe_retry(self, response: httpx.Response) -> httpx.Response | None:
+        """A context-length 400 is answered by compacting under the learned window, once."""
+        body = await _read_limited(response, OVERFLOW_BODY_LIMIT)
+        message = _overflow_message(body)
+        retry = await self.h.compactor.after_overflow(self.state, message) if message else None
+        if retry is None:
+            await _send_buffered(self.send, response, body, self._our_headers())
+            return None
+        log.info("retrying after context overflow", extra={"model": self.state.model})
+        self.decision = retry
+        return await self._send(retry)
+
+    async def _relay(self, response: httpx.Response) -> None:
+        raw = response.headers.raw
+        encoding = (header(raw, b"content-encoding") or b"").decode("latin-1")
+        tap: SSEUsageTap | _Copy | None = None
+        if self.h.accounting:
+            tap = (
+                SSEUsageTap(content_encoding=encoding)
+                if is_event_stream(raw)
+                else _Copy(JSON_USAGE_LIMIT)
+            )
+        result = await relay(self.send, response, self._our_headers(), tap.feed if tap else None)
+        self.error = self.error or result.error
+        if isinstance(tap, SSEUsageTap):
+            tap.close()
+            self.usage = tap.usage
+        elif isinstance(tap, _Copy) and tap.size <= tap.limit:
+            self.usage = usage_from_json(b"".join(tap.chunks), encoding)
+
+    def _our_headers(self) -> RawHeaders:
+        values = self.state.headers()
+        values["overhead-ms"] = f"{self.overhead * 1000:.3f}"
+        if self.state.retried:
+            values["retried"] = "context-length"
+        return compactd_headers(values)
+
+    def finish(self, *, cancelled: bool) -> None:
+        """Metrics now; the log line and the store's accounting off the request path."""
+        st = self.state
+        before = st.tokens_before or 0
+        after = st.tokens_after if st.tokens_after is not None else before
+        self.h.metrics.observe_request(
+            action=st.action,
+            model=st.model or "unknown",
+            policy=st.policy or "none",
+            tokens_before=before,
+            tokens_after=after,
+            overhead_seconds=self.overhead,
+        )
+        if self.usage is not None:
+            self.h.metrics.observe_usage(
+                model=st.model or "unknown",
+                prompt_tokens=self.usage.prompt_tokens,
+                cached_tokens=self.usage.cached_tokens,
+                completion_tokens=self.usage.completion_tokens,
+            )
+        log_request(
+            request_log(
+                request_id=uuid.uuid4().hex[:16],
+                tenant=st.fingerprint,
+                model=st.model or None,
+                policy=st.policy or None,
+                action=st.action,
+                tokens_before=st.tokens_before,
+                tokens_after=st.tokens_after,
+                upstream_status=self.status,
+                overhead_ms=self.overhead * 1000,
+                ttfb_ms=None if self.ttfb is None else self.ttfb * 1000,
+                error="client disconnected" if cancelled else self.error,
+                conversation=st.conversation or None,
+                prompt_tokens=self.usage.prompt_tokens if self.usage else None,
+                cached_tokens=self.usage.cached_tokens if self.usage else None,
+                completion_tokens=self.usage.completion_tokens if self.usage else None,
+            )
+        )
+        if self.h.accounting and st.parsed is not None:
+            record = UsageRecord(
+                tenant=st.tenant,
+                policy=st.policy or "none",
+                model=st.model or "unknown",
+                day=time.strftime("%Y-%m-%d", time.gmtime()),
+                action=st.action,
+                tokens_before=before,
+                tokens_after=after,
+                prompt_tokens=self.usage.prompt_tokens if self.usage else 0,
+                cached_tokens=self.usage.cached_tokens if self.usage else 0,
+                completion_tokens=self.usage.completion_tokens if self.usage else 0,
+            )
+            self.h.spawn(lambda: _record(self.h, record))
+
+
+async def _record(handler: Handler, record: UsageRecord) -> None:
+    try:
+        await handler.store.record_usage(record)
+    except Exception as exc:  # noqa: BLE001 - accounting must never affect a request
+        handler.metrics.fail_open("accounting")
+        log.warning("usage not recorded: %s", type(exc).__name__)
+
+
+async def _read_limited(response: httpx.Response, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in response.aiter_raw():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                break
+    finally:
+        await response.aclose()
+    return b"".join(chunks)
+
+
+def _overflow_message(body: bytes) -> str | None:
+    """The error message if this 400 says the context window was exceeded."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message") or "")
+    code = str(error.get("code") or "")
+    lowered = message.lower()
+    if (
+        code == "context_length_exceeded"
+        or "context length" in lowered
+        or ("context window" in lowered)
+    ):
+        return message or code
+    return None
+
+
+async def _send_buffered(
+    send: Send, response: httpx.Response, body: bytes, extra: RawHeaders
+) -> None:
+    """Relay a response we already read (the upstream's own 400)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": response_headers(response.headers.raw) + extra,
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -1,0 +1,153 @@
+"""Everything a running compactd needs, built once per process in the app's lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import orjson
+
+from proxy.budget import ModelTable
+from proxy.compaction import Compactor, CompleterFactory
+from proxy.config import Settings, data_dir
+from proxy.forward import Timeouts, Upstream
+from proxy.metrics import MULTIPROC_ENV, Metrics
+from proxy.policy import PolicyResolver
+from proxy.providers.base import Completer, Message
+from proxy.providers.registry import ProviderRegistry
+from proxy.store.base import Store
+from proxy.store.factory import open_store
+from proxy.tenant import load_or_create_secret
+from proxy.tokens import Tokenizers
+
+log = logging.getLogger("compactd.services")
+
+
+class CompletionError(RuntimeError):
+    """An LLM call made on behalf of a provider failed."""
+
+
+@dataclass
+class Services:
+    """The process's resources; the app's lifespan creates and closes them."""
+
+    settings: Settings
+    secret: bytes
+    upstream: Upstream
+    store: Store
+    tokenizers: Tokenizers
+    models: ModelTable
+    policies: PolicyResolver
+    metrics: Metrics
+    compactor: Compactor
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        await self.upstream.aclose()
+        await self.store.close()
+
+
+def completer_factory(upstream: Upstream, upstream_key: str) -> CompleterFactory:
+    """LLM calls for providers (summarize), with the tenant's own key or the gateway's."""
+
+    def for_key(api_key: str | None) -> Completer:
+        key = upstream_key or api_key
+
+        async def complete(messages: list[Message], model: str, timeout: float) -> str:  # noqa: ASYNC109
+            headers = [(b"content-type", b"application/json")]
+            if key:
+                headers.append((b"authorization", b"Bearer " + key.encode()))
+            body = orjson.dumps({"model": model, "messages": messages})
+            url = upstream.url(b"/chat/completions", b"")
+
+            async def call() -> bytes:
+                response = await upstream.send("POST", url, headers, body)
+                try:
+                    data = b"".join([c async for c in response.aiter_bytes()])
+                finally:
+                    await response.aclose()
+                if response.status_code != 200:
+                    raise CompletionError(f"upstream answered {response.status_code}")
+                return data
+
+            data = await asyncio.wait_for(call(), timeout)
+            try:
+                text = orjson.loads(data)["choices"][0]["message"]["content"]
+            except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+                raise CompletionError("unexpected completion shape") from exc
+            if not isinstance(text, str):
+                raise CompletionError("completion has no text")
+            return text
+
+        return complete
+
+    return for_key
+
+
+async def build_services(
+    settings: Settings,
+    *,
+    transport: httpx.AsyncBaseTransport,
+    store: Store | None = None,
+    registry: ProviderRegistry | None = None,
+) -> Services:
+    """Create every resource; a bad provider, model table or store URL stops start-up here."""
+    directory = data_dir(settings)
+    secret = load_or_create_secret(settings.server.secret, directory)
+    up = settings.upstream
+    timeouts = Timeouts(
+        connect=up.connect_timeout,
+        read=up.read_timeout or None,
+        write=up.write_timeout or None,
+        pool=up.pool_timeout or None,
+    )
+    upstream = Upstream(transport, up.url, timeouts)
+    tokenizers = await asyncio.to_thread(Tokenizers, None, settings.tokens.cache_size)
+    models = ModelTable.load(
+        Path(settings.tokens.models_file) if settings.tokens.models_file else None
+    )
+    policies = PolicyResolver(settings)
+    names = {n for p in settings.all_policies() for n in p.providers}
+    providers = (registry or ProviderRegistry()).load_enabled(sorted(names))
+    if store is None:
+        store = await open_store(settings.store, directory)
+    for warning in await _store_warnings(store):
+        log.warning("store: %s", warning)
+    metrics = Metrics(multiprocess=os.environ.get(MULTIPROC_ENV))
+    compactor = Compactor(
+        settings=settings,
+        tokenizers=tokenizers,
+        models=models,
+        policies=policies,
+        providers=providers,
+        store=store,
+        metrics=metrics,
+        secret=secret,
+        completer=completer_factory(upstream, up.api_key),
+    )
+    return Services(
+        settings=settings,
+        secret=secret,
+        upstream=upstream,
+        store=store,
+        tokenizers=tokenizers,
+        models=models,
+        policies=policies,
+        metrics=metrics,
+        compactor=compactor,
+    )
+
+
+async def _store_warnings(store: Store) -> list[str]:
+    check = getattr(store, "check_config", None)
+    if check is None:
+        return []
+    try:
+        warnings: list[str] = await check()
+    except Exception as exc:  # noqa: BLE001 - a warning check must not stop start-up
+        return [f"could not check the store's configuration ({type(exc).__name__})"]
+    return warnings
