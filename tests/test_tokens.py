@@ -187,6 +187,26 @@ def test_growing_conversation_encodes_only_its_new_messages() -> None:
     assert encoder.calls == ["assistant", "the new reply"]
 
 
+def test_a_message_repeated_within_one_request_is_encoded_once() -> None:
+    encoder = CountingEncoder(load_encoding("o200k_base"))
+    counter = TokenCounter(encoder, cache_size=100)
+    pasted = {"role": "user", "content": "the same long log output"}
+    total = counter.count_messages([pasted, dict(pasted), dict(pasted)])
+    assert total == 3 * counter.count_message(pasted) + 3
+    assert encoder.calls == ["user", "the same long log output"]
+
+
+def test_messages_with_content_parts_are_cached_too() -> None:
+    encoder = CountingEncoder(load_encoding("o200k_base"))
+    counter = TokenCounter(encoder, cache_size=100)
+    message = {"role": "user", "content": [{"type": "text", "text": "look"}]}
+    first = counter.count_messages([message])
+    encoder.calls.clear()
+    assert counter.count_messages([{"role": "user", "content": [{"type": "text", "text": "look"}]}])
+    assert counter.count_messages([message]) == first
+    assert encoder.calls == []
+
+
 def test_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
     encoder = CountingEncoder(load_encoding("o200k_base"))
     counter = TokenCounter(encoder, cache_size=2)

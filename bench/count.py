@@ -1,0 +1,93 @@
+"""Counting time for a ~100k-token conversation, cold and warm, for both encodings.
+
+Cold: a fresh counter (empty cache) counts the whole request. Warm: every message but the last is
+already cached, as on the next turn of a conversation. Prints the median and the best of several
+runs, and the load average: on a shared 2-core machine other processes inflate the median, and the
+best run is the closest to the cost on an idle core.
+
+    .venv/bin/python bench/count.py [--tokens 100000] [--runs 15]
+
+The conversation is built from real aider sessions (../shared/corpora, read in place, never copied).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.encodings import load_encoding
+from proxy.tokens import TokenCounter
+
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "aider_chat_history"
+SESSIONS = CORPUS / "sessions_openai_with_console.jsonl"
+
+
+def build_conversation(target_tokens: int, counter: TokenCounter) -> list[dict[str, Any]]:
+    """Concatenate real sessions until the conversation holds about `target_tokens`."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an expert software engineer."}
+    ]
+    total = counter.count_messages(messages)
+    with SESSIONS.open("rb") as fh:
+        for line in fh:
+            for message in orjson.loads(line)["messages"]:
+                if total >= target_tokens:
+                    return messages
+                messages.append(message)
+                total += counter.count_message(message)
+    return messages
+
+
+def timings_ms(runs: int, setup: Callable[[], TokenCounter], body: dict[str, Any]) -> str:
+    """Median and best wall time of `count_request` over fresh counters prepared by `setup`."""
+    times = []
+    for _ in range(runs):
+        counter = setup()
+        start = time.perf_counter()
+        counter.count_request(body)
+        times.append((time.perf_counter() - start) * 1000)
+    return f"{statistics.median(times):>8.2f} {min(times):>8.2f}"
+
+
+def main() -> None:
+    """Print cold and warm counting times per encoding."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+
+    sizer = TokenCounter(load_encoding("o200k_base"), cache_size=0)
+    messages = build_conversation(args.tokens, sizer)
+    body = {"model": "gpt-4o", "messages": messages}
+    size = len(orjson.dumps(body))
+    print(f"conversation: {len(messages)} messages, {size / 1024:.0f} KiB, from {SESSIONS.name}")
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"{'':<21} {'cold (ms)':^17} {'warm (ms)':^17}   ({args.runs} runs each)")
+    header = f"{'encoding':<12} {'tokens':>8}" + f" {'median':>8} {'best':>8}" * 2
+    print(header)
+    for name in ("o200k_base", "cl100k_base"):
+        encoding = load_encoding(name)
+
+        def cold(encoding: Any = encoding) -> TokenCounter:
+            return TokenCounter(encoding, cache_size=100_000)
+
+        def warm(encoding: Any = encoding) -> TokenCounter:
+            counter = TokenCounter(encoding, cache_size=100_000)
+            counter.count_messages(messages[:-1])
+            return counter
+
+        tokens = cold().count_request(body)
+        cold_ms = timings_ms(args.runs, cold, body)
+        warm_ms = timings_ms(args.runs, warm, body)
+        print(f"{name:<12} {tokens:>8} {cold_ms} {warm_ms}")
+
+
+if __name__ == "__main__":
+    main()
