@@ -32,6 +32,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 OTHER_MODEL = "other"
+SHADOW = "shadow"
 _MAX_LABEL = 100
 
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -100,6 +101,12 @@ class Metrics:
         self._tokens_saved = Counter(
             "compactd_tokens_saved",
             "Prompt tokens removed by compaction or replay.",
+            ["model", "policy"],
+            registry=r,
+        )
+        self._tokens_would_save = Counter(
+            "compactd_tokens_would_save",
+            "Prompt tokens shadow-mode policies would have removed (originals were sent).",
             ["model", "policy"],
             registry=r,
         )
@@ -195,13 +202,21 @@ class Metrics:
         tokens_after: int,
         overhead_seconds: float | None = None,
     ) -> None:
-        """One chat request decided (passthrough, replayed, compacted, bypass, shadow, error)."""
+        """One chat request decided (passthrough, replayed, compacted, bypass, shadow, error).
+
+        For `shadow`, `tokens_after` is what enforce would have sent: the original was
+        forwarded, so the difference counts as would-save, not as saved.
+        """
         m = self._model(model)
         self._requests.labels(action, m, policy).inc()
         self._tokens_before.labels(m, policy).inc(tokens_before)
-        self._tokens_after.labels(m, policy).inc(tokens_after)
-        if tokens_before > tokens_after:
-            self._tokens_saved.labels(m, policy).inc(tokens_before - tokens_after)
+        removed = max(tokens_before - tokens_after, 0)
+        if action == SHADOW:
+            self._tokens_after.labels(m, policy).inc(tokens_before)
+            self._tokens_would_save.labels(m, policy).inc(removed)
+        else:
+            self._tokens_after.labels(m, policy).inc(tokens_after)
+            self._tokens_saved.labels(m, policy).inc(removed)
         if overhead_seconds is not None:
             self._overhead.labels(action).observe(overhead_seconds)
 

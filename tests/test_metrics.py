@@ -71,6 +71,16 @@ def test_observe_request_moves_requests_and_token_counters(metrics: Metrics) -> 
     assert value(metrics, "compactd_overhead_seconds_count", action="passthrough") == 0
 
 
+def test_shadow_requests_count_as_would_save_not_saved(metrics: Metrics) -> None:
+    metrics.observe_request(
+        action="shadow", model="m", policy="try", tokens_before=900, tokens_after=500
+    )
+    labels = {"model": "m", "policy": "try"}
+    assert value(metrics, "compactd_tokens_would_save_total", **labels) == 400
+    assert value(metrics, "compactd_tokens_saved_total", **labels) == 0
+    assert value(metrics, "compactd_tokens_after_total", **labels) == 900
+
+
 def test_observe_compaction_moves_runs_and_latency(metrics: Metrics) -> None:
     metrics.observe_compaction(policy="default", providers="trim", seconds=0.3)
     assert value(metrics, "compactd_compaction_runs_total", policy="default", providers="trim") == 1
