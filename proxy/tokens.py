@@ -187,8 +187,12 @@ class TokenCounter:
                 value = self._message(messages[i])
                 if key is not None:
                     counted[key] = value
-                    self._remember(key, value)
             total += value
+        if counted:
+            with self._lock:
+                self._cache.update(counted)
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
         return total
 
     def count_tools(self, body: Mapping[str, Any]) -> int:
