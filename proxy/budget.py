@@ -190,7 +190,11 @@ _WINDOW_RE = re.compile(
 
 
 def parse_context_window(message: str) -> int | None:
-    """The token limit an upstream context-length error states, if it states one."""
+    """The token limit an upstream context-length error states, if it states one.
+
+    For the "configured limit" phrasing the figure is an input limit, not the whole window; using
+    it as the window reserves the output twice, which errs on the safe side.
+    """
     found = _WINDOW_RE.search(message)
     if found is None:
         return None
