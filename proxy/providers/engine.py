@@ -264,7 +264,9 @@ def compact(
     if chosen is None:
         chosen = _search(cost, rungs, config.budget)
     if chosen is None:
-        chosen = rungs
+        # Nothing fits: forcing would lose facts without making the request valid for the
+        # upstream, so stop at the last rung that keeps them (the chain may still escalate).
+        chosen = len(steps)
     out, used, _ = plan.build(min(chosen, len(steps)), chosen > len(steps))
     if not used:
         return CompactionResult(messages=list(messages), source_digest=digest)

@@ -48,6 +48,8 @@ class Form:
     body: str
     """The replacement's text without its marker line (what a merge joins)."""
     ref: str
+    tokens: int
+    """What the replacement message costs (counted once, when built)."""
 
 
 def fact_text(message: Message) -> str:
@@ -75,29 +77,36 @@ class Forms:
     duplicates: dict[int, Duplicate]
     costs: list[int] = field(init=False)
     _memo: dict[tuple[int, int, int], Form | None] = field(default_factory=dict)
-    _cost_memo: dict[int, int] = field(default_factory=dict)
-    _merges: dict[tuple[int, ...], Form] = field(default_factory=dict)
+    _merges: dict[tuple[tuple[int, int, int, str], ...], Form] = field(default_factory=dict)
     _texts: dict[int, str] = field(default_factory=dict)
+    _refs: dict[tuple[int, int], str] = field(default_factory=dict)
     _facts: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
 
     def cost(self, form: Form) -> int:
-        """Tokens a form costs (memoized by identity: forms are memoized too)."""
-        key = id(form)
-        if key not in self._cost_memo:
-            self._cost_memo[key] = self.config.count_message(form.message)
-        return self._cost_memo[key]
+        """Tokens a form costs."""
+        return form.tokens
 
     def span_cost(self, start: int, end: int) -> int:
         """Tokens input messages start .. end-1 cost."""
         return sum(self.costs[start:end])
 
-    def _make(self, start: int, end: int, verb: str, body: str, role: str | None = None) -> Form:
+    def _make(
+        self, start: int, end: int, verb: str | None, body: str, role: str | None = None
+    ) -> Form:
+        """A replacement for messages start .. end-1; without a verb, only the short marker."""
         originals = list(self.messages[start:end])
-        ref = make_ref_id(originals)
-        marker = ref_marker(ref, end - start, self.span_cost(start, end), verb)
+        ref = self._refs.get((start, end))
+        if ref is None:
+            ref = self._refs[(start, end)] = make_ref_id(originals)
+        # Forced forms carry the shortest marker the validator and `uncompress` recognise: the
+        # long one alone costs ~25 tokens, more than the slack a tight budget leaves.
+        if verb is None:
+            marker = f"[compactd:ref={ref}]"
+        else:
+            marker = ref_marker(ref, end - start, self.span_cost(start, end), verb)
         text = f"{marker}\n{body}" if body else marker
         first = originals[0]
         if end - start == 1:
@@ -113,7 +122,7 @@ class Forms:
                 m.get("name") == first.get("name") for m in originals
             ):
                 message["name"] = first["name"]
-        return Form(message, start, end, body, ref)
+        return Form(message, start, end, body, ref, self.config.count_message(message))
 
     def _accept(self, form: Form) -> Form | None:
         return form if self.cost(form) < self.span_cost(form.start, form.end) else None
@@ -128,7 +137,7 @@ class Forms:
     def _build_single(self, i: int, level: int) -> Form | None:
         text = message_text(self.messages[i])
         if level == BARE:
-            return self._accept(self._make(i, i + 1, "dropped", ""))
+            return self._accept(self._make(i, i + 1, None, ""))
         if level == FACTS:
             cap = min(
                 self.settings.max_facts_chars, max(48, int(len(text) * self.settings.facts_ratio))
@@ -167,7 +176,7 @@ class Forms:
 
     def merged(self, parts: Sequence[Form]) -> Form:
         """One message for consecutive same-role rewritten messages (a single marker)."""
-        key = tuple(id(p) for p in parts)
+        key = tuple((p.start, p.end, p.tokens, p.body) for p in parts)
         form = self._merges.get(key)
         if form is None:
             body = "\n\n".join(p.body for p in parts if p.body)
@@ -200,5 +209,6 @@ class Forms:
                 candidates = [c for i in range(start, end) for c in self._candidates(i)]
                 facts = pack_facts(candidates, cap)
                 body = f"facts: {facts}" if facts else ""
-            self._memo[key] = self._accept(self._make(start, end, "dropped", body, role))
+            verb = None if bare else "dropped"
+            self._memo[key] = self._accept(self._make(start, end, verb, body, role))
         return self._memo[key]

@@ -19,22 +19,13 @@ _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n+")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _LIST_MARKER = re.compile(r"^(?:[-*+]|\(?\w{1,3}[.)])$")
 
-# Ordered: the first alternative that matches at a position wins, so longer shapes come first.
+# A fact is a token that a paraphrase would lose: it holds a digit, an underscore, a slash or an
+# @, a dot inside a word (`utils.py`, `aider.repo`) or a lower-to-upper hump (`warmCache`). One
+# cheap pattern anchored at token starts finds them; ranking is done per match, in Python.
 _FACT = re.compile(
-    r"(?P<url>https?://[^\s<>()\[\]\"'`]+[^\s<>()\[\]\"'`.,;:!?])"
-    r"|(?P<email>\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b)"
-    r"|(?P<date>\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2})?)?\b"
-    r"|\b\d{1,2}:\d{2}(?::\d{2})?(?:\s?[AaPp][Mm]\b)?)"
-    r"|(?P<path>(?:~|\.{1,2})?/?(?:[\w.-]++/)++[\w.-]+|\b[\w-]+\.(?:py|js|ts|tsx|jsx|json|toml|"
-    r"yaml|yml|md|txt|sh|go|rs|java|rb|c|h|cpp|hpp|cs|sql|html|css|cfg|ini|lock|env)\b)"
-    r"|(?P<ident>\b[A-Za-z_][A-Za-z0-9_]*+(?:\.[A-Za-z_][A-Za-z0-9_]*+)++\(?"
-    r"|\b[A-Za-z0-9]++(?:_[A-Za-z0-9]++)++\b"
-    r"|\b[a-z]++[A-Z][A-Za-z0-9]*+\b"
-    r"|\b[A-Z][a-z0-9]++[A-Z][A-Za-z0-9]*+\b"
-    r"|\b(?=[A-Za-z]*\d)(?=\d*[A-Za-z])[A-Za-z0-9]{3,}\b"
-    r"|\b[A-Z]{3,}\b)"
-    r"|(?P<number>[$€£]?\b\d[\d,]*(?:\.\d+)?(?:%|\b))"
+    r"(?<![\w./@$€£~:%+-])[\w./@$€£~:%+-]*(?:[\d_/@]|\w\.\w|[a-z][A-Z])[\w./@$€£~:%+?=&-]*"
 )
+_PUNCT_EDGES = ".:,-+%~"
 _ERROR_LINE = re.compile(
     r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b",
     re.I,
@@ -60,40 +51,40 @@ _TRACEBACK = re.compile(
     r"^\s+at [\w$.<>]+\(",
     re.M,
 )
-_SPECIAL = frozenset("{}[]<>|\\;:@#$%^&*()=+`~")
-# Facts whose kind tells the most per character go first when a cap forces a choice.
-_FACT = re.compile(r"(?<![\w./@$€£~-])(?=[\w$€£~./])(?:" + _FACT.pattern + ")")
+_SPECIAL_DELETE = str.maketrans("", "", "{}[]<>|\\;:@#$%^&*()=+`~")
 _ID_SHAPE = re.compile(r"[\w.@-]+")
 _THREE_DIGITS = re.compile(r"\d\D*\d\D*\d")
 _CODE = re.compile(r"[A-Z0-9]{5,8}")
-_KIND_RANK = {"url": 1, "email": 1, "path": 1, "date": 2, "ident": 0, "number": 3}
 _MIN_FACT_LEN = 2
+_DIGIT = re.compile(r"\d")
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def _rank(value: str) -> int:
+    """0: ids (letters and digits), 1: paths, URLs, names, dates; 2: amounts; 3: other numbers."""
+    digits = _DIGIT.search(value) is not None
+    letters = _LETTER.search(value) is not None
+    if digits and letters:
+        return 0 if "/" not in value else 1
+    if letters or value.count("-") == 2:
+        return 1
+    return 2 if value[0] in "$€£" or len(value) >= 3 else 3
+
+
+def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
+    """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
+    ranked: dict[str, tuple[int, int, str]] = {}
+    for pos, match in enumerate(_FACT.finditer(text)):
+        value = match.group(0).strip(_PUNCT_EDGES)
+        if len(value) < _MIN_FACT_LEN or value in ranked:
+            continue
+        ranked[value] = (_rank(value), pos, value)
+    return list(ranked.values())
 
 
 def fact_items(text: str) -> list[str]:
     """Identifiers, paths, URLs, ids, dates and numbers in `text`, unique, in order."""
-    seen: dict[str, None] = {}
-    for match in _FACT.finditer(text):
-        value = match.group(0).rstrip("(")
-        if match.lastgroup == "number" and len(value.strip("$€£%,.")) < _MIN_FACT_LEN:
-            continue
-        seen.setdefault(value, None)
-    return list(seen)
-
-
-def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
-    ranked: dict[str, tuple[int, int, str]] = {}
-    for pos, match in enumerate(_FACT.finditer(text)):
-        value = match.group(0).rstrip("(")
-        kind = match.lastgroup or "number"
-        if kind == "number" and len(value.strip("$€£%,.")) < _MIN_FACT_LEN:
-            continue
-        rank = _KIND_RANK[kind]
-        if kind == "ident" and not any(c.isdigit() for c in value):
-            rank = 2
-        if value not in ranked:
-            ranked[value] = (rank, pos, value)
-    return list(ranked.values())
+    return [value for _, _, value in _ranked_facts(text)]
 
 
 def _pack(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> list[str]:
@@ -111,8 +102,12 @@ def _pack(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> li
 
 def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
     """The last `limit` lines that report an error (the final one is usually the cause)."""
-    lines = [ln.strip() for ln in text.splitlines() if _ERROR_LINE.search(ln)]
-    return [ln[:width] for ln in lines[-limit:]]
+    lines: dict[str, None] = {}
+    for match in _ERROR_LINE.finditer(text):
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        lines[text[start : end if end >= 0 else len(text)].strip()] = None
+    return [ln[:width] for ln in list(lines)[-limit:]]
 
 
 def _id_like(value: str) -> bool:
@@ -216,7 +211,7 @@ def _is_hard(block: str) -> bool:
         return True
     if len(lines) >= 2 and all(ln.startswith(("    ", "\t")) for ln in lines):
         return True
-    special = sum(1 for c in block if c in _SPECIAL)
+    special = len(block) - len(block.translate(_SPECIAL_DELETE))
     return len(block) >= 20 and special / len(block) > 0.15
 
 
@@ -251,7 +246,7 @@ def sentences(block: str) -> list[str]:
 def _score(sentence: str, first: bool) -> float:
     if _FILLER.match(sentence):
         return -10.0
-    score = 2.0 * len(fact_items(sentence))
+    score = 2.0 * len(_FACT.findall(sentence))
     score += 3.0 if _ERROR_LINE.search(sentence) else 0.0
     score += 2.0 if _DECISION.search(sentence) else 0.0
     score += 1.0 if first else 0.0

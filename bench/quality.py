@@ -1,0 +1,341 @@
+"""Compaction quality on real conversations: ratio, fit, validity, key facts kept, and speed.
+
+    .venv/bin/python bench/quality.py [--limit N] [--providers trim,engine,...]
+
+Corpora are read in place from ../shared/corpora (never copied): tau-bench airline (with its 14
+tool schemas) and aider sessions (console output kept). Budgets are 50 % and 25 % of each
+conversation's own tokens (o200k_base, tools included). Every provider is compared with the naive
+baseline `drop-oldest` (drop the oldest non-system messages until it fits, like LiteLLM's
+`trim_messages`: it may orphan tool results). `summarize` runs with a deterministic fake completer
+that answers with the extractive summary of what it was asked to summarize (no network).
+
+Key facts: tau-bench — the scalar arguments of the ground-truth actions (`meta.task.actions`) that
+contain a digit (ids, flight numbers, amounts, dates) and appear in the conversation after the
+system prompt; aider — file paths and `backticked` identifiers in the user/assistant messages. A
+fact is kept when it still appears in the compacted messages' text or tool-call arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import re
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.encodings import load_encoding
+from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
+from proxy.providers.engine import EngineProvider
+from proxy.providers.registry import get_context_provider
+from proxy.providers.summary import summarize_text
+from proxy.providers.units import hard_protected, message_text
+from proxy.providers.validate import check_result, pairing_problems
+from proxy.tokens import TokenCounter
+
+CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
+TAU = CORPORA / "tau_bench_airline_gpt4o"
+AIDER = CORPORA / "aider_chat_history" / "sessions_openai_with_console.jsonl"
+BUDGETS = (0.5, 0.25)
+# One user message holding only `[compactd:ref=<10 hex>]` costs up to 20 tokens (o200k_base):
+# the least that removing anything reversibly costs.
+MARKER_TOKENS = 20
+_PATH = re.compile(r"\b[\w.-]+(?:/[\w.-]+)*\.(?:py|md|js|ts|json|toml|yml|yaml|txt|sh|html|css)\b")
+_TICKED = re.compile(r"`([^`\s]{3,60})`")
+
+
+@dataclass
+class Case:
+    """One conversation of a corpus."""
+
+    corpus: str
+    id: str
+    messages: list[Message]
+    tools: list[Any] | None
+    facts: list[str]
+
+
+@dataclass
+class Row:
+    """Accumulated figures for one (corpus, budget, provider)."""
+
+    ratios: list[float] = field(default_factory=list)
+    fit: list[bool] = field(default_factory=list)
+    fit_possible: list[bool] = field(default_factory=list)
+    valid: list[bool] = field(default_factory=list)
+    kept: int = 0
+    facts: int = 0
+    ms: list[float] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def _scalars(value: Any) -> Iterable[str]:
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _scalars(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _scalars(v)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
+def searchable(messages: Sequence[Message], skip_system: bool = True) -> str:
+    """Text and tool-call arguments of the non-system messages (where key facts live)."""
+    parts = []
+    for m in messages:
+        if skip_system and m.get("role") in ("system", "developer"):
+            continue
+        parts.append(message_text(m))
+        if m.get("tool_calls"):
+            parts.append(orjson.dumps(m["tool_calls"]).decode())
+    return "\n".join(parts)
+
+
+def load_tau(limit: int | None) -> list[Case]:
+    """tau-bench airline runs with their tool schemas and ground-truth facts."""
+    tools = orjson.loads((TAU / "airline_tools.json").read_bytes())
+    cases = []
+    for line in (TAU / "messages_openai.jsonl").read_bytes().splitlines()[:limit]:
+        row = orjson.loads(line)
+        text = searchable(row["messages"])
+        wanted = {s for a in row["meta"]["task"]["actions"] for s in _scalars(a.get("kwargs"))}
+        facts = sorted(s for s in wanted if any(c.isdigit() for c in s) and s in text)
+        cases.append(Case("tau-bench", row["id"], row["messages"], tools, facts))
+    return cases
+
+
+def load_aider(limit: int | None) -> list[Case]:
+    """aider sessions with at least 4 messages; facts are file paths and backticked names."""
+    cases = []
+    for line in AIDER.read_bytes().splitlines():
+        row = orjson.loads(line)
+        messages = row["messages"]
+        if len(messages) < 4:
+            continue
+        text = searchable([m for m in messages if m.get("name") != "aider_console"])
+        facts = sorted(set(_PATH.findall(text)) | set(_TICKED.findall(text)))
+        cases.append(Case("aider", row["id"], messages, None, facts))
+        if limit and len(cases) >= limit:
+            break
+    return cases
+
+
+class DropOldest(ContextProvider):
+    """Baseline: drop the oldest non-system messages until the request fits (may orphan)."""
+
+    @property
+    def name(self) -> str:
+        """Registry-style name."""
+        return "drop-oldest"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        """Remove messages after the system prefix, oldest first, keeping the last one."""
+        out = list(messages)
+        first = next((i for i, m in enumerate(out) if m.get("role") != "system"), len(out))
+        while config.count_tokens(out) > config.limit and len(out) - first > 1:
+            del out[first]
+        return CompactionResult(messages=out, source_digest="")
+
+
+async def fake_complete(messages: list[Message], model: str, timeout: float) -> str:
+    """A deterministic completer: the extractive summary of the text it was asked about."""
+    return summarize_text(messages[-1]["content"], 0.3)
+
+
+def providers(names: Sequence[str]) -> list[ContextProvider]:
+    """Instances of the requested providers (built-ins by entry point, plus the baseline)."""
+    out: list[ContextProvider] = []
+    for name in names:
+        if name == "drop-oldest":
+            out.append(DropOldest())
+        elif name == "engine":
+            out.append(EngineProvider())
+        else:
+            out.append(get_context_provider(name))
+    return out
+
+
+def can_fit(case: Case, count: Callable[[Sequence[Message]], int], budget: int) -> bool:
+    """Whether system/developer + tools + last user + final message fit the budget at all, with
+    room for the one reference marker (`[compactd:ref=…]`) any reversible result needs."""
+    keep = hard_protected(case.messages)
+    marker = MARKER_TOKENS if len(keep) < len(case.messages) else 0
+    return count([case.messages[i] for i in sorted(keep)]) + marker <= budget
+
+
+def valid(
+    case: Case, result: CompactionResult, config: CompressionConfig, baseline: bool
+) -> list[str]:
+    """Invariant violations (pairing only, for the baseline that keeps no originals)."""
+    if baseline:
+        return sorted(pairing_problems(result.messages) - pairing_problems(case.messages))
+    return check_result(case.messages, result, config, check_budget=False)
+
+
+async def run(cases: list[Case], provs: list[ContextProvider]) -> dict[tuple[str, float, str], Row]:
+    """Every provider on every case at every budget."""
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
+    rows: dict[tuple[str, float, str], Row] = {}
+    for case in cases:
+
+        def count(ms: Sequence[Message], case: Case = case) -> int:
+            return counter.count_request({"messages": list(ms), "tools": case.tools})
+
+        total = count(case.messages)  # warms the per-message cache, as the proxy's step 6 does
+        for fraction in BUDGETS:
+            budget = int(total * fraction)
+            possible = can_fit(case, count, budget)
+            config = CompressionConfig(
+                limit=budget,
+                budget=budget,
+                count_tokens=count,
+                count_message=counter.count_message,
+                complete=fake_complete,
+            )
+            for prov in provs:
+                row = rows.setdefault((case.corpus, fraction, prov.name), Row())
+                start = time.perf_counter()
+                out = prov.compress(list(case.messages), config)
+                result = await out if inspect.isawaitable(out) else out
+                row.ms.append((time.perf_counter() - start) * 1000)
+                after = count(result.messages)
+                row.ratios.append(after / total)
+                row.fit.append(after <= budget)
+                row.fit_possible.append(possible)
+                problems = valid(case, result, config, prov.name == "drop-oldest")
+                row.valid.append(not problems)
+                row.problems.extend(f"{case.id}@{fraction}: {p}" for p in problems[:1])
+                text = searchable(result.messages)
+                row.kept += sum(1 for f in case.facts if f in text)
+                row.facts += len(case.facts)
+    return rows
+
+
+def pct(values: Sequence[bool]) -> str:
+    """Share of true values as a percentage."""
+    return f"{100 * sum(values) / len(values):.0f} %" if values else "-"
+
+
+def table(rows: dict[tuple[str, float, str], Row]) -> str:
+    """The markdown table."""
+    head = (
+        "| corpus | budget | provider | mean ratio | fit | fit (when possible) | valid "
+        "| key facts | p50 ms | p95 ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for (corpus, fraction, name), r in rows.items():
+        possible = [f for f, p in zip(r.fit, r.fit_possible, strict=True) if p]
+        ms = sorted(r.ms)
+        lines.append(
+            f"| {corpus} | {fraction:.0%} | {name} | {statistics.mean(r.ratios):.2f} "
+            f"| {pct(r.fit)} | {pct(possible)} ({len(possible)}) | {pct(r.valid)} "
+            f"| {100 * r.kept / max(r.facts, 1):.0f} % | {ms[len(ms) // 2]:.2f} "
+            f"| {ms[int(len(ms) * 0.95)]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def synthetic(tokens: int) -> list[Message]:
+    """A ~`tokens`-token agent conversation: prose, code, tool calls with JSON results."""
+    messages: list[Message] = [{"role": "system", "content": "You are a coding agent."}]
+    i = 0
+    while len(orjson.dumps(messages)) < tokens * 4:
+        messages.append(
+            {
+                "role": "user",
+                "content": f"Please fix bug #{i} in src/module_{i}.py; it raises "
+                f"KeyError: 'user_{i}' when the cache is cold. Sure, thanks a lot for the help!",
+            }
+        )
+        call = f"call_{i:05d}"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call,
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "arguments": f'{{"path": "src/module_{i}.py"}}',
+                        },
+                    }
+                ],
+            }
+        )
+        body = "\n".join(
+            f"def handler_{i}_{k}(request):\n    return lookup(request, 'user_{i}')"
+            for k in range(12)
+        )
+        messages.append({"role": "tool", "tool_call_id": call, "content": body})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "I looked at the file carefully. " * 6
+                + f"The fix is to call `warm_cache()` before `lookup` in src/module_{i}.py. "
+                + "Let me know if you need anything else. " * 4
+                + f"\n\n```python\nwarm_cache()\nresult = lookup(request, 'user_{i}')\n```",
+            }
+        )
+        i += 1
+    messages.append({"role": "user", "content": "Now run the tests."})
+    return messages
+
+
+def big_conversation_ms(provs: list[ContextProvider]) -> list[str]:
+    """Compress time of a ~100k-token conversation at 50 % budget, per sync provider."""
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
+    messages = synthetic(100_000)
+    total = counter.count_request({"messages": messages})
+    config = CompressionConfig(
+        limit=total // 2,
+        budget=total // 2,
+        count_tokens=lambda ms: counter.count_request({"messages": list(ms)}),
+        count_message=counter.count_message,
+    )
+    lines = [
+        f"100k synthetic conversation: {len(messages)} messages, {total:,} tokens, 50 % budget"
+    ]
+    for prov in provs:
+        if inspect.iscoroutinefunction(prov.compress) or prov.name == "none":
+            continue
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            result = prov.compress(list(messages), config)
+            times.append((time.perf_counter() - start) * 1000)
+        after = counter.count_request({"messages": result.messages})
+        lines.append(
+            f"- {prov.name}: median {statistics.median(times):.1f} ms, "
+            f"max {max(times):.1f} ms, {after:,} tokens after"
+        )
+    return lines
+
+
+def main() -> None:
+    """Run the benchmark and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=None, help="conversations per corpus")
+    parser.add_argument("--providers", default="drop-oldest,none,trim,middle-out,engine,summarize")
+    args = parser.parse_args()
+    provs = providers(args.providers.split(","))
+    cases = load_tau(args.limit) + load_aider(args.limit)
+    rows = asyncio.run(run(cases, provs))
+    print(table(rows))
+    print()
+    for (corpus, fraction, name), r in rows.items():
+        for p in r.problems[:3]:
+            print(f"invalid {corpus} {fraction:.0%} {name}: {p}")
+    print("\n".join(big_conversation_ms(provs)))
+
+
+if __name__ == "__main__":
+    main()
