@@ -1,0 +1,270 @@
+"""Compaction through the running proxy, with the real openai SDK as the client."""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.store.redis_server import RedisServer
+from tests.upstream import respond, sse_chunks, stream
+
+SMALL = {"default_policy": {"budget_tokens": 600}}
+
+
+def history(turns: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful assistant."}]
+    for t in range(turns):
+        msgs.append(
+            {
+                "role": "user",
+                "content": f"Turn {t}: look at src/mod{t}.py " + "lorem ipsum dolor " * 25,
+            }
+        )
+        msgs.append(
+            {"role": "assistant", "content": f"Answer {t}: " + "noted and understood " * 15}
+        )
+    msgs.append({"role": "user", "content": "What did we decide about src/mod0.py?"})
+    return msgs
+
+
+def sdk(url: str, key: str = "sk-alpha") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+
+
+async def chat(
+    client: openai.AsyncOpenAI, messages: list[dict[str, Any]], **kw: Any
+) -> httpx.Headers:
+    raw = await client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=messages, **kw
+    )
+    raw.parse()
+    return raw.headers
+
+
+async def test_over_budget_request_is_compacted_and_restorable(upstream, make_proxy) -> None:
+    fake, base = upstream
+    original = history(6)
+    async with make_proxy(base, **SMALL) as url:
+        client = sdk(url)
+        h = await chat(client, original)
+        sent = fake.last.json()["messages"]
+        assert h["x-compactd-action"] == "compacted"
+        assert int(h["x-compactd-tokens-after"]) < int(h["x-compactd-tokens-before"])
+        assert int(h["x-compactd-tokens-after"]) <= 600
+        assert sent[0] == original[0]  # system message untouched
+        assert sent[-1] == original[-1]  # last user message untouched
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                f"{url}/compactd/v1/uncompress",
+                json={"messages": sent, "recursive": True},
+                headers={"authorization": "Bearer sk-alpha"},
+            )
+        await client.close()
+    assert r.status_code == 200
+    assert r.json()["missing_ids"] == []
+    assert r.json()["messages"] == original
+
+
+async def test_next_turn_replays_the_same_bytes_for_the_compacted_prefix(
+    upstream, make_proxy
+) -> None:
+    fake, base = upstream
+    msgs = history(6)
+    async with make_proxy(base, **SMALL) as url:
+        client = sdk(url)
+        h1 = await chat(client, msgs)
+        first = fake.last.json()["messages"]
+        # The client resends its original history plus a new exchange, cosmetically changed:
+        # a null field added and keys reordered, as SDKs do.
+        resent = [dict(reversed(list(m.items()))) for m in msgs]
+        resent[2]["name"] = None
+        resent += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and next?"}]
+        h2 = await chat(client, resent)
+        second = fake.last.json()["messages"]
+        await client.close()
+    assert h1["x-compactd-action"] == "compacted"
+    assert h2["x-compactd-action"] == "replayed"
+    assert h1["x-compactd-conversation"] == h2["x-compactd-conversation"]
+    prefix = json.dumps(first[:-1], separators=(",", ":"))
+    assert json.dumps(second[: len(first) - 1], separators=(",", ":")) == prefix
+    # Byte level: the forwarded body of turn 2 contains turn 1's prefix bytes verbatim.
+    body2 = fake.last.body
+    assert json.dumps(first[1], separators=(",", ":"), ensure_ascii=False).encode() in body2
+
+
+async def test_tenants_are_isolated_through_api_and_replay(upstream, make_proxy) -> None:
+    fake, base = upstream
+    msgs = history(6)
+    async with make_proxy(base, **SMALL) as url:
+        alpha, beta = sdk(url, "sk-alpha"), sdk(url, "sk-beta")
+        ha = await chat(alpha, msgs)
+        conv = ha["x-compactd-conversation"]
+        sent_alpha = fake.last.json()["messages"]
+        async with httpx.AsyncClient() as http:
+            mine = await http.get(
+                f"{url}/compactd/v1/conversations/{conv}",
+                headers={"authorization": "Bearer sk-alpha"},
+            )
+            theirs = await http.get(
+                f"{url}/compactd/v1/conversations/{conv}",
+                headers={"authorization": "Bearer sk-beta"},
+            )
+            restore = await http.post(
+                f"{url}/compactd/v1/uncompress",
+                json={"messages": sent_alpha},
+                headers={"authorization": "Bearer sk-beta"},
+            )
+            purge = await http.delete(
+                f"{url}/compactd/v1/conversations/{conv}",
+                headers={"authorization": "Bearer sk-beta"},
+            )
+            listed = await http.get(
+                f"{url}/compactd/v1/conversations", headers={"authorization": "Bearer sk-beta"}
+            )
+        # Beta then sends the very same conversation: it must not replay alpha's checkpoint.
+        hb = await chat(
+            beta, msgs + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
+        )
+        await alpha.close()
+        await beta.close()
+    assert ha["x-compactd-action"] == "compacted"
+    assert hb["x-compactd-action"] == "compacted"  # its own compaction, not alpha's replay
+    assert mine.status_code == 200
+    assert mine.json()["checkpoint_count"] >= 1
+    assert theirs.status_code == 404
+    assert restore.json()["messages_expanded"] == 0
+    assert len(restore.json()["missing_ids"]) >= 1
+    assert purge.status_code == 404
+    assert listed.json()["data"] == []
+
+
+async def test_store_down_forwards_original_bytes_and_recovers(
+    upstream, make_proxy, tmp_path
+) -> None:
+    fake, base = upstream
+    (tmp_path / "redis").mkdir()
+    redis = RedisServer(tmp_path / "redis", appendonly=True)
+    redis.start()
+    body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
+    try:
+        async with make_proxy(base, store={"url": redis.url, "timeout_ms": 300}, **SMALL) as url:
+            async with httpx.AsyncClient() as http:
+                redis.stop(signal.SIGKILL)
+                down = await http.post(f"{url}/v1/chat/completions", content=body)
+                forwarded_while_down = fake.last.body
+                redis.start()
+                back = await http.post(f"{url}/v1/chat/completions", content=body)
+                metrics = (await http.get(f"{url}/metrics")).text
+    finally:
+        redis.stop(signal.SIGKILL)
+    assert down.status_code == 200
+    assert down.headers["x-compactd-action"] == "error"
+    assert forwarded_while_down == body  # the original request, unchanged
+    assert back.headers["x-compactd-action"] == "compacted"
+    assert 'compactd_fail_open_total{reason="store"}' in metrics
+
+
+async def test_shadow_mode_forwards_original_bytes_and_reports(upstream, make_proxy) -> None:
+    fake, base = upstream
+    body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
+    async with make_proxy(base, default_policy={"budget_tokens": 600, "mode": "shadow"}) as url:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{url}/v1/chat/completions", content=body)
+    assert fake.last.body == body
+    assert r.headers["x-compactd-action"] == "shadow"
+    assert r.headers["x-compactd-shadow-action"] == "compacted"
+    assert int(r.headers["x-compactd-tokens-after"]) < int(r.headers["x-compactd-tokens-before"])
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+async def test_bypass_is_honoured_only_when_the_policy_allows_it(
+    upstream, make_proxy, allowed
+) -> None:
+    fake, base = upstream
+    body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
+    policy = {"budget_tokens": 600, "allow_bypass": allowed}
+    async with make_proxy(base, default_policy=policy) as url:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                f"{url}/v1/chat/completions", content=body, headers={"x-compactd-bypass": "1"}
+            )
+    assert r.headers["x-compactd-action"] == ("bypass" if allowed else "compacted")
+    assert (fake.last.body == body) is allowed
+
+
+async def test_context_length_error_is_retried_once_compacted(upstream, make_proxy) -> None:
+    fake, base = upstream
+    overflow = {
+        "error": {
+            "message": "This model's maximum context length is 500 tokens. However, your messages resulted in 900 tokens.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    fake.then(respond(400, overflow))
+    msgs = history(5)
+    async with make_proxy(base, default_policy={"budget_tokens": 100000}) as url:
+        client = sdk(url)
+        h = await chat(client, msgs)
+        # The window is remembered: the next request is compacted before it is sent.
+        h2 = await chat(
+            client, msgs + [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+        )
+        await client.close()
+    assert len(fake.received) == 3
+    assert h["x-compactd-retried"] == "context-length"
+    assert h["x-compactd-action"] == "compacted"
+    assert int(h["x-compactd-tokens-after"]) < 500
+    assert h2["x-compactd-action"] in ("compacted", "replayed")
+
+
+async def test_upstream_key_mode_admits_listed_keys_only(upstream, make_proxy, tmp_path) -> None:
+    from proxy.tenant import key_fingerprint, load_or_create_secret
+
+    fake, base = upstream
+    data = tmp_path / "data"
+    secret = load_or_create_secret("s3cret", data)
+    allowed = key_fingerprint(secret, "sk-team-a")
+    async with make_proxy(
+        base,
+        server={"secret": "s3cret", "data_dir": str(data)},
+        upstream={"api_key": "sk-REAL-UPSTREAM", "allowed_keys": [allowed]},
+    ) as url:
+        ok = sdk(url, "sk-team-a")
+        h = await chat(ok, history(1))
+        with pytest.raises(openai.AuthenticationError):
+            await chat(sdk(url, "sk-intruder"), history(1))
+        models = await ok.models.with_raw_response.list()
+        await ok.close()
+    assert h["x-compactd-action"] == "passthrough"
+    assert all(r.header("authorization") == "Bearer sk-REAL-UPSTREAM" for r in fake.received)
+    assert len(fake.received) == 2  # the intruder never reached the upstream
+    assert "sk-REAL-UPSTREAM" not in str(dict(h)) and "sk-REAL-UPSTREAM" not in str(
+        dict(models.headers)
+    )
+
+
+async def test_usage_is_read_from_json_and_sse_and_metrics_move(upstream, make_proxy) -> None:
+    fake, base = upstream
+    fake.then(respond(), stream(sse_chunks(["a", "b"], usage=True)))
+    async with make_proxy(base) as url:
+        client = sdk(url)
+        await chat(client, history(1))
+        async for _ in await client.chat.completions.create(
+            model="gpt-4o", messages=history(1), stream=True, stream_options={"include_usage": True}
+        ):
+            pass
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{url}/metrics")).text
+    assert (
+        'compactd_requests_total{action="passthrough",model="gpt-4o",policy="default"} 2.0'
+        in metrics
+    )
+    assert 'compactd_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 21.0' in metrics
