@@ -128,7 +128,7 @@ async def test_tenants_are_isolated_through_api_and_replay(upstream, make_proxy)
             )
         # Beta then sends the very same conversation: it must not replay alpha's checkpoint.
         hb = await chat(
-            beta, msgs + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
+            beta, [*msgs, {"role": "assistant", "content": "x"}, {"role": "user", "content": "y"}]
         )
         await alpha.close()
         await beta.close()
@@ -214,7 +214,7 @@ async def test_context_length_error_is_retried_once_compacted(upstream, make_pro
         h = await chat(client, msgs)
         # The window is remembered: the next request is compacted before it is sent.
         h2 = await chat(
-            client, msgs + [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+            client, [*msgs, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
         )
         await client.close()
     assert len(fake.received) == 3
@@ -245,7 +245,8 @@ async def test_upstream_key_mode_admits_listed_keys_only(upstream, make_proxy, t
     assert h["x-compactd-action"] == "passthrough"
     assert all(r.header("authorization") == "Bearer sk-REAL-UPSTREAM" for r in fake.received)
     assert len(fake.received) == 2  # the intruder never reached the upstream
-    assert "sk-REAL-UPSTREAM" not in str(dict(h)) and "sk-REAL-UPSTREAM" not in str(
+    assert "sk-REAL-UPSTREAM" not in str(dict(h))
+    assert "sk-REAL-UPSTREAM" not in str(
         dict(models.headers)
     )
 
