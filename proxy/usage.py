@@ -19,6 +19,7 @@ import orjson
 _EOL = re.compile(rb"\r\n|\r|\n")
 _USAGE_KEY = b'"usage"'
 _USAGE_NULL = b'"usage":null'
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 _INCLUDE_USAGE = b'"stream_options":{"include_usage":true}'
 # zlib with 32 + MAX_WBITS accepts both gzip and zlib-wrapped deflate streams.
 _AUTO_WBITS = 32 + zlib.MAX_WBITS
@@ -142,8 +143,8 @@ class SSEUsageTap:
         self._strip = strip_usage_chunk
         self._strip_null = strip_usage_chunk and strip_usage_null
         self._buf = bytearray()
-        self._pos = 0  # start of the first line of _buf not yet terminated
-        self._data: list[bytes] = []
+        self._pos = 0  # where to resume looking for the end of the first event in _buf
+        self._cr = False  # a CR was seen: use the general line scanner from now on
         self._closed = False
         self.usage: Usage | None = None
         """The last `usage` seen in the stream."""
@@ -152,16 +153,18 @@ class SSEUsageTap:
 
     def feed(self, chunk: bytes) -> bytes:
         """Parse a copy of `chunk`; return the bytes to forward now."""
+        if self._closed:
+            return chunk if not self._strip else b""
+        data = chunk
         if self._decoder is not None:
             try:
-                self._buf += self._decoder.decompress(chunk)
+                data = self._decoder.decompress(chunk)
             except zlib.error:
-                self._decoder, self._buf, self._data = None, bytearray(), []
-                self._closed = True  # unreadable: stop parsing, keep forwarding
-        elif not self._closed:
-            self._buf += chunk
-        if self._closed:
-            return chunk
+                self._buf, self._closed = bytearray(), True  # unreadable: stop looking
+                return chunk
+        if not self._cr and b"\r" in data:
+            self._cr, self._pos = True, 0  # rescan the held event line by line
+        self._buf += data
         out = self._scan(final=False)
         return out if self._strip else chunk
 
@@ -177,48 +180,60 @@ class SSEUsageTap:
                 return b""
         out = self._scan(final=True)
         tail = bytes(self._buf)
-        if tail[self._pos :]:
-            self._field(tail[self._pos :])
-        # An unterminated last event is never dropped: only read for usage.
-        self._dispatch()
         self._buf = bytearray()
+        # An unterminated last event is never dropped: only read for usage.
+        if _USAGE_OBJECT.search(tail):
+            self._dispatch(tail)
         return out + tail if self._strip else b""
 
     def _scan(self, *, final: bool) -> bytes:
+        """Consume every complete event in the buffer; the bytes to emit in strip mode."""
         buf = self._buf
         out = bytearray()
         start = 0
-        pos = self._pos
+        while (end := self._event_end(start, final=final)) >= 0:
+            keep = True
+            # Most events carry no usage object: no line splitting, no JSON parsing for them.
+            if _USAGE_OBJECT.search(buf, start, end):
+                keep = self._dispatch(bytes(buf[start:end]))
+            if self._strip and keep:
+                event = bytes(buf[start:end])
+                out += _without_usage_null(event) if self._strip_null else event
+            start = end
+        del buf[:start]
+        self._pos = max(self._pos - start, 0)
+        return bytes(out)
+
+    def _event_end(self, start: int, *, final: bool) -> int:
+        """Offset just past the blank line ending the event at `start`, or -1 if incomplete."""
+        buf = self._buf
+        if not self._cr:
+            # LF-only streams (OpenAI's): an event ends at the first "\n\n" (or a lone blank line).
+            if buf[start : start + 1] == b"\n":
+                end = start + 1
+            else:
+                i = buf.find(b"\n\n", max(self._pos, start))
+                if i < 0:
+                    self._pos = max(start, len(buf) - 1)
+                    return -1
+                end = i + 2
+            self._pos = end
+            return end
+        pos = max(self._pos, start)  # always the start of a line on this path
         while (m := _EOL.search(buf, pos)) is not None:
             if not final and m.end() == len(buf) and m.group() == b"\r":
                 break  # a trailing CR may be the first half of CRLF: wait for the next byte
-            line = bytes(buf[pos : m.start()])
+            blank = m.start() == pos
             pos = m.end()
-            if line:
-                self._field(line)
-                continue
-            event = bytes(buf[start:pos])
-            start = pos
-            keep = self._dispatch()
-            if self._strip and keep:
-                out += _without_usage_null(event) if self._strip_null else event
-        del buf[:start]
-        self._pos = pos - start
-        return bytes(out)
+            if blank:
+                self._pos = pos
+                return pos
+        self._pos = pos
+        return -1
 
-    def _field(self, line: bytes) -> None:
-        if line.startswith(b"data:"):
-            value = line[5:]
-            self._data.append(value[1:] if value.startswith(b" ") else value)
-        elif line == b"data":
-            self._data.append(b"")
-
-    def _dispatch(self) -> bool:
-        """Finish the current event; False if it is the usage-only chunk to be stripped."""
-        data = b"\n".join(self._data)
-        self._data = []
-        if _USAGE_KEY not in data:
-            return True
+    def _dispatch(self, event: bytes) -> bool:
+        """Read one event's usage; False if it is the usage-only chunk to be stripped."""
+        data = b"\n".join(_data_lines(event))
         try:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -231,3 +246,15 @@ class SSEUsageTap:
             self.stripped = True
             return False
         return True
+
+
+def _data_lines(event: bytes) -> list[bytes]:
+    """The values of an event's `data` fields (one optional space after the colon removed)."""
+    values = []
+    for line in _EOL.split(event):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            values.append(value[1:] if value.startswith(b" ") else value)
+        elif line == b"data":
+            values.append(b"")
+    return values
