@@ -6,6 +6,8 @@ import gzip
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.usage import (
     SSEUsageTap,
@@ -239,3 +241,36 @@ def test_include_usage_bytes_only_when_needed() -> None:
     assert include_usage_bytes(raw, orjson.loads(raw)) is None
     raw = b'{"stream":false}'
     assert include_usage_bytes(raw, orjson.loads(raw)) is None
+
+
+def test_strip_keeps_an_extra_blank_line_before_the_usage_chunk() -> None:
+    usage_chunk = chunk(b"[]", USAGE)
+    raw = b"data: {}\n\n\n" + usage_chunk + DONE
+    for cut in range(len(raw) + 1):
+        tap = SSEUsageTap(strip_usage_chunk=True)
+        assert run(tap, [raw[:cut], raw[cut:]]) == b"data: {}\n\n\n" + DONE, cut
+
+
+def test_strip_handles_a_stream_that_switches_to_crlf_midway() -> None:
+    usage_chunk = chunk(b"[]", USAGE).replace(b"\n", b"\r\n")
+    head = chunk(DELTAS[1], b"null")
+    raw = head + usage_chunk + DONE.replace(b"\n", b"\r\n")
+    for cut in range(len(raw) + 1):
+        tap = SSEUsageTap(strip_usage_chunk=True)
+        assert run(tap, [raw[:cut], raw[cut:]]) == raw.replace(usage_chunk, b""), cut
+        assert tap.usage == EXPECTED
+
+
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=4000), max_size=40),
+    crlf=st.booleans(),
+)
+def test_strip_is_byte_exact_for_any_partition(cuts: list[int], crlf: bool) -> None:
+    raw, usage_chunk = stream(include_usage=True)
+    if crlf:
+        raw, usage_chunk = raw.replace(b"\n", b"\r\n"), usage_chunk.replace(b"\n", b"\r\n")
+    bounds = sorted({0, len(raw), *(c % (len(raw) + 1) for c in cuts)})
+    pieces = [raw[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    tap = SSEUsageTap(strip_usage_chunk=True)
+    assert run(tap, pieces) == raw.replace(usage_chunk, b"")
+    assert tap.usage == EXPECTED
