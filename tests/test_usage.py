@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 
 import orjson
 import pytest
@@ -270,7 +271,7 @@ def test_strip_is_byte_exact_for_any_partition(cuts: list[int], crlf: bool) -> N
     if crlf:
         raw, usage_chunk = raw.replace(b"\n", b"\r\n"), usage_chunk.replace(b"\n", b"\r\n")
     bounds = sorted({0, len(raw), *(c % (len(raw) + 1) for c in cuts)})
-    pieces = [raw[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    pieces = [raw[a:b] for a, b in itertools.pairwise(bounds)]
     tap = SSEUsageTap(strip_usage_chunk=True)
     assert run(tap, pieces) == raw.replace(usage_chunk, b"")
     assert tap.usage == EXPECTED
