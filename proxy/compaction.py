@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +147,13 @@ class _TenantSummaries:
         await self.store.put_summary(self.tenant, digest, summary, self.ttl)
 
 
+def bound_chain(
+    names: Sequence[str], providers: Mapping[str, ContextProvider], policy: PolicySettings
+) -> tuple[ContextProvider, ...]:
+    """The providers of a chain, each bound to the policy's options for it."""
+    return tuple(_Configured(providers[n], policy.options.get(n, {})) for n in names)
+
+
 def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
@@ -187,8 +194,7 @@ class Compactor:
         self.secret = secret
         self.completer = completer
         self._chains = {
-            p.name: tuple(_Configured(providers[n], p.options.get(n, {})) for n in p.providers)
-            for p in settings.all_policies()
+            p.name: bound_chain(p.providers, providers, p) for p in settings.all_policies()
         }
 
     async def prepare(self, scope: Mapping[str, Any], body: bytes) -> Decision:

@@ -1,0 +1,138 @@
+"""`compactd compress`: the proxy's compaction pipeline over JSONL, without a server or store."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import orjson
+
+from proxy.budget import ModelTable
+from proxy.compaction import bound_chain
+from proxy.config import PolicySettings, Settings
+from proxy.providers.base import CompressionConfig
+from proxy.providers.chain import run_chain
+from proxy.providers.registry import ProviderRegistry
+from proxy.tokens import Tokenizers
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Flags that fill in what a line leaves out."""
+
+    model: str = "gpt-4o"
+    provider: str = ""
+    budget: float = 0.5
+    """Tokens the whole request must fit; a value <= 1 is a fraction of the line's own count."""
+    target_ratio: float = 1.0
+
+
+class LineError(ValueError):
+    """A line that cannot be compressed; reported on its own output line."""
+
+
+class OfflineCompressor:
+    """Compresses one JSONL object at a time with the configured providers."""
+
+    def __init__(self, settings: Settings, defaults: Defaults) -> None:
+        self.settings = settings
+        self.defaults = defaults
+        self.tokenizers = Tokenizers(None, settings.tokens.cache_size)
+        self.models = ModelTable.load(None)
+        self.registry = ProviderRegistry()
+        self.policy: PolicySettings = settings.default_policy
+
+    async def compress(self, line: dict[str, Any]) -> dict[str, Any]:
+        """One output object for one input object."""
+        messages = line.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise LineError("'messages' must be a list of message objects")
+        model = str(line.get("model") or self.defaults.model)
+        provider = str(line.get("provider") or self.defaults.provider)
+        names = (provider,) if provider else self.policy.providers
+        try:
+            instances = {n: self.registry.get(n) for n in names}
+        except ValueError as exc:
+            raise LineError(str(exc)) from None
+        counter = self.tokenizers.for_model(self.models.lookup(model))
+        body = {"messages": messages, "tools": line.get("tools")}
+        fixed = counter.count_tools(body)
+        before = fixed + counter.count_messages(messages)
+        raw_budget = line.get("budget", self.defaults.budget)
+        if (
+            not isinstance(raw_budget, int | float)
+            or isinstance(raw_budget, bool)
+            or raw_budget <= 0
+        ):
+            raise LineError("'budget' must be a positive number")
+        budget = int(raw_budget * before) if raw_budget <= 1 else int(raw_budget)
+        chain = bound_chain(names, instances, self.policy)
+        config = CompressionConfig(
+            limit=max(1, int(budget * self.defaults.target_ratio)),
+            budget=budget,
+            count_tokens=lambda msgs: fixed + counter.count_messages(msgs),
+            count_message=counter.count_message,
+            model=model,
+            max_tool_result_tokens=self.policy.max_tool_result_tokens,
+            reasoning_strip_age_threshold=self.policy.reasoning_strip_age_threshold,
+            keep_head=self.policy.keep_head,
+            recency_turns=self.policy.recency_turns,
+        )
+        t0 = time.perf_counter()
+        outcome = await run_chain(messages, chain, config)
+        ms = (time.perf_counter() - t0) * 1000
+        result = outcome.result
+        after = outcome.tokens_after if result is not None else before
+        return {
+            "id": line.get("id"),
+            "messages": result.messages if result is not None else messages,
+            "verbatim": result.verbatim if result is not None else {},
+            "stats": {
+                "tokens_before": before,
+                "tokens_after": after,
+                "budget": budget,
+                "fits": after <= budget,
+                "ratio": round(after / before, 4) if before else 1.0,
+                "provider": "+".join(outcome.providers) or "none",
+                "ms": round(ms, 3),
+                "violations": list(outcome.violations),
+            },
+        }
+
+
+def _lines(stream: IO[bytes]) -> Iterator[bytes]:
+    while True:
+        line = stream.readline()
+        if not line:
+            return
+        if line.strip():
+            yield line
+
+
+async def run(compressor: OfflineCompressor, lines: Iterable[bytes], out: IO[bytes]) -> int:
+    """Write exactly one JSONL line per input line, in order, flushed as it goes."""
+    failures = 0
+    for raw in lines:
+        line_id: Any = None
+        try:
+            line = orjson.loads(raw)
+            if not isinstance(line, dict):
+                raise LineError("each line must be a JSON object")  # noqa: TRY301
+            line_id = line.get("id")
+            result = await compressor.compress(line)
+        except (orjson.JSONDecodeError, LineError) as exc:
+            failures += 1
+            result = {"id": line_id, "error": str(exc)}
+        out.write(orjson.dumps(result) + b"\n")
+        out.flush()
+    return failures
+
+
+def main(settings: Settings, defaults: Defaults, stdin: IO[bytes], stdout: IO[bytes]) -> int:
+    """Run the filter; exit status 0 even when single lines fail (they say so themselves)."""
+    compressor = OfflineCompressor(settings, defaults)
+    asyncio.run(run(compressor, _lines(stdin), stdout))
+    return 0
