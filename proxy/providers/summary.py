@@ -27,7 +27,8 @@ _FACT = re.compile(
 )
 _PUNCT_EDGES = ".:,-+%~"
 _ERROR_LINE = re.compile(
-    r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b",
+    r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
+    r"|(?-i:[a-z](?:Error|Exception))\b",
     re.I,
 )
 _DECISION = re.compile(

@@ -1,0 +1,219 @@
+"""The `summarize` provider: an LLM summary of the oldest turns, through the upstream itself.
+
+The oldest whole units (a user message, or an assistant message with all its tool results) after
+the protected head are replaced by one message holding a summary written by a cheap model, called
+with the tenant's own key through `config.complete`. Escalation: the normal prompt, then the
+aggressive prompt when the call fails, times out or returns nothing shorter than its input, then the
+deterministic `engine`. Summaries are cached by the digest of the span they replace, so a span is
+never paid for twice and a replayed span always gets the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from proxy.providers.base import (
+    CompactionResult,
+    CompressionConfig,
+    ContextProvider,
+    Message,
+    compute_source_digest,
+    make_ref_id,
+    ref_marker,
+)
+from proxy.providers.engine import EngineOptions, compact
+from proxy.providers.units import Unit, droppable, message_text, protection, split_units
+
+log = logging.getLogger(__name__)
+
+_MARKER_ALLOWANCE = 40
+"""Tokens the marker line and message overhead add to a summary."""
+
+_RULES = (
+    "Keep verbatim every file path, identifier (function, class, variable and table names), id, "
+    "number and amount, date, URL, error message and every decision made or requested. Drop "
+    "greetings, thanks and filler. Write in the conversation's language. Output only the summary."
+)
+NORMAL_PROMPT = (
+    "You compress chat history. Summarize the conversation excerpt below so the assistant can "
+    "continue the conversation without it, in at most {words} words. " + _RULES
+)
+AGGRESSIVE_PROMPT = (
+    "You compress chat history. Reduce the conversation excerpt below to terse bullet points of "
+    "facts only, at most {words} words in total. " + _RULES
+)
+
+
+@dataclass(frozen=True)
+class SummarizeOptions:
+    """The summarize provider's `extra_config` keys (unknown keys are rejected)."""
+
+    model: str = "gpt-4o-mini"
+    timeout: float = 20.0
+    summary_tokens: int = 400
+    max_input_chars: int = 200_000
+    engine: Mapping[str, Any] | None = None
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any]) -> SummarizeOptions:
+        """Validated options from a policy's `extra_config`; raises ValueError on bad input."""
+        unknown = sorted(set(extra) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown summarize option(s): {', '.join(unknown)}")
+        options = cls(**dict(extra))
+        if options.timeout <= 0 or options.summary_tokens < 16 or options.max_input_chars < 1000:
+            raise ValueError(
+                "summarize: timeout > 0, summary_tokens >= 16, max_input_chars >= 1000"
+            )
+        EngineOptions.from_extra(options.engine or {})
+        return options
+
+
+def transcript(messages: Sequence[Message], max_chars: int) -> str:
+    """The span as plain text for the summarizer: one `role: text` block per message."""
+    parts = []
+    for m in messages:
+        role = str(m.get("role"))
+        if m.get("name"):
+            role = f"{role} ({m['name']})"
+        text = message_text(m)
+        if text:
+            parts.append(f"{role}: {text}")
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                parts.append(f"{role} called {fn.get('name')}({fn.get('arguments', '')})")
+    text = "\n\n".join(parts)
+    if len(text) <= max_chars:
+        return text
+    half = max_chars // 2
+    return f"{text[:half]}\n[…]\n{text[-half:]}"
+
+
+def choose_span(messages: list[Message], config: CompressionConfig, allowance: int) -> range:
+    """The oldest run of droppable units whose replacement by a summary reaches the target."""
+    units = split_units(messages)
+    prot = protection(messages, units, config.keep_head, config.recency_turns)
+    total = config.count_tokens(messages)
+    for relaxed in (False, True):
+        run: list[Unit] = []
+        for unit in units:
+            if run and not droppable(unit, prot, relaxed=relaxed):
+                break
+            if droppable(unit, prot, relaxed=relaxed):
+                run.append(unit)
+        if not run:
+            continue
+        saved = 0
+        for unit in run:
+            saved += sum(config.count_message(messages[i]) for i in unit.indices())
+            if total - saved + allowance <= config.limit:
+                return range(run[0].start, unit.end)
+        if relaxed:
+            return range(run[0].start, run[-1].end)
+    return range(0)
+
+
+class SummarizeProvider(ContextProvider):
+    """Summaries by an upstream model, escalating to the deterministic engine."""
+
+    @property
+    def name(self) -> str:
+        """Registry name."""
+        return "summarize"
+
+    async def compress(
+        self, messages: list[Message], config: CompressionConfig
+    ) -> CompactionResult:
+        """Replace the oldest turns with an LLM summary, or fall back to the engine."""
+        opts = SummarizeOptions.from_extra(config.extra_config)
+        span = choose_span(messages, config, opts.summary_tokens + _MARKER_ALLOWANCE)
+        if len(span) > 0 and config.complete is not None:
+            result = await self._with_llm(messages, config, opts, span)
+            if result is not None:
+                return result
+        fallback = compact(messages, config, EngineOptions.from_extra(opts.engine or {}))
+        fallback.limitations.append("LLM summary unavailable: deterministic engine summary used")
+        return fallback
+
+    async def _with_llm(
+        self,
+        messages: list[Message],
+        config: CompressionConfig,
+        opts: SummarizeOptions,
+        span: range,
+    ) -> CompactionResult | None:
+        originals = messages[span.start : span.stop]
+        digest = compute_source_digest(originals)
+        span_tokens = sum(config.count_message(m) for m in originals)
+        cache = config.summary_cache
+        summary = await cache.get(digest) if cache is not None else None
+        if summary is None:
+            summary = await self._ask(originals, span_tokens, config, opts)
+            if summary is None:
+                return None
+            if cache is not None:
+                await cache.put(digest, summary)
+        result = build_result(messages, span, summary, config)
+        if result is None or config.count_tokens(result.messages) > config.budget:
+            return None
+        return result
+
+    async def _ask(
+        self,
+        originals: list[Message],
+        span_tokens: int,
+        config: CompressionConfig,
+        opts: SummarizeOptions,
+    ) -> str | None:
+        """Normal, then aggressive prompt; None when neither gives a usable, shorter summary."""
+        assert config.complete is not None
+        text = transcript(originals, opts.max_input_chars)
+        words = max(12, min(opts.summary_tokens, span_tokens // 3) * 3 // 4)
+        for prompt in (
+            NORMAL_PROMPT.format(words=words),
+            AGGRESSIVE_PROMPT.format(words=words // 2),
+        ):
+            request = [{"role": "system", "content": prompt}, {"role": "user", "content": text}]
+            try:
+                reply = await asyncio.wait_for(
+                    config.complete(request, opts.model, opts.timeout), opts.timeout
+                )
+            except Exception as exc:  # noqa: BLE001 - any upstream failure means: escalate
+                log.warning("summarize: %s call failed: %s", opts.model, type(exc).__name__)
+                continue
+            reply = reply.strip() if isinstance(reply, str) else ""
+            if reply and config.count_message({"role": "user", "content": reply}) < span_tokens:
+                return reply
+            log.info("summarize: %s reply was empty or not shorter; escalating", opts.model)
+        return None
+
+
+def build_result(
+    messages: list[Message], span: range, summary: str, config: CompressionConfig
+) -> CompactionResult | None:
+    """The request with `span` replaced by one message carrying the summary and its marker."""
+    originals = messages[span.start : span.stop]
+    ref = make_ref_id(originals)
+    tokens = sum(config.count_message(m) for m in originals)
+    marker = ref_marker(ref, len(originals), tokens, "summarized")
+    first = originals[0]
+    role = "user" if first.get("role") == "user" else "assistant"
+    text = f"{marker}\nSummary of the earlier conversation:\n{summary}"
+    content: Any = (
+        [{"type": "text", "text": text}] if isinstance(first.get("content"), list) else text
+    )
+    replacement: Message = {"role": role, "content": content}
+    if config.count_message(replacement) >= tokens:
+        return None
+    return CompactionResult(
+        messages=[*messages[: span.start], replacement, *messages[span.stop :]],
+        source_digest=compute_source_digest(messages),
+        covered_through=span.stop - 1,
+        verbatim={ref: list(originals)},
+        limitations=["oldest turns replaced by an LLM summary"],
+    )

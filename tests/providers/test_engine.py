@@ -1,0 +1,191 @@
+"""The engine provider: fits the target, stays valid, keeps what matters, same bytes every time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from proxy.providers.base import REF_PATTERN, CompactionResult, Message
+from proxy.providers.engine import EngineOptions, EngineProvider
+from proxy.providers.uncompress import uncompress
+from proxy.providers.units import message_text
+from proxy.providers.validate import check_result
+from tests.providers.build import agent_run, assistant, developer, system, tool, user, words
+from tests.providers.tokens import count_tokens, make_config
+
+CODE = "```python\ndef warm_cache(user_id):\n    return lookup(user_id)\n```"
+
+
+def chat(turns: int) -> list[Message]:
+    """System, developer, then user/assistant turns with prose, facts and code."""
+    out = [system(), developer()]
+    for k in range(turns):
+        out.append(user(f"Turn {k}: please look at src/mod_{k}.py. " + words(120, f"u{k}")))
+        out.append(
+            assistant(
+                f"Sure! The bug is in src/mod_{k}.py where handler_{k} reads KEY_{k}. "
+                + words(200, f"a{k}")
+                + f"\n\n{CODE}\n\nLet me know if you need anything else."
+            )
+        )
+    out.append(user("Now run the tests please."))
+    return out
+
+
+def compress(messages: list[Message], limit: int, **extra: object) -> CompactionResult:
+    result = EngineProvider().compress(messages, make_config(limit, extra_config=extra))
+    assert isinstance(result, CompactionResult)
+    return result
+
+
+def test_a_request_under_target_comes_back_unchanged() -> None:
+    messages = chat(3)
+    result = compress(messages, count_tokens(messages) + 10)
+    assert result.messages == messages
+    assert result.covered_through == -1
+    assert result.verbatim == {}
+
+
+@pytest.mark.parametrize("fraction", [0.7, 0.5, 0.25, 0.1])
+def test_result_fits_and_is_valid_whenever_the_protected_messages_fit(fraction: float) -> None:
+    messages = chat(8)
+    limit = int(count_tokens(messages) * fraction)
+    result = compress(messages, limit)
+    assert count_tokens(result.messages) <= limit
+    assert check_result(messages, result, make_config(limit)) == []
+
+
+def test_parallel_tool_results_keep_their_own_messages_and_ids() -> None:
+    messages = [system(), user("Read three files.")]
+    messages.append(assistant(None, "call_a", "call_b", "call_c"))
+    for cid in ("call_a", "call_b", "call_c"):
+        messages.append(tool(cid, words(300, cid)))
+    messages += [assistant("Read them."), user("Summarize them."), assistant("ok")]
+    limit = int(count_tokens(messages) * 0.5)
+    result = compress(messages, limit)
+    tool_ids = [m["tool_call_id"] for m in result.messages if m["role"] == "tool"]
+    assert tool_ids == ["call_a", "call_b", "call_c"]
+    assert check_result(messages, result, make_config(limit)) == []
+
+
+def test_agent_runs_drop_whole_tool_exchanges_only() -> None:
+    messages = agent_run(30)
+    limit = int(count_tokens(messages) * 0.2)
+    result = compress(messages, limit)
+    assert count_tokens(result.messages) <= limit
+    assert check_result(messages, result, make_config(limit)) == []
+
+
+def test_system_and_developer_messages_are_never_touched() -> None:
+    messages = chat(6)
+    messages.insert(5, developer("Mid-conversation instruction. " + words(300)))
+    result = compress(messages, int(count_tokens(messages) * 0.5))
+    kept = [m for m in result.messages if m["role"] in ("system", "developer")]
+    assert kept == [m for m in messages if m["role"] in ("system", "developer")]
+
+
+def test_preserve_option_protects_more_roles() -> None:
+    messages = chat(6)
+    result = compress(messages, int(count_tokens(messages) * 0.6), preserve=["system", "user"])
+    assert [m for m in result.messages if m["role"] == "user"] == [
+        m for m in messages if m["role"] == "user"
+    ]
+
+
+def test_same_input_gives_the_same_bytes() -> None:
+    messages = chat(8)
+    limit = int(count_tokens(messages) * 0.4)
+    first = json.dumps(compress(messages, limit).messages)
+    assert all(json.dumps(compress(messages, limit).messages) == first for _ in range(3))
+
+
+def test_every_replacement_names_its_originals_and_uncompress_restores_them() -> None:
+    messages = chat(8)
+    result = compress(messages, int(count_tokens(messages) * 0.3))
+    text = "\n".join(message_text(m) for m in result.messages)
+    assert set(result.verbatim) <= set(REF_PATTERN.findall(text))
+    assert uncompress(result.messages, result.verbatim, recursive=True).messages == messages
+
+
+def test_code_is_kept_verbatim_when_prose_is_summarized() -> None:
+    messages = chat(8)
+    result = compress(messages, int(count_tokens(messages) * 0.8))
+    summarized = [m for m in result.messages if "summarized]" in message_text(m)]
+    assert summarized
+    assert any(CODE in message_text(m) for m in summarized)
+
+
+def test_the_recency_window_stays_verbatim_when_older_turns_suffice() -> None:
+    messages = chat(8)
+    result = compress(messages, int(count_tokens(messages) * 0.85))
+    assert result.messages[-5:] == messages[-5:]
+
+
+def test_content_part_lists_stay_lists_and_keep_their_images() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = chat(6)
+    messages[2] = {"role": "user", "content": [{"type": "text", "text": words(400)}, image]}
+    limit = int(count_tokens(messages) * 0.6)
+    result = compress(messages, limit)
+    rewritten = result.messages[2]
+    assert rewritten != messages[2]
+    assert isinstance(rewritten["content"], list)
+    assert image in rewritten["content"]
+    assert check_result(messages, result, make_config(limit)) == []
+
+
+def test_an_exact_duplicate_points_at_its_later_copy() -> None:
+    log = "\n".join(f"line {k}: value_{k} = {k * 7}" for k in range(40))
+    messages = [system(), user(log), assistant("Noted."), user(log), assistant("Same again.")]
+    messages += [user("What changed?")]
+    result = compress(messages, count_tokens(messages) - 200)
+    assert message_text(result.messages[1]).count("Same text as a later user message") == 1
+    assert result.messages[3] == messages[3]
+
+
+def test_fuzzy_duplicates_list_the_lines_only_the_older_copy_has() -> None:
+    old = "\n".join(f"row {k}: status ok" for k in range(30)) + "\nrow 99: FAILED"
+    new = "\n".join(f"row {k}: status ok" for k in range(30)) + "\nrow 42: passed"
+    messages = [system(), user(old), assistant("Seen."), user(new), assistant("Seen.")]
+    messages += [user("Any failures left?")]
+    result = compress(messages, count_tokens(messages) - 100, fuzzy_dedup=True)
+    text = message_text(result.messages[1])
+    assert "the same lines as a later user message" in text
+    assert "row 99: FAILED" in text
+
+
+def test_no_rewritten_message_costs_more_than_its_original() -> None:
+    messages = chat(8)
+    limit = int(count_tokens(messages) * 0.3)
+    result = compress(messages, limit)
+    assert not [p for p in check_result(messages, result, make_config(limit)) if "grew" in p]
+
+
+def test_consecutive_user_messages_merge_only_with_the_same_name() -> None:
+    messages = [system()]
+    for k in range(4):
+        messages.append(user(f"Note {k} about src/n{k}.py. " + words(150, f"n{k}")))
+    messages.append({"role": "user", "name": "console", "content": "$ make\n" + words(150)})
+    messages += [assistant("ok"), user("go on"), assistant("done")]
+    limit = int(count_tokens(messages) * 0.5)
+    result = compress(messages, limit)
+    merged = [m for m in result.messages if " messages, " in message_text(m)]
+    assert len(merged) == 1
+    assert "name" not in merged[0]
+    assert [m["name"] for m in result.messages if "name" in m] == ["console"]
+    assert check_result(messages, result, make_config(limit)) == []
+
+
+def test_forced_convergence_leaves_short_markers_to_fit() -> None:
+    messages = agent_run(12, result_tokens=300)
+    protected = count_tokens([messages[0], messages[1], messages[-1]])
+    limit = protected + 40
+    result = compress(messages, limit)
+    assert count_tokens(result.messages) <= limit
+    assert any(message_text(m).startswith("[compactd:ref=") for m in result.messages)
+
+
+def test_unknown_options_are_rejected() -> None:
+    with pytest.raises(ValueError, match="fuzzy_treshold"):
+        EngineOptions.from_extra({"fuzzy_treshold": 0.5})

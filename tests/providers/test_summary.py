@@ -1,0 +1,103 @@
+"""The deterministic extractive summarizer keeps hard content and drops filler."""
+
+from __future__ import annotations
+
+import json
+
+from proxy.providers.summary import (
+    error_lines,
+    extract_facts,
+    fact_candidates,
+    fact_items,
+    pack_facts,
+    summarize_text,
+)
+
+PROSE = (
+    "Sure, happy to help with that! "
+    "The crash comes from aider/utils.py where run_install calls subprocess.Popen twice. "
+    "It was a long day and everyone was tired and the weather was grey and wet outside. "
+    "We decided to use the Spinner class instead of the inline spinner. "
+    "Thanks again for your patience with all of this."
+)
+
+
+def test_code_fences_survive_verbatim() -> None:
+    code = "```python\ndef warm_cache():\n    return {}\n```"
+    out = summarize_text(f"{PROSE}\n\n{code}\n\nLet me know if you need anything else.")
+    assert code in out
+
+
+def test_filler_is_dropped_and_fact_sentences_kept() -> None:
+    out = summarize_text(PROSE, ratio=0.5)
+    assert "happy to help" not in out
+    assert "Thanks again" not in out
+    assert "aider/utils.py" in out
+
+
+def test_facts_of_dropped_sentences_follow_on_a_facts_line() -> None:
+    text = "Nothing much happened here at all today. " * 3 + "The id is HAT136 on 2024-05-20."
+    out = summarize_text(text, ratio=0.05)
+    assert "facts:" in out
+    assert "HAT136" in out
+    assert "2024-05-20" in out
+
+
+def test_a_json_document_is_returned_unchanged() -> None:
+    doc = json.dumps({"user_id": "mia_li_3668", "amount": 250})
+    assert summarize_text(doc) == doc
+
+
+def test_traceback_paragraph_is_kept_as_hard_content() -> None:
+    tb = (
+        "Traceback (most recent call last):\n"
+        '  File "app.py", line 3, in <module>\n'
+        "KeyError: 'user_7'"
+    )
+    out = summarize_text(f"{PROSE}\n\n{tb}", ratio=0.2)
+    assert tb in out
+
+
+def test_json_facts_group_values_by_key_with_ids_first() -> None:
+    doc = json.dumps(
+        [
+            {"flight_number": "HAT069", "status": "available", "price": 121},
+            {"flight_number": "HAT083", "status": "available", "price": 100},
+        ]
+    )
+    out = extract_facts(doc, 60)
+    assert out.startswith("flight_number: HAT069, HAT083")
+    assert len(out) <= 60
+
+
+def test_facts_never_exceed_max_chars() -> None:
+    text = " ".join(f"item_{i} costs ${i}.50" for i in range(200))
+    assert len(extract_facts(text, 120)) <= 120
+
+
+def test_error_lines_keep_the_last_errors() -> None:
+    log = "ok\nERROR: first failure\nfine\nValueError: bad input\nall good"
+    assert error_lines(log) == ["ERROR: first failure", "ValueError: bad input"]
+
+
+def test_fact_items_find_paths_ids_urls_amounts_and_names() -> None:
+    text = "See https://x.org/a?b=1 and src/app.py; mia_li_3668 paid $250 for HAT136 via warmCache."
+    assert fact_items(text) == [
+        "https://x.org/a?b=1",
+        "src/app.py",
+        "mia_li_3668",
+        "$250",
+        "HAT136",
+        "warmCache",
+    ]
+
+
+def test_pack_facts_prefers_ids_over_plain_numbers() -> None:
+    packed = pack_facts(fact_candidates("costs 12345 and 67890 for booking ABC123"), 8)
+    assert packed == "ABC123"
+
+
+def test_summaries_are_deterministic() -> None:
+    text = PROSE * 4 + "\n\n```sh\nmake test\n```"
+    assert summarize_text(text) == summarize_text(text)
+    assert extract_facts(text, 100) == extract_facts(text, 100)
