@@ -1,9 +1,9 @@
 """Counting time for a ~100k-token conversation, cold and warm, for both encodings.
 
 Cold: a fresh counter (empty cache) counts the whole request. Warm: every message but the last is
-already cached, as on the next turn of a conversation. Prints the median and the best of several
-runs, and the load average: on a shared 2-core machine other processes inflate the median, and the
-best run is the closest to the cost on an idle core.
+already cached, as on the next turn of a conversation. Prints, over several runs, the median and
+best wall time and the median CPU time of the counting thread, with the load average: on a shared
+2-core machine other processes inflate wall time, while CPU time is what the counting itself costs.
 
     .venv/bin/python bench/count.py [--tokens 100000] [--runs 15]
 
@@ -46,14 +46,15 @@ def build_conversation(target_tokens: int, counter: TokenCounter) -> list[dict[s
 
 
 def timings_ms(runs: int, setup: Callable[[], TokenCounter], body: dict[str, Any]) -> str:
-    """Median and best wall time of `count_request` over fresh counters prepared by `setup`."""
-    times = []
+    """Median and best wall time and median CPU time of `count_request` on fresh counters."""
+    wall, cpu = [], []
     for _ in range(runs):
         counter = setup()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         counter.count_request(body)
-        times.append((time.perf_counter() - start) * 1000)
-    return f"{statistics.median(times):>8.2f} {min(times):>8.2f}"
+        cpu.append((time.thread_time() - start_cpu) * 1000)
+        wall.append((time.perf_counter() - start) * 1000)
+    return f"{statistics.median(wall):>8.2f} {min(wall):>8.2f} {statistics.median(cpu):>8.2f}"
 
 
 def main() -> None:
@@ -69,8 +70,8 @@ def main() -> None:
     size = len(orjson.dumps(body))
     print(f"conversation: {len(messages)} messages, {size / 1024:.0f} KiB, from {SESSIONS.name}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    print(f"{'':<21} {'cold (ms)':^17} {'warm (ms)':^17}   ({args.runs} runs each)")
-    header = f"{'encoding':<12} {'tokens':>8}" + f" {'median':>8} {'best':>8}" * 2
+    print(f"{'':<21} {'cold (ms)':^26} {'warm (ms)':^26}   ({args.runs} runs each)")
+    header = f"{'encoding':<12} {'tokens':>8}" + f" {'median':>8} {'best':>8} {'cpu':>8}" * 2
     print(header)
     for name in ("o200k_base", "cl100k_base"):
         encoding = load_encoding(name)
