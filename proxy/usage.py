@@ -137,15 +137,20 @@ class SSEUsageTap:
         strip_usage_null: bool = False,
         content_encoding: str = "",
     ) -> None:
-        self._decoder = _decoder(content_encoding)
-        if strip_usage_chunk and self._decoder is not None:
+        if strip_usage_chunk and content_encoding.strip().lower() not in ("", "identity"):
             raise ValueError("cannot strip a chunk from a compressed stream; ask for identity")
         self._strip = strip_usage_chunk
         self._strip_null = strip_usage_chunk and strip_usage_null
+        readable = True
+        try:
+            self._decoder = _decoder(content_encoding)
+        except ValueError:
+            # An encoding we cannot read (br, zstd): relay untouched, report no usage.
+            self._decoder, readable = None, False
         self._buf = bytearray()
         self._pos = 0  # where to resume looking for the end of the first event in _buf
         self._cr = False  # a CR was seen: use the general line scanner from now on
-        self._closed = False
+        self._closed = not readable
         self.usage: Usage | None = None
         """The last `usage` seen in the stream."""
         self.stripped = False

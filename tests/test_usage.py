@@ -199,6 +199,13 @@ def test_strip_usage_null_restores_the_stream_without_include_usage() -> None:
     assert tap.usage == EXPECTED
 
 
+def test_tap_passes_through_encodings_it_cannot_read() -> None:
+    tap = SSEUsageTap(content_encoding="br")
+    assert tap.feed(b"\x8b\x01\x80") == b"\x8b\x01\x80"
+    assert tap.close() == b""
+    assert tap.usage is None
+
+
 def test_strip_refuses_compressed_streams() -> None:
     with pytest.raises(ValueError, match="identity"):
         SSEUsageTap(strip_usage_chunk=True, content_encoding="gzip")
