@@ -8,13 +8,12 @@ by their size. Counts are estimates that match OpenAI on the published examples;
 safety margin absorbs the rest.
 
 A growing conversation resends its whole history every turn, so each message's count is cached
-under a hash of its JSON bytes: a new turn costs only its new messages.
+under a hash of its content: a new turn costs only its new messages. Images, audio and files are
+estimated in `proxy.media`, tool schemas in `proxy.toolschema`.
 """
 
 from __future__ import annotations
 
-import base64
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -24,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from proxy.encodings import BUNDLED, EncodingUnavailableError, load_encoding
-from proxy.imagesize import data_url_size
+from proxy.media import audio_tokens, file_data_tokens, image_part_tokens
+from proxy.toolschema import dump, tools_tokens
 
 if TYPE_CHECKING:
     from proxy.budget import ModelInfo
@@ -33,29 +33,6 @@ TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1
 REPLY_PRIMING = 3
 TOKENS_PER_TOOL_CALL = 3
-
-# Images (OpenAI vision guide): detail "low" is a flat 85; otherwise the image is scaled to fit
-# 2048x2048, then its shortest side to 768, and costs 170 per 512px tile plus 85. An image whose
-# size we cannot read (a remote URL) is charged the rule's maximum, 2x4 tiles.
-IMAGE_BASE = 85
-IMAGE_PER_TILE = 170
-IMAGE_UNKNOWN = IMAGE_BASE + IMAGE_PER_TILE * 8
-# Audio input is ~10 tokens per second; compressed audio of unknown bitrate is assumed to be a
-# low 32 kbit/s, so its duration (and count) errs high.
-AUDIO_TOKENS_PER_SECOND = 10
-AUDIO_ASSUMED_BYTES_PER_SECOND = 4000
-# Files (PDF): text plus a page image, ~1,300 tokens per page at a typical ~8 KB per page.
-FILE_BYTES_PER_TOKEN = 6
-
-# Cookbook constants for tool schemas; the per-function start differs by model generation.
-FUNC_INIT = {"o200k_base": 7, "cl100k_base": 10}
-PROP_INIT = 3
-PROP_KEY = 3
-ENUM_INIT = -3
-ENUM_ITEM = 3
-FUNC_END = 12
-_PLAIN_PROPERTY_KEYS = frozenset({"type", "description", "enum"})
-_PLAIN_PARAMETER_KEYS = frozenset({"type", "properties", "required", "additionalProperties"})
 
 
 class Encoder(Protocol):
@@ -67,46 +44,12 @@ class Encoder(Protocol):
     def encode_ordinary(self, text: str) -> list[int]: ...
 
 
-def image_tokens(width: int, height: int, detail: str = "auto") -> int:
-    """Tokens for one image of the given size by OpenAI's tile rule."""
-    if detail == "low":
-        return IMAGE_BASE
-    w, h = float(width), float(height)
-    if max(w, h) > 2048:
-        scale = 2048 / max(w, h)
-        w, h = w * scale, h * scale
-    if min(w, h) > 768:
-        scale = 768 / min(w, h)
-        w, h = w * scale, h * scale
-    return IMAGE_BASE + IMAGE_PER_TILE * math.ceil(w / 512) * math.ceil(h / 512)
-
-
-def _base64_bytes(data: str) -> int:
-    return len(data) * 3 // 4 - data.count("=", max(0, len(data) - 2))
-
-
-def audio_tokens(data: str, fmt: str) -> int:
-    """Tokens for one base64 audio clip, estimated from its duration."""
-    size = _base64_bytes(data)
-    byte_rate = AUDIO_ASSUMED_BYTES_PER_SECOND
-    if fmt == "wav" and len(data) >= 44:
-        header = base64.b64decode(data[:44] + "=" * (-len(data[:44]) % 4))
-        if header[:4] == b"RIFF" and len(header) >= 32:
-            byte_rate = int.from_bytes(header[28:32], "little") or byte_rate
-    return math.ceil(size / byte_rate * AUDIO_TOKENS_PER_SECOND)
-
-
-def _dump(value: Any) -> str:
-    return orjson.dumps(value, default=str).decode()
-
-
 class TokenCounter:
     """Counts chat requests with one encoding; per-message counts live in a bounded LRU."""
 
     def __init__(self, encoding: Encoder, cache_size: int) -> None:
         self.encoding_name = encoding.name
         self._encode = encoding.encode_ordinary
-        self._func_init = FUNC_INIT.get(encoding.name, max(FUNC_INIT.values()))
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -205,7 +148,7 @@ class TokenCounter:
         cached = self._cached(key)
         if cached is not None:
             return cached
-        value = self._tools(tools if isinstance(tools, list) else [], functions)
+        value = tools_tokens(tools, functions, self.count_text, self.encoding_name)
         self._remember(key, value)
         return value
 
@@ -219,7 +162,7 @@ class TokenCounter:
         cached = self._cached(key)
         if cached is not None:
             return cached
-        value = self.count_text(_dump(schema))
+        value = self.count_text(dump(schema))
         self._remember(key, value)
         return value
 
@@ -231,7 +174,7 @@ class TokenCounter:
 
     def _message(self, message: Any) -> int:
         if not isinstance(message, Mapping):
-            return TOKENS_PER_MESSAGE + self.count_text(_dump(message))
+            return TOKENS_PER_MESSAGE + self.count_text(dump(message))
         total = TOKENS_PER_MESSAGE
         for key, value in message.items():
             if value is None or key == "tool_call_id":  # ids are not rendered into the prompt
@@ -247,108 +190,54 @@ class TokenCounter:
                 if key == "name":
                     total += TOKENS_PER_NAME
             elif key != "audio":  # a reference to an earlier audio reply; its size is unknown
-                total += self.count_text(_dump(value))
+                total += self.count_text(dump(value))
         return total
 
     def _content(self, content: Any) -> int:
         if isinstance(content, str):
             return self.count_text(content)
         if not isinstance(content, list):
-            return self.count_text(_dump(content))
+            return self.count_text(dump(content))
         return sum(self._part(part) for part in content)
 
     def _part(self, part: Any) -> int:
         if not isinstance(part, Mapping):
-            return self.count_text(part if isinstance(part, str) else _dump(part))
+            return self.count_text(part if isinstance(part, str) else dump(part))
         kind = part.get("type")
         if kind == "text" and isinstance(part.get("text"), str):
             return self.count_text(part["text"])
         if kind == "image_url" and isinstance(part.get("image_url"), Mapping):
-            image = part["image_url"]
-            detail = image.get("detail") or "auto"
-            if detail == "low":
-                return IMAGE_BASE
-            size = data_url_size(image.get("url") or "")
-            return IMAGE_UNKNOWN if size is None else image_tokens(*size, detail)
+            return image_part_tokens(part["image_url"])
         if kind == "input_audio" and isinstance(part.get("input_audio"), Mapping):
             audio = part["input_audio"]
             return audio_tokens(str(audio.get("data") or ""), str(audio.get("format") or ""))
         if kind == "file" and isinstance(part.get("file"), Mapping):
             file = part["file"]
             name = self.count_text(str(file.get("filename") or ""))
-            return name + _base64_bytes(str(file.get("file_data") or "")) // FILE_BYTES_PER_TOKEN
+            return name + file_data_tokens(str(file.get("file_data") or ""))
         if kind == "refusal" and isinstance(part.get("refusal"), str):
             return self.count_text(part["refusal"])
-        return self.count_text(_dump(part))
+        return self.count_text(dump(part))
 
     def _call(self, call: Any) -> int:
         if not isinstance(call, Mapping):
-            return self.count_text(_dump(call))
+            return self.count_text(dump(call))
         name = call.get("name")
         args = call.get("arguments", call.get("input"))
         return (
             TOKENS_PER_TOOL_CALL
             + self.count_text(name if isinstance(name, str) else "")
-            + self.count_text(args if isinstance(args, str) else _dump(args or ""))
+            + self.count_text(args if isinstance(args, str) else dump(args or ""))
         )
 
     def _tool_calls(self, calls: Any) -> int:
         if not isinstance(calls, list):
-            return self.count_text(_dump(calls))
+            return self.count_text(dump(calls))
         total = 0
         for call in calls:
             inner = call.get("function", call.get("custom")) if isinstance(call, Mapping) else None
             total += self._call(inner if inner is not None else call)
         return total
-
-    def _function(self, fn: Mapping[str, Any], extra: Any = None) -> int:
-        desc = str(fn.get("description") or "").removesuffix(".")
-        total = self._func_init + self.count_text(f"{fn.get('name') or ''}:{desc}")
-        if extra is not None:
-            total += self.count_text(_dump(extra))
-        params = fn.get("parameters")
-        if not isinstance(params, Mapping):
-            return total
-        unusual = {k: v for k, v in params.items() if k not in _PLAIN_PARAMETER_KEYS}
-        if unusual:  # $defs and the like are sent to the model too
-            total += self.count_text(_dump(unusual))
-        props = params.get("properties")
-        if not isinstance(props, Mapping) or not props:
-            return total
-        total += PROP_INIT
-        for name, schema in props.items():
-            total += PROP_KEY
-            prop = schema if isinstance(schema, Mapping) else {}
-            enum = prop.get("enum")
-            if isinstance(enum, list):
-                total += ENUM_INIT
-                for item in enum:
-                    total += ENUM_ITEM + self.count_text(str(item))
-            kind = prop.get("type", "")
-            kind = "|".join(map(str, kind)) if isinstance(kind, list) else str(kind)
-            desc = str(prop.get("description") or "").removesuffix(".")
-            total += self.count_text(f"{name}:{kind}:{desc}")
-            nested = {k: v for k, v in prop.items() if k not in _PLAIN_PROPERTY_KEYS}
-            if nested:  # the cookbook's examples are flat; nested schemas are counted as JSON
-                total += self.count_text(_dump(nested))
-        return total
-
-    def _tools(self, tools: list[Any], functions: Any) -> int:
-        total = 0
-        defs: list[Any] = list(functions) if isinstance(functions, list) else []
-        for tool in tools:
-            if not isinstance(tool, Mapping):
-                total += self.count_text(_dump(tool))
-            elif isinstance(tool.get("function"), Mapping):
-                defs.append(tool["function"])
-            elif isinstance(tool.get("custom"), Mapping):
-                custom = tool["custom"]
-                total += self._function(custom, custom.get("format"))
-            else:
-                total += self.count_text(_dump(tool))
-        for fn in defs:
-            total += self._function(fn) if isinstance(fn, Mapping) else self.count_text(_dump(fn))
-        return total + FUNC_END if (defs or total) else total
 
 
 class Tokenizers:

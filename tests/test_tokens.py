@@ -11,13 +11,8 @@ import tiktoken
 
 from proxy.budget import ModelTable
 from proxy.encodings import EncodingUnavailableError, load_encoding
-from proxy.imagesize import data_url_size
-from proxy.tokens import (
-    IMAGE_UNKNOWN,
-    TokenCounter,
-    Tokenizers,
-    image_tokens,
-)
+from proxy.media import IMAGE_UNKNOWN, data_url_size, image_tokens
+from proxy.tokens import TokenCounter, Tokenizers
 
 # The OpenAI cookbook "How to count tokens with tiktoken"
 # (openai/openai-cookbook, examples/How_to_count_tokens_with_tiktoken.ipynb): its example messages
@@ -330,6 +325,14 @@ def test_nested_tool_schemas_cost_more_than_flat_ones(o200k: TokenCounter) -> No
     assert o200k.count_tools(tools(nested)) > o200k.count_tools(tools(flat))
 
 
+def test_custom_tools_count_their_name_description_and_grammar(o200k: TokenCounter) -> None:
+    plain = {"type": "custom", "custom": {"name": "sql", "description": "Run a query"}}
+    grammar = {"type": "grammar", "grammar": {"syntax": "lark", "definition": "start: SELECT"}}
+    with_grammar = {"type": "custom", "custom": {**plain["custom"], "format": grammar}}
+    assert o200k.count_tools({"tools": [plain]}) == 7 + o200k.count_text("sql:Run a query") + 12
+    assert o200k.count_tools({"tools": [with_grammar]}) > o200k.count_tools({"tools": [plain]})
+
+
 def test_json_schema_response_format_adds_its_schema(o200k: TokenCounter) -> None:
     body: dict[str, Any] = {"messages": COOKBOOK_MESSAGES}
     schema = {"name": "answer", "schema": {"type": "object",
@@ -350,6 +353,18 @@ def test_json_schema_response_format_adds_its_schema(o200k: TokenCounter) -> Non
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "u"}]}]},
         {"messages": "not a list", "tools": [{"type": "function", "function": {"name": 1}}]},
         {"messages": [{"role": "user", "content": "x", "weird": {"nested": [1, 2]}}]},
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_audio", "input_audio": {"data": "!" * 64, "format": "wav"}},
+                        {"type": "file", "file": {"file_data": "%%%", "filename": 3}},
+                    ],
+                }
+            ]
+        },
+        {"messages": [], "tools": [{"type": "web_search"}, {"type": "custom", "custom": "x"}]},
     ],
 )
 def test_malformed_requests_are_counted_without_raising(
