@@ -53,8 +53,10 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
 )
 # Cheap substring checks first: the regexes run only on text that could hold a credential.
-_TRIGGERS = ("bearer", "basic", "authorization", "api-key", "api_key", "apikey", "key=", "sk-")
-_TRIGGERS += ("token=", "sig=")
+_TRIGGERS = (
+    *("bearer", "basic", "authorization", "api-key", "api_key", "apikey"),
+    *("key=", "sk-", "token=", "sig="),
+)
 
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
