@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from starlette.datastructures import Headers
 
 from proxy.config import ConfigError, PolicySettings, Settings, load_settings
 from proxy.policy import PolicyResolver
@@ -223,3 +224,14 @@ mode = "shadow"
     )
     d = r.resolve(key_fingerprint=None, model="m", headers={"x-compactd-policy": "shadow-all"})
     assert d.policy.mode == "shadow"
+
+
+def test_resolve_reads_starlette_headers_case_insensitively() -> None:
+    r = resolver(
+        PolicySettings(name="search", match_header="x-team", match_header_values=("search",)),
+        default=PolicySettings(allow_bypass=True),
+    )
+    headers = Headers(raw=[(b"X-Team", b"search"), (b"X-Compactd-Bypass", b"1")])
+    d = r.resolve(key_fingerprint=None, model="m", headers=headers)
+    assert d.name == "search"
+    assert d.bypass
