@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
 
-from proxy.providers.base import REF_PATTERN, CompactionResult, Message
+from proxy.providers.base import REF_PATTERN, CompactionResult, CompressionConfig, Message
 from proxy.providers.engine import EngineOptions, EngineProvider
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
 from tests.providers.build import agent_run, assistant, developer, system, tool, user, words
+from tests.providers.test_properties import SETTINGS, cases, floor
 from tests.providers.tokens import count_tokens, make_config
 
 CODE = "```python\ndef warm_cache(user_id):\n    return lookup(user_id)\n```"
@@ -189,3 +191,16 @@ def test_forced_convergence_leaves_short_markers_to_fit() -> None:
 def test_unknown_options_are_rejected() -> None:
     with pytest.raises(ValueError, match="fuzzy_treshold"):
         EngineOptions.from_extra({"fuzzy_treshold": 0.5})
+
+
+@SETTINGS
+@given(case=cases())
+def test_engine_fits_every_generated_case_that_can_fit(
+    case: tuple[list[Message], CompressionConfig],
+) -> None:
+    msgs, config = case
+    if floor(msgs, config) > config.limit:
+        return
+    result = EngineProvider().compress(msgs, config)
+    assert isinstance(result, CompactionResult)
+    assert config.count_tokens(result.messages) <= config.limit
