@@ -226,12 +226,13 @@ mode = "shadow"
     assert d.policy.mode == "shadow"
 
 
-def test_resolve_reads_starlette_headers_case_insensitively() -> None:
+def test_resolve_reads_starlette_headers_whatever_the_config_case() -> None:
     r = resolver(
-        PolicySettings(name="search", match_header="x-team", match_header_values=("search",)),
+        PolicySettings(name="search", match_header="X-Team", match_header_values=("search",)),
         default=PolicySettings(allow_bypass=True),
     )
-    headers = Headers(raw=[(b"X-Team", b"search"), (b"X-Compactd-Bypass", b"1")])
+    # ASGI servers deliver lower-case names; starlette looks them up case-insensitively.
+    headers = Headers(raw=[(b"x-team", b"search"), (b"x-compactd-bypass", b"1")])
     d = r.resolve(key_fingerprint=None, model="m", headers=headers)
     assert d.name == "search"
     assert d.bypass
