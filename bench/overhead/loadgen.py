@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -26,11 +27,18 @@ class Result:
     events_identical: int = 0
     events_total: int = 0
     elapsed: float = 0.0
+    server_cpu: float = 0.0
+    """CPU seconds the proxy process used during the measured part (0 for direct)."""
 
     @property
     def rps(self) -> float:
         """Completed requests per second over the whole scenario."""
         return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """Proxy CPU time per completed request, in milliseconds."""
+        return 1000 * self.server_cpu / len(self.latencies) if self.latencies else 0.0
 
     @property
     def identical_pct(self) -> float:
@@ -102,8 +110,17 @@ async def _one(
         res.mismatched_bodies += 1
 
 
-async def run_scenario(url: str, sc: Scenario, expected: bytes, ref_events: list[bytes]) -> Result:
-    """Run `sc` against `url` (a full chat-completions URL) and return the measurements."""
+async def run_scenario(
+    url: str,
+    sc: Scenario,
+    expected: bytes,
+    ref_events: list[bytes],
+    cpu: Callable[[], float] | None = None,
+) -> Result:
+    """Run `sc` against `url` (a full chat-completions URL) and return the measurements.
+
+    `cpu`, if given, reads the proxy's CPU seconds so far; the result keeps the difference.
+    """
     headers = {"content-type": "application/json", "authorization": "Bearer sk-bench-overhead"}
     if sc.stream:
         headers["x-bench-stream"] = "1"
@@ -133,7 +150,20 @@ async def run_scenario(url: str, sc: Scenario, expected: bytes, ref_events: list
                     budget[0] -= 1
                 await _one(session, url, sc, headers, expected, ref_events, res)
 
+        cpu0 = cpu() if cpu else 0.0
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(sc.concurrency)))
         res.elapsed = time.perf_counter() - t0
+        res.server_cpu = cpu() - cpu0 if cpu else 0.0
     return res
+
+
+async def probe(url: str, body: bytes) -> dict[str, str]:
+    """The `x-compactd-*` headers one request gets back (shows whether tokens were counted)."""
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench-overhead"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, data=body, headers=headers) as resp,
+    ):
+        await resp.read()
+        return {k: v for k, v in resp.headers.items() if k.lower().startswith("x-compactd-")}

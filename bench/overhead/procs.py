@@ -51,6 +51,12 @@ def wait_http(
     raise TimeoutError(f"{url} did not become ready in {timeout:.0f}s")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process (all its threads) has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class PinnedServer:
     """A server subprocess pinned to one core with taskset, in its own process group."""
 

@@ -30,6 +30,10 @@ ROWS = (
     ("(c) SSE events byte-identical %", "c", "identical_pct", 0, False),
     ("(d) 400 KB, c=4: req/s", "d", "rps", 0, False),
     ("(d) latency p50 ms", "d", "latencies", 50, False),
+    ("proxy CPU ms/request (a)", "a", "cpu_ms_per_request", 0, False),
+    ("proxy CPU ms/request (b)", "b", "cpu_ms_per_request", 0, False),
+    ("proxy CPU ms/request (c)", "c", "cpu_ms_per_request", 0, False),
+    ("proxy CPU ms/request (d)", "d", "cpu_ms_per_request", 0, False),
 )
 
 
@@ -51,7 +55,8 @@ def render_table(results: Results, scs: list[Scenario]) -> str:
     d = direct if isinstance(direct, dict) else None
     names = list(results)
     out = ["| metric | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
-    for row in ROWS:
+    ran = {sc.name for sc in scs}
+    for row in (row for row in ROWS if row[1] in ran):
         cells = [_cell(r, d, row) if isinstance(r, dict) else "—" for r in results.values()]
         out.append(f"| {row[0]} | " + " | ".join(cells) + " |")
     errs = [
@@ -74,8 +79,8 @@ def render_table(results: Results, scs: list[Scenario]) -> str:
 def target_checks(results: Results) -> str:
     """The issue's targets for compactd (1 worker), each marked met or missed."""
     direct, naive = results.get("direct"), results.get("naive-aiohttp")
-    if not isinstance(direct, dict) or not isinstance(naive, dict):
-        return "(targets need the direct and naive-aiohttp figures)\n"
+    if not isinstance(direct, dict) or not isinstance(naive, dict) or len(direct) < 4:
+        return "(targets need all four scenarios for direct and naive-aiohttp)\n"
     lines = []
     for name, r in results.items():
         if not name.startswith("compactd") or not isinstance(r, dict):

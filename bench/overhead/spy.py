@@ -21,7 +21,7 @@ def start_record(pid: int, out: Path, seconds: float) -> subprocess.Popen[bytes]
     if exe is None:
         return None
     argv = [exe, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)))]
-    argv += ["--rate", "250", "--format", "raw", "--nonblocking", "--output", str(out)]
+    argv += ["--rate", "250", "--format", "raw", "--nonblocking", "--gil", "--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
