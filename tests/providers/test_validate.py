@@ -22,7 +22,7 @@ def convo() -> list[Message]:
 
 def stub(m: Message) -> tuple[str, Message]:
     ref = make_ref_id([m])
-    return ref, {**m, "content": ref_marker(ref, 1, count_message(m), "stubbed")}
+    return ref, {**m, "content": ref_marker(ref, 1, count_message(m), "stubbed") + "\npreview"}
 
 
 def result(
@@ -116,7 +116,7 @@ def test_content_type_and_media_must_survive_a_rewrite() -> None:
     big = {"role": "user", "content": [{"type": "text", "text": words(400)}, image]}
     msgs = [big, assistant("seen"), user("ok")]
     ref = make_ref_id([big])
-    marker = ref_marker(ref, 1, 400, "condensed")
+    marker = ref_marker(ref, 1, 400, "condensed") + " kept words"
     as_string = [{"role": "user", "content": marker}, *msgs[1:]]
     no_image = [{"role": "user", "content": [{"type": "text", "text": marker}]}, *msgs[1:]]
     assert any(
@@ -178,3 +178,12 @@ def test_a_message_that_stands_for_several_must_be_plain_user_or_assistant() -> 
     out = [msgs[0], {"role": "system", "content": ref_marker(ref, 4, 700, "dropped")}, *msgs[5:]]
     problems = check_result(msgs, result(out, {ref: msgs[1:5]}, 4), CONFIG)
     assert any("not a plain user/assistant" in p for p in problems)
+
+
+def test_a_message_reduced_to_its_marker_is_a_drop_and_may_change_shape() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+    big = {"role": "user", "content": [{"type": "text", "text": words(400)}, image]}
+    msgs = [big, assistant("seen"), user("ok")]
+    ref = make_ref_id([big])
+    out = [{"role": "user", "content": ref_marker(ref, 1, 400, "dropped")}, *msgs[1:]]
+    assert check_result(msgs, result(out, {ref: [big]}, 0), CONFIG) == []

@@ -30,8 +30,12 @@ def _strings(value: Any) -> list[str]:
 
 def count_message(message: Message) -> int:
     """3 tokens of overhead plus the tokens of every string in the message."""
-    enc = encoding()
-    return 3 + sum(len(enc.encode(s, disallowed_special=())) for s in _strings(message))
+    return 3 + sum(_count_string(s) for s in _strings(message))
+
+
+@functools.lru_cache(maxsize=65536)
+def _count_string(text: str) -> int:
+    return len(encoding().encode(text, disallowed_special=()))
 
 
 def count_tokens(messages: Sequence[Message]) -> int:

@@ -1,0 +1,199 @@
+"""Every invariant of the pipeline, for every built-in provider, over generated conversations."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import os
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.providers.base import CompactionResult, CompressionConfig, Message
+from proxy.providers.registry import ProviderRegistry
+from proxy.providers.uncompress import uncompress
+from proxy.providers.units import protection, split_units
+from proxy.providers.validate import check_result
+from tests.providers.tokens import count_message, count_tokens, make_config
+
+BUILTIN_PREFIX = "proxy.providers."
+REGISTRY = ProviderRegistry()
+BUILTINS = [i for i in REGISTRY.describe() if i.source.startswith(BUILTIN_PREFIX)]
+LOADABLE = sorted(i.name for i in BUILTINS if not i.error)
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+
+snippet = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=40
+) | st.sampled_from(
+    [
+        "src/app/main.py",
+        "Error: connection refused",
+        "```python\nprint('hi')\n```",
+        "<think>private chain of thought</think>",
+        "The flight HAT170 costs $1,234.",
+        "naïve café — 東京 🚀",
+        "[compactd:ref=0123456789 … 1 message, 5 tokens stubbed]",
+    ]
+)
+# Long texts come from repeating a snippet, so providers have something to compress.
+text = st.builds(
+    lambda s, n, sep: sep.join([s] * n),
+    snippet,
+    st.integers(1, 120),
+    st.sampled_from([" ", "\n", ". ", "\n\n"]),
+)
+
+
+def content(draw: st.DrawFn, media: bool) -> Any:
+    body = draw(text)
+    if not draw(st.booleans()):
+        return body
+    parts: list[Any] = [{"type": "text", "text": body}]
+    if media and draw(st.booleans()):
+        parts.append(draw(st.sampled_from([IMAGE, AUDIO])))
+    return parts
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[Message]:
+    msgs: list[Message] = []
+    for role in ("system", "developer"):
+        if draw(st.booleans()):
+            msgs.append({"role": role, "content": draw(text)})
+    calls = 0
+    for _ in range(draw(st.integers(1, 14))):
+        kind = draw(
+            st.sampled_from(["user", "user", "assistant", "tools", "tools", "system", "orphan"])
+        )
+        if kind == "user":
+            msgs.append({"role": "user", "content": content(draw, media=True)})
+        elif kind == "assistant":
+            m: Message = {"role": "assistant", "content": draw(text)}
+            if draw(st.booleans()):
+                m["reasoning_content"] = draw(text)
+            msgs.append(m)
+        elif kind == "tools":
+            ids = [f"call_{calls + k}" for k in range(draw(st.integers(1, 3)))]
+            calls += len(ids)
+            args = json.dumps({"path": draw(snippet)}, ensure_ascii=False)
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": draw(st.none() | text),
+                    "tool_calls": [
+                        {
+                            "id": i,
+                            "type": "function",
+                            "function": {"name": "read", "arguments": args},
+                        }
+                        for i in ids
+                    ],
+                }
+            )
+            for i in draw(st.permutations(ids)):
+                msgs.append(
+                    {"role": "tool", "tool_call_id": i, "content": content(draw, media=False)}
+                )
+        elif kind == "system":
+            msgs.append({"role": "system", "content": draw(text)})
+        else:  # a client's own mistake: a result for a call that was never made
+            msgs.append({"role": "tool", "tool_call_id": f"ghost_{calls}", "content": draw(text)})
+            calls += 1
+    return msgs
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> tuple[list[Message], CompressionConfig]:
+    msgs = draw(conversations())
+    total = count_tokens(msgs)
+    limit = max(1, int(total * draw(st.floats(0.05, 1.1))))
+    config = make_config(
+        limit=limit,
+        budget=max(limit, total),
+        keep_head=draw(st.integers(0, 3)),
+        recency_turns=draw(st.integers(0, 3)),
+        reasoning_strip_age_threshold=draw(st.integers(0, 4)),
+    )
+    return msgs, config
+
+
+def run(name: str, msgs: list[Message], config: CompressionConfig) -> CompactionResult:
+    out: Any = REGISTRY.get(name).compress(msgs, config)
+    if inspect.isawaitable(out):
+        out = asyncio.run(_await(out))
+    assert isinstance(out, CompactionResult)
+    return out
+
+
+async def _await(x: Any) -> Any:
+    return await x
+
+
+# COMPACTD_PROPERTY_EXAMPLES raises the example count for a deeper run.
+SETTINGS = settings(
+    max_examples=int(os.environ.get("COMPACTD_PROPERTY_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_every_builtin_entry_point_loads() -> None:
+    assert {"trim", "middle-out", "none"} <= set(LOADABLE)
+    assert [(i.name, i.error) for i in BUILTINS if i.error] == []
+
+
+@pytest.mark.parametrize("name", LOADABLE)
+@SETTINGS
+@given(case=cases())
+def test_every_invariant_holds(name: str, case: tuple[list[Message], CompressionConfig]) -> None:
+    msgs, config = case
+    before = copy.deepcopy(msgs)
+    result = run(name, msgs, config)
+    assert msgs == before, "the provider mutated its input"
+    assert check_result(msgs, result, config, check_budget=False) == []
+
+
+@pytest.mark.parametrize("name", LOADABLE)
+@SETTINGS
+@given(case=cases())
+def test_uncompress_of_compress_is_the_input(
+    name: str, case: tuple[list[Message], CompressionConfig]
+) -> None:
+    msgs, config = case
+    result = run(name, msgs, config)
+    assert uncompress(result.messages, result.verbatim, recursive=True).messages == msgs
+
+
+@pytest.mark.parametrize("name", LOADABLE)
+@SETTINGS
+@given(case=cases())
+def test_same_input_same_bytes(name: str, case: tuple[list[Message], CompressionConfig]) -> None:
+    msgs, config = case
+    a, b = run(name, msgs, config), run(name, copy.deepcopy(msgs), config)
+    assert json.dumps(a.messages, ensure_ascii=False) == json.dumps(b.messages, ensure_ascii=False)
+
+
+def floor(msgs: list[Message], config: CompressionConfig) -> int:
+    """What any valid compaction must keep, plus room for one marker per other message."""
+    units = split_units(msgs)
+    prot = protection(msgs, units, config.keep_head, recency_turns=0)
+    keep = set(prot.hard | prot.head)
+    keep |= {u.start for u in units if keep & set(u.indices())}  # the call a kept result answers
+    return count_tokens([msgs[i] for i in sorted(keep)]) + 40 * (len(msgs) - len(keep))
+
+
+@SETTINGS
+@given(case=cases())
+def test_trim_fits_every_case_that_can_fit(case: tuple[list[Message], CompressionConfig]) -> None:
+    msgs, config = case
+    if floor(msgs, config) > config.limit:
+        return
+    result = run("trim", msgs, config)
+    assert count_tokens(result.messages) <= config.limit
+    assert sum(count_message(m) for m in result.messages) + 3 == count_tokens(result.messages)

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from proxy.providers.base import REF_PATTERN, Message
+from proxy.providers.trim import TrimOptions, TrimProvider
+from proxy.providers.uncompress import uncompress
+from proxy.providers.units import message_text
+from proxy.providers.validate import check_result
+from tests.providers.build import agent_run, assistant, developer, system, tool, user, words
+from tests.providers.tokens import count_message, count_tokens, make_config
+
+
+def trim(msgs: list[Message], limit: int, **kw: object) -> list[Message]:
+    config = make_config(limit=limit, budget=max(limit, count_tokens(msgs)), **kw)  # type: ignore[arg-type]
+    result = TrimProvider().compress(msgs, config)
+    assert check_result(msgs, result, config) == []
+    assert uncompress(result.messages, result.verbatim, recursive=True).messages == msgs
+    return result.messages
+
+
+def tool_session(n: int, size: int = 500) -> list[Message]:
+    """n user turns, each one tool exchange and an answer."""
+    out = [system()]
+    for k in range(n):
+        out += [
+            user(f"step {k}"),
+            assistant(None, f"c{k}"),
+            tool(f"c{k}", f"HEAD{k} " + words(size) + f" TAIL{k}"),
+            assistant(f"done {k}"),
+        ]
+    return [*out, user("what next?")]
+
+
+def test_under_target_returns_the_input_unchanged() -> None:
+    msgs = tool_session(2)
+    result = TrimProvider().compress(msgs, make_config(limit=10**6))
+    assert result.messages == msgs
+    assert (result.covered_through, result.verbatim) == (-1, {})
+
+
+def test_stale_tool_results_are_stubbed_oldest_first_with_a_preview() -> None:
+    msgs = tool_session(8)
+    out = trim(msgs, count_tokens(msgs) - 300)
+    assert message_text(out[3]).startswith("[compactd:ref=")
+    assert "stubbed]" in message_text(out[3])
+    assert "HEAD0" in message_text(out[3])
+    assert "TAIL0" in message_text(out[3])
+    assert out[7] == msgs[7]  # the next one was not needed
+    assert len(out) == len(msgs)
+
+
+def test_error_output_is_not_stubbed_as_stale() -> None:
+    msgs = tool_session(8)
+    msgs[3] = tool("c0", "Traceback (most recent call last):\n" + words(500))
+    out = trim(msgs, count_tokens(msgs) - 300)
+    assert out[3] == msgs[3]
+    assert "stubbed]" in message_text(out[7])
+
+
+def test_output_whose_file_is_mentioned_later_is_not_stubbed_as_stale() -> None:
+    msgs = tool_session(8)
+    msgs[3] = tool("c0", "src/auth/session.py\n" + words(500))
+    msgs[8] = user("look again at src/auth/session.py")
+    out = trim(msgs, count_tokens(msgs) - 300)
+    assert out[3] == msgs[3]
+    assert "stubbed]" in message_text(out[7])
+
+
+def test_old_reasoning_is_stripped_and_recent_reasoning_kept() -> None:
+    think = "<think>" + words(300) + "</think>"
+    msgs = [system()]
+    for k in range(6):
+        msgs += [user(f"q{k}"), assistant(f"{think}answer {k}", reasoning_content=words(200))]
+    msgs.append(user("last"))
+    out = trim(msgs, count_tokens(msgs) - 500, extra_config={"stale_min_tokens": 10**6})
+    assert message_text(out[2]).endswith("answer 0")
+    assert "reasoning stripped" in message_text(out[2])
+    assert "reasoning_content" not in out[2]
+    assert out[-2] == msgs[-2]
+
+
+def test_largest_tool_results_are_truncated_first() -> None:
+    msgs = [system(), user("go")]
+    for k, size in enumerate([300, 2500, 900]):
+        msgs += [assistant(None, f"c{k}"), tool(f"c{k}", words(size))]
+    msgs += [assistant("summary"), user("thanks")]
+    out = trim(
+        msgs, count_tokens(msgs) - 1500, recency_turns=0, extra_config={"stale_min_tokens": 10**6}
+    )
+    assert "truncated]" in message_text(out[5])
+    assert out[3] == msgs[3]
+    assert out[7] == msgs[7]
+
+
+def test_long_prose_is_condensed_keeping_code_paths_numbers_and_paragraphs() -> None:
+    prose = " ".join(
+        f"This is filler sentence {chr(97 + k % 26)} without facts." for k in range(60)
+    )
+    code = "```python\ndef handler(event):\n    return 42\n```"
+    text = (
+        f"{prose}\n\nThe fix lives in src/app/handler.py and returns 42 now.\n\n{code}\n\n{prose}"
+    )
+    msgs = [system(), user("explain"), assistant(text), user("and?"), assistant("ok"), user("bye")]
+    out = trim(msgs, count_tokens(msgs) - 300, recency_turns=1)
+    condensed = message_text(out[2])
+    assert "condensed]" in condensed
+    assert code in condensed
+    assert "src/app/handler.py" in condensed
+    assert "\n\n" in condensed
+    assert count_message(out[2]) < count_message(msgs[2])
+
+
+def test_oldest_units_are_dropped_as_one_placeholder_with_tool_pairs_whole() -> None:
+    msgs = tool_session(6, size=150)
+    out = trim(
+        msgs,
+        count_tokens(msgs) // 2,
+        extra_config={"stale_min_tokens": 10**6, "preview_chars": 10**6},
+    )
+    assert out[0] == msgs[0]
+    assert out[1]["role"] == "user"
+    assert "dropped]" in message_text(out[1])
+    assert sum(1 for m in out if "dropped]" in message_text(m)) == 1
+    assert out[-1] == msgs[-1]
+
+
+def test_an_agent_run_with_one_user_message_still_fits() -> None:
+    msgs = agent_run(40)
+    out = trim(msgs, count_tokens(msgs) // 10)
+    assert count_tokens(out) <= count_tokens(msgs) // 10
+    assert out[:2] == msgs[:2]
+    assert out[-1] == msgs[-1]
+
+
+def test_everything_that_can_fit_fits_even_with_a_huge_final_tool_exchange() -> None:
+    msgs = [system(), user("go"), assistant(words(2000)), user("now read it")]
+    msgs += [assistant(None, "a", "b"), tool("a", words(3000)), tool("b", words(100))]
+    floor = count_tokens([msgs[0], msgs[3], msgs[4], msgs[6]])
+    out = trim(msgs, floor + 150)
+    assert count_tokens(out) <= floor + 150
+
+
+def test_system_and_developer_messages_are_never_touched() -> None:
+    msgs = [system(words(3000)), developer(words(1000)), user("hi"), assistant("hello"), user("q")]
+    config = make_config(limit=200, budget=10**6)
+    result = TrimProvider().compress(msgs, config)
+    assert result.messages[:2] == msgs[:2]
+    assert check_result(msgs, result, config) == []
+
+
+def test_keep_head_is_never_dropped_or_rewritten() -> None:
+    msgs = tool_session(6)
+    out = trim(msgs, count_tokens(msgs) // 4, keep_head=3)
+    assert out[:4] == msgs[:4]
+
+
+def test_same_input_gives_the_same_bytes_and_the_input_is_not_mutated() -> None:
+    msgs = tool_session(6)
+    msgs[6] = assistant("<think>" + words(400) + "</think>ok")
+    before = copy.deepcopy(msgs)
+    config = make_config(limit=count_tokens(msgs) // 3)
+    a = TrimProvider().compress(msgs, config)
+    b = TrimProvider().compress(copy.deepcopy(msgs), config)
+    assert json.dumps(a.messages, ensure_ascii=False) == json.dumps(b.messages, ensure_ascii=False)
+    assert a.verbatim == b.verbatim
+    assert msgs == before
+
+
+def test_content_part_tool_results_stay_content_part_lists() -> None:
+    msgs = tool_session(6)
+    msgs[3] = {**msgs[3], "content": [{"type": "text", "text": words(800)}]}
+    out = trim(msgs, count_tokens(msgs) - 500)
+    assert isinstance(out[3]["content"], list)
+    assert REF_PATTERN.search(out[3]["content"][0]["text"])
+
+
+def test_options_are_validated() -> None:
+    assert TrimOptions.parse({"condense_roles": ["assistant", "user"]}).condense_roles == (
+        "assistant",
+        "user",
+    )
+    assert TrimOptions.parse({"prose_keep_ratio": 1}).prose_keep_ratio == 1.0
+    with pytest.raises(ValueError, match="unknown option"):
+        TrimOptions.parse({"stale_tokens": 5})
+    with pytest.raises(ValueError, match="preview_chars must be int"):
+        TrimOptions.parse({"preview_chars": "400"})
+    with pytest.raises(ValueError, match="prose_keep_ratio"):
+        TrimOptions.parse({"prose_keep_ratio": 0})
