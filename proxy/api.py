@@ -149,9 +149,14 @@ async def stats(request: Request) -> Response:
     if _caller(request, services) is not None:
         return _error(UnauthorizedError("Stats need the admin key."))
     by = request.query_params.get("by", "policy")
-    if by not in ("tenant", "policy", "model"):
-        by = "policy"
-    since = parse_since(request.query_params.get("since", "7d"))
+    try:
+        if by not in ("tenant", "policy", "model"):
+            raise ValueError("by must be tenant, policy or model")  # noqa: TRY301
+        since = parse_since(request.query_params.get("since", "7d"))
+    except ValueError as exc:
+        bad = ProxyError(str(exc))
+        bad.status, bad.type, bad.code = 400, "invalid_request_error", "invalid_query"
+        return _error(bad)
     rows = await services.store.usage(None, since.isoformat())
     table = compute_stats(rows, by=by, model_table=services.models)  # type: ignore[arg-type]
     return _Json(stats_json(table, by=by, since=since))  # type: ignore[arg-type]

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -67,7 +68,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from proxy.budget import ModelTable  # noqa: PLC0415
+    from proxy.policy import PolicyResolver  # noqa: PLC0415
+    from proxy.providers.registry import ProviderLoadError, ProviderRegistry  # noqa: PLC0415
+
     settings = _settings(args)
+    # Everything start-up would build from the config, so check-config fails where serve would.
+    PolicyResolver(settings)
+    ModelTable.load(Path(settings.tokens.models_file) if settings.tokens.models_file else None)
+    try:
+        ProviderRegistry().load_enabled(
+            sorted({n for p in settings.all_policies() for n in p.providers})
+        )
+    except ProviderLoadError as exc:
+        raise ConfigError(f"providers: {exc}") from None
     print(
         f"ok: {args.config or '(defaults)'} — upstream {settings.upstream.url}, "
         f"{len(settings.policies) + 1} policies"
@@ -194,7 +208,12 @@ def _stats(args: argparse.Namespace) -> int:
     async def work(store: Store, settings: Settings) -> int:
         since = parse_since(args.since)
         rows = await store.usage(_tenant(args, settings), since.isoformat())
-        table = compute_stats(rows, by=args.by, model_table=ModelTable.load(None))
+        models_file = settings.tokens.models_file
+        table = compute_stats(
+            rows,
+            by=args.by,
+            model_table=ModelTable.load(Path(models_file) if models_file else None),
+        )
         if args.json:
             print(orjson.dumps(stats_json(table, by=args.by, since=since)).decode())
         else:

@@ -6,9 +6,13 @@ import os
 
 from proxy.app import CompactdApp, create_app
 from proxy.config import load_settings
+from proxy.logs import configure_logging
 
 
 def app_from_env() -> CompactdApp:
     """uvicorn factory for `--workers N`: same config as the parent process."""
     path = os.environ.get("COMPACTD_CONFIG_FILE") or None
-    return create_app(load_settings(path))
+    settings = load_settings(path)
+    # Workers are fresh processes: their logging must be JSON and redacting too.
+    configure_logging(settings.server.log_level)
+    return create_app(settings)
