@@ -146,12 +146,18 @@ class ModelTable:
         """Build a table from already-parsed TOML (validated the same way as `load`)."""
         return cls(*_parse(data))
 
+    def _first_match(self, name: str) -> ModelInfo | None:
+        return next((e for e in self.entries if fnmatchcase(name, e.pattern)), None)
+
     def match(self, model: str) -> ModelInfo:
         """The table's entry for `model` (first glob match, else the default), ignoring overlays."""
         name = model.lower()
         found = self._memo.get(name)
         if found is None:
-            found = next((e for e in self.entries if fnmatchcase(name, e.pattern)), self.default)
+            found = self._first_match(name)
+            if found is None and "/" in name:  # gateway names: "openai/gpt-4o", "azure/gpt-4.1"
+                found = self._first_match(name.rsplit("/", 1)[1])
+            found = found or self.default
             with self._lock:
                 if len(self._memo) >= _MEMO_SIZE:
                     self._memo.clear()
