@@ -258,6 +258,16 @@ def _data_url(mime: str, data: bytes) -> str:
         (_data_url("image/png", _png(1024, 1024)), (1024, 1024)),
         (_data_url("image/jpeg", _jpeg(2048, 4096)), (2048, 4096)),
         (_data_url("image/gif", b"GIF89a" + struct.pack("<HH", 300, 200) + b"\0" * 8), (300, 200)),
+        (
+            _data_url(
+                "image/webp",
+                b"RIFF\0\0\0\0WEBPVP8X"
+                + b"\0" * 8
+                + (639).to_bytes(3, "little")
+                + (479).to_bytes(3, "little"),
+            ),
+            (640, 480),
+        ),
         ("https://example.com/cat.png", None),
         ("data:image/png;base64,not-base64!!", None),
     ],
