@@ -90,6 +90,8 @@ class Decision:
 
     content: bytes
     state: ChatState
+    injected_usage: bool = False
+    """compactd added stream_options.include_usage, so it strips the usage chunk again."""
 
 
 @dataclass(frozen=True)

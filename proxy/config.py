@@ -111,6 +111,7 @@ class TokenSettings:
 class AccountingSettings:
     enabled: bool = True
     request_stream_usage: bool = False
+    strip_usage_null: bool = True
 
     def validate(self, p: str) -> None:
         """Nothing to check beyond types."""

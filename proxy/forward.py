@@ -119,6 +119,7 @@ async def relay(
     response: httpx.Response,
     extra_headers: RawHeaders,
     tap: Callable[[bytes], bytes] | None = None,
+    flush: Callable[[], bytes] | None = None,
 ) -> RelayResult:
     """Stream the upstream response to the client as it arrives; always closes the upstream.
 
@@ -158,5 +159,7 @@ async def relay(
         )
     finally:
         await response.aclose()
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    tail = flush() if flush is not None else b""
+    result.bytes_sent += len(tail)
+    await send({"type": "http.response.body", "body": tail, "more_body": False})
     return result

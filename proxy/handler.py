@@ -29,7 +29,7 @@ from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.store.base import Store, UsageRecord
 from proxy.tenant import bearer_key, key_fingerprint
-from proxy.usage import SSEUsageTap, Usage, usage_from_json
+from proxy.usage import SSEUsageTap, Usage, include_usage_bytes, usage_from_json
 
 log = logging.getLogger("compactd.handler")
 
@@ -85,6 +85,8 @@ class Handler:
     gate: Gate
     max_body: int
     accounting: bool = True
+    request_stream_usage: bool = False
+    strip_usage_null: bool = True
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,6 +141,14 @@ class Handler:
         headers = self.gate.authorize(list(scope["headers"]))
         decision = await self.compactor.prepare(scope, body)
         outgoing = request_headers(headers, keep_length=False)
+        if self.request_stream_usage and decision.state.parsed is not None:
+            with_usage = include_usage_bytes(decision.content, decision.state.parsed)
+            if with_usage is not None:
+                # We asked for the usage chunk, so we remove it again; that needs plain bytes.
+                decision.content = with_usage
+                decision.injected_usage = True
+                outgoing = [(k, v) for k, v in outgoing if k.lower() != b"accept-encoding"]
+                outgoing.append((b"accept-encoding", b"identity"))
         exchange = _ChatExchange(self, send, url, outgoing, decision)
         cancelled = await until_disconnect(exchange.run(), receive)
         exchange.finish(cancelled=cancelled)
@@ -205,16 +215,20 @@ class _ChatExchange:
         raw = response.headers.raw
         encoding = (header(raw, b"content-encoding") or b"").decode("latin-1")
         tap: SSEUsageTap | _Copy | None = None
-        if self.h.accounting:
+        if self.decision.injected_usage and is_event_stream(raw) and not encoding:
+            tap = SSEUsageTap(strip_usage_chunk=True, strip_usage_null=self.h.strip_usage_null)
+        elif self.h.accounting:
             tap = (
                 SSEUsageTap(content_encoding=encoding)
                 if is_event_stream(raw)
                 else _Copy(JSON_USAGE_LIMIT)
             )
-        result = await relay(self.send, response, self._our_headers(), tap.feed if tap else None)
+        flush = tap.close if isinstance(tap, SSEUsageTap) else None
+        result = await relay(
+            self.send, response, self._our_headers(), tap.feed if tap else None, flush
+        )
         self.error = self.error or result.error
         if isinstance(tap, SSEUsageTap):
-            tap.close()
             self.usage = tap.usage
         elif isinstance(tap, _Copy) and tap.size <= tap.limit:
             self.usage = usage_from_json(b"".join(tap.chunks), encoding)

@@ -246,9 +246,7 @@ async def test_upstream_key_mode_admits_listed_keys_only(upstream, make_proxy, t
     assert all(r.header("authorization") == "Bearer sk-REAL-UPSTREAM" for r in fake.received)
     assert len(fake.received) == 2  # the intruder never reached the upstream
     assert "sk-REAL-UPSTREAM" not in str(dict(h))
-    assert "sk-REAL-UPSTREAM" not in str(
-        dict(models.headers)
-    )
+    assert "sk-REAL-UPSTREAM" not in str(dict(models.headers))
 
 
 async def test_usage_is_read_from_json_and_sse_and_metrics_move(upstream, make_proxy) -> None:
@@ -269,3 +267,22 @@ async def test_usage_is_read_from_json_and_sse_and_metrics_move(upstream, make_p
         in metrics
     )
     assert 'compactd_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 21.0' in metrics
+
+
+async def test_injected_stream_usage_is_read_and_stripped_byte_exactly(
+    upstream, make_proxy
+) -> None:
+    fake, base = upstream
+    events = sse_chunks(["Hi", " there"], usage=True)
+    # What the client would have received without the usage it never asked for.
+    expected = b"".join(e for e in events if b'"usage"' not in e)
+    fake.then(stream(events))
+    body = b'{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    async with make_proxy(base, accounting={"request_stream_usage": True}) as url:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(f"{url}/v1/chat/completions", content=body)
+            metrics = (await http.get(f"{url}/metrics")).text
+    assert fake.last.json()["stream_options"] == {"include_usage": True}
+    assert fake.last.header("accept-encoding") == "identity"
+    assert r.content == expected
+    assert 'compactd_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 2.0' in metrics
