@@ -113,6 +113,12 @@ def candidates(index: Mapping[str, int], prefix_digests: Sequence[str]) -> list[
     return [d for _, d in sorted(found, reverse=True)]
 
 
+def refresh_due(ttl: float, remaining: float) -> bool:
+    """Whether using a conversation should push its expiry back: only when that moves it
+    noticeably, so a busy conversation is not rewritten on every replay."""
+    return ttl - remaining > min(60.0, ttl / 100)
+
+
 def usage_increments(record: UsageRecord) -> dict[str, int]:
     """Counter name -> increment for one request (`action:<name>` counts actions)."""
     incs = {"requests": 1, f"action:{record.action}": 1}

@@ -12,14 +12,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.store import codec
+from proxy.store import codec, redis_find, redis_usage
 from proxy.store.base import (
     Checkpoint,
     Compaction,
@@ -29,18 +28,21 @@ from proxy.store.base import (
     UsageRecord,
     check_ids,
 )
-from proxy.store.redis_keys import ConversationKeys, KeyLayout
+from proxy.store.redis_keys import KeyLayout
 from proxy.store.redis_ops import (
     admin_tenants,
     expire_at_least,
     fetch_conversation,
     list_pairs,
+    purge,
     text,
 )
 
 T = TypeVar("T")
 
-USAGE_TTL_SECONDS = 400 * 86400
+# Kept in the checkpoint index (whose other fields are hex digests) so that the first round
+# trip of find_checkpoint also learns the retention to refresh.
+TTL_FIELD = b"~ttl"
 
 
 class RedisStore:
@@ -50,6 +52,7 @@ class RedisStore:
         self._client = client
         self._timeout = timeout
         self._keys = keys
+        self._find_script = client.register_script(redis_find.FIND_SCRIPT)
         # Strong references to shielded calls still running after their caller gave up.
         self._inflight: set[asyncio.Task[Any]] = set()
 
@@ -96,38 +99,25 @@ class RedisStore:
     async def find_checkpoint(
         self, tenant: str, conversation: str, prefix_digests: list[str]
     ) -> Checkpoint | None:
-        """Longest matching checkpoint in two round trips; refreshes retention when found."""
+        """Longest matching checkpoint in one round trip (a script); refreshes retention when used
+        (at most about once a minute per conversation, plus one round trip for the index)."""
         k = self._keys.conversation(tenant, conversation)
         if not prefix_digests:
             return None
 
-        async def op(r: Redis) -> list[bytes | None]:
-            async with r.pipeline(transaction=False) as p:
-                p.hgetall(k.index)
-                p.hget(k.meta, "ttl")
-                index, ttl = await p.execute()
-            found = codec.candidates({d.decode(): int(n) for d, n in index.items()}, prefix_digests)
-            if not found:
-                return []
-            async with r.pipeline(transaction=False) as p:
-                if ttl is not None:
-                    self._refresh(p, k, tenant, conversation, int(ttl))
-                p.hmget(k.checkpoints, found)
-                rows: list[bytes | None] = (await p.execute())[-1]
-            return rows
+        async def op(r: Redis) -> bytes | None:
+            body, refreshed_to = await redis_find.find(r, self._find_script, k, prefix_digests)
+            if refreshed_to:
+                # The tenant's listing index lives in another slot: a second, rare round trip.
+                index = self._keys.tenant_conversations(tenant)
+                async with r.pipeline(transaction=False) as p:
+                    p.zadd(index, {conversation: time.time()})
+                    expire_at_least(p, index, refreshed_to)
+                    await p.execute()
+            return body
 
-        for raw in await self._io(op):
-            if raw is not None:
-                return codec.load_checkpoint(raw, tenant)
-        return None
-
-    def _refresh(self, p: Any, k: ConversationKeys, tenant: str, conv: str, ttl: int) -> None:
-        now = time.time()
-        for key in k.data():
-            p.expire(key, ttl)
-        p.hset(k.meta, "updated_at", now)
-        p.zadd(self._keys.tenant_conversations(tenant), {conv: now})
-        expire_at_least(p, self._keys.tenant_conversations(tenant), ttl)
+        raw = await self._io(op)
+        return None if raw is None else codec.load_checkpoint(raw, tenant)
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """One MULTI/EXEC for the conversation's keys, then the cross-slot indexes."""
@@ -146,7 +136,9 @@ class RedisStore:
                 if refs:
                     p.hset(k.refs, mapping=refs)  # type: ignore[arg-type]
                 p.hsetnx(k.checkpoints, cp.source_digest, body)
-                p.hset(k.index, cp.source_digest, cp.covered_through)
+                p.hset(
+                    k.index, mapping={cp.source_digest: cp.covered_through, TTL_FIELD: ttl_seconds}
+                )
                 p.hsetnx(k.meta, "created_at", now)
                 meta: dict[str | bytes, str | float | int] = {
                     "tenant": tenant,
@@ -223,35 +215,7 @@ class RedisStore:
         """Delete the conversation's keys and its index entries."""
         check_ids(tenant, conversation)
 
-        async def op(r: Redis) -> bool:
-            tenants = [tenant] if tenant else await admin_tenants(r, self._keys, conversation)
-            existed = False
-            for t in tenants:
-                k = self._keys.conversation(t, conversation)
-                async with r.pipeline(transaction=False) as p:
-                    p.hget(k.meta, "tenant")
-                    p.hkeys(k.refs)
-                    owner, refs = await p.execute()
-                if owner is not None and owner.decode() != t:
-                    raise StoreError("conversation metadata names another tenant")
-                existed = existed or owner is not None
-                async with r.pipeline(transaction=True) as p:
-                    p.delete(*k.data())
-                    await p.execute()
-                refidx = self._keys.tenant_refs(t)
-                owners = await r.hmget(refidx, refs) if refs else []
-                mine = [
-                    ref for ref, c in zip(refs, owners, strict=True) if c == conversation.encode()
-                ]
-                async with r.pipeline(transaction=False) as p:
-                    p.zrem(self._keys.tenant_conversations(t), conversation)
-                    p.zrem(self._keys.all_conversations(), f"{conversation}\t{t}")
-                    if mine:
-                        p.hdel(refidx, *mine)
-                    await p.execute()
-            return existed
-
-        return await self._io(op)
+        return await self._io(lambda r: purge(r, self._keys, tenant, conversation))
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -265,45 +229,11 @@ class RedisStore:
 
     async def record_usage(self, record: UsageRecord) -> None:
         """HINCRBY the request's counters into its day's hash (kept 400 days)."""
-        key = self._keys.usage(record.day, record.tenant)
-        tenants = self._keys.usage_tenants(record.day)
-
-        async def op(r: Redis) -> None:
-            async with r.pipeline(transaction=True) as p:
-                for name, n in codec.usage_increments(record).items():
-                    p.hincrby(key, orjson.dumps([record.policy, record.model, name]), n)
-                p.sadd(tenants, record.tenant)
-                p.expire(key, USAGE_TTL_SECONDS)
-                p.expire(tenants, USAGE_TTL_SECONDS)
-                await p.execute()
-
-        await self._io(op)
+        await self._io(lambda r: redis_usage.record_usage(r, self._keys, record))
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-        days = codec.days_since(since_day)
-
-        async def op(r: Redis) -> list[dict[str, Any]]:
-            if tenant is None:
-                async with r.pipeline(transaction=False) as p:
-                    for day in days:
-                        p.smembers(self._keys.usage_tenants(day))
-                    members = await p.execute()
-                pairs = [(d, t.decode()) for d, ts in zip(days, members, strict=True) for t in ts]
-            else:
-                pairs = [(d, tenant) for d in days]
-            async with r.pipeline(transaction=False) as p:
-                for day, t in pairs:
-                    p.hgetall(self._keys.usage(day, t))
-                hashes = await p.execute()
-            rows: dict[tuple[str, str, str, str], dict[str, int]] = {}
-            for (day, t), fields in zip(pairs, hashes, strict=True):
-                for field, n in fields.items():
-                    policy, model, name = orjson.loads(field)
-                    rows.setdefault((t, policy, model, day), {})[name] = int(n)
-            return [codec.usage_row(*key, counters) for key, counters in sorted(rows.items())]
-
-        return await self._io(op)
+        return await self._io(lambda r: redis_usage.usage(r, self._keys, tenant, since_day))
 
     async def ping(self) -> None:
         """Raise StoreError unless Redis answers PING."""

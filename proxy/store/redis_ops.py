@@ -140,3 +140,31 @@ async def _forget(r: Redis, keys: KeyLayout, gone: list[tuple[str, str]]) -> Non
             p.zrem(keys.tenant_conversations(t), c)
             p.zrem(keys.all_conversations(), f"{c}\t{t}")
         await p.execute()
+
+
+async def purge(r: Redis, keys: KeyLayout, tenant: str | None, conversation: str) -> bool:
+    """Delete a conversation's keys (admin: of every tenant) and its index entries."""
+    tenants = [tenant] if tenant else await admin_tenants(r, keys, conversation)
+    existed = False
+    for t in tenants:
+        k = keys.conversation(t, conversation)
+        async with r.pipeline(transaction=False) as p:
+            p.hget(k.meta, "tenant")
+            p.hkeys(k.refs)
+            owner, refs = await p.execute()
+        if owner is not None and text(owner) != t:
+            raise TenantMismatchError("conversation metadata names another tenant")
+        existed = existed or owner is not None
+        async with r.pipeline(transaction=True) as p:
+            p.delete(*k.data())
+            await p.execute()
+        refidx = keys.tenant_refs(t)
+        owners = await r.hmget(refidx, refs) if refs else []
+        mine = [ref for ref, c in zip(refs, owners, strict=True) if c == conversation.encode()]
+        async with r.pipeline(transaction=False) as p:
+            p.zrem(keys.tenant_conversations(t), conversation)
+            p.zrem(keys.all_conversations(), f"{conversation}\t{t}")
+            if mine:
+                p.hdel(refidx, *mine)
+            await p.execute()
+    return existed

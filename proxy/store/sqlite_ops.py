@@ -125,9 +125,8 @@ def find_checkpoint(
         return None
     checkpoint = codec.load_checkpoint(found[0], tenant)
     ttl, expires_at = int(row[0]), float(row[1])
-    # Refresh only when it moves retention noticeably: a write on every replay would make
-    # worker processes queue on the write lock for nothing.
-    if now + ttl - expires_at > min(60.0, ttl / 100):
+    # A write on every replay would make worker processes queue on the write lock for nothing.
+    if codec.refresh_due(ttl, expires_at - now):
         with transaction(con):
             con.execute(
                 "UPDATE conversations SET expires_at = ?, updated_at = ?"
