@@ -13,7 +13,11 @@ _FENCE = re.compile(r"(```.*?```)", re.DOTALL)
 _PARAGRAPH = re.compile(r"\n[ \t]*\n")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 _ERROR = re.compile(r"\b(error|exception|traceback|failed|failure|fatal|panic)\b", re.IGNORECASE)
-PATH = re.compile(r"(?:~|\.{1,2})?(?:/[\w.@+-]+){2,}|(?:[\w.@+-]+/)+[\w@+-]+\.[A-Za-z0-9]{1,8}\b")
+# Paths are found among whitespace/punctuation-separated tokens that contain a slash: a split
+# and a check per candidate token stay linear on long JSON or log output, where a free-running
+# path regex backtracks.
+_TOKEN_SPLIT = re.compile(r"[\s\"'`()<>\[\]{},;|=]+")
+_PATH_TOKEN = re.compile(r"(?:~|\.{1,2})?/?[\w.@+-]+(?:/[\w.@+-]+)+/?")
 # What a reader would need to act on: code spans, paths, URLs, identifiers, numbers, errors.
 _HARD_FACT = re.compile(
     r"`[^`\n]+`"
@@ -40,8 +44,15 @@ def looks_like_error(text: str) -> bool:
 
 
 def paths_in(text: str) -> set[str]:
-    """File paths mentioned in text."""
-    return set(PATH.findall(text))
+    """File paths (and other slash-separated names) mentioned in text."""
+    if "/" not in text:
+        return set()
+    out = set()
+    for token in _TOKEN_SPLIT.split(text):
+        candidate = token.rstrip(".:") if "/" in token else ""
+        if candidate and _PATH_TOKEN.fullmatch(candidate):
+            out.add(candidate)
+    return out
 
 
 def strip_reasoning(text: str) -> str:

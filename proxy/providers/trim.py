@@ -5,7 +5,8 @@ Stages, in order, each stopping as soon as the request is under target:
 1. stub stale tool results (old, large, not errors, no path in them mentioned later), keeping a
    head/tail preview;
 2. strip old reasoning (`<think>`/`<thinking>` blocks, `reasoning_content`-style fields);
-3. truncate the largest tool results first, keeping a preview;
+3. truncate the largest tool results first, keeping a preview (results over
+   `max_tool_result_tokens` are first capped to about half of it);
 4. condense long prose extractively (code fences, paths, identifiers, numbers, errors kept);
 5. drop the oldest units after the head, each run of them replaced by one placeholder.
 
@@ -18,6 +19,7 @@ its replacement shows. Same input, same output bytes.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -119,6 +121,7 @@ class _Trim:
         self.dropped = [False] * len(messages)
         self.placeholder = placeholder_cost(config)
         self._referenced: list[bool] | None = None
+        self._refs: dict[int, str] = {}
 
     def _levels(self) -> list[int]:
         """The first tier in which each message may be touched."""
@@ -174,7 +177,7 @@ class _Trim:
         """Rewrite message i if that makes it cheaper; its marker always names the original."""
         base = base if base is not None else self.base.get(i, self.src[i])
         verbs = [*self.verbs.get(i, []), *([verb] if verb not in self.verbs.get(i, []) else [])]
-        candidate = _compose(base, body, make_ref_id([self.src[i]]), self.orig[i], verbs)
+        candidate = _compose(base, body, self.ref(i), self.orig[i], verbs)
         cost = self.config.count_message(candidate)
         if cost >= self.tokens[i]:
             return False
@@ -226,13 +229,17 @@ class _Trim:
                     return
 
     def _truncate_largest(self, tier: int) -> None:
+        # First cap results over max_tool_result_tokens to about half of it (gptme's phase 2,
+        # keeping a generous head and tail); then cut any result to the short preview.
+        cap = self.config.max_tool_result_tokens
         tools = [i for i in self._eligible(tier) if self.src[i].get("role") == "tool"]
-        for i in sorted(tools, key=lambda i: (-self.tokens[i], i)):
-            text = self._text(i)
-            if len(text) > self.opts.preview_chars:
-                self._attempt(i, preview(text, self.opts.preview_chars), "truncated")
-                if not self.over():
-                    return
+        for threshold, chars in ((cap, cap * 2), (0, self.opts.preview_chars)):
+            for i in sorted(tools, key=lambda i: (-self.tokens[i], i)):
+                text = self._text(i)
+                if self.tokens[i] > threshold and len(text) > chars:
+                    self._attempt(i, preview(text, chars), "truncated")
+                    if not self.over():
+                        return
 
     def _condense(self, tier: int) -> None:
         for i in self._eligible(tier):
@@ -292,22 +299,31 @@ class _Trim:
             for k in range(i, max(j, i + 1)):
                 if k in self.verbs:
                     out.append(self._rewritten(k))
-                    verbatim[make_ref_id([self.src[k]])] = [self.src[k]]
+                    verbatim[self.ref(k)] = [self.src[k]]
                     last = k
                 else:
                     out.append(self.src[k])
             i = max(j, i + 1)
         return CompactionResult(
             messages=out,
-            source_digest=compute_source_digest(self.src),
+            source_digest=self.digest(),
             covered_through=last,
             verbatim=verbatim,
             limitations=self._limitations(),
         )
 
+    def ref(self, i: int) -> str:
+        """The ref id of input message i (hashing is the costly part of a rewrite: once each)."""
+        if i not in self._refs:
+            self._refs[i] = make_ref_id([self.src[i]])
+        return self._refs[i]
+
     def _rewritten(self, i: int) -> Message:
-        ref = make_ref_id([self.src[i]])
-        return _compose(self.base[i], self.body[i], ref, self.orig[i], self.verbs[i])
+        return _compose(self.base[i], self.body[i], self.ref(i), self.orig[i], self.verbs[i])
+
+    @functools.cache  # noqa: B019 - one plan per compress call, so the cache dies with it
+    def digest(self) -> str:
+        return compute_source_digest(self.src)
 
     def _limitations(self) -> list[str]:
         done = {verb for verbs in self.verbs.values() for verb in verbs}
