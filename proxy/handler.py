@@ -140,6 +140,9 @@ class Handler:
         body = await read_body(receive, self.max_body, content_length(scope))
         headers = self.gate.authorize(list(scope["headers"]))
         decision = await self.compactor.prepare(scope, body)
+        if decision.state.action not in ("compacted", "replayed") and decision.content is not body:
+            # Must stay 0: anything we did not deliberately rewrite goes out as the client sent it.
+            self.metrics.passthrough_bytes_changed(max(1, abs(len(decision.content) - len(body))))
         outgoing = request_headers(headers, keep_length=False)
         if self.request_stream_usage and decision.state.parsed is not None:
             with_usage = include_usage_bytes(decision.content, decision.state.parsed)
