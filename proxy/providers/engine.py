@@ -215,10 +215,18 @@ def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
 
 
 def _search(count: Callable[[int], int], n: int, target: int) -> int | None:
-    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb."""
-    if count(n) > target:
-        return None
-    lo, hi = -1, n
+    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb.
+
+    Galloping from the bottom: a compaction usually needs only the first rungs, and each rung
+    probed builds forms, so probing high rungs first would summarize what is never used."""
+    if count(0) <= target:
+        return 0
+    lo, hi = 0, 1
+    while count(min(hi, n)) > target:
+        if hi >= n:
+            return None
+        lo, hi = hi, hi * 2
+    hi = min(hi, n)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if count(mid) <= target:
@@ -260,12 +268,15 @@ def compact(
             cache[s] = plan.build(min(s, len(steps)), s > len(steps))[2]
         return cache[s]
 
-    chosen = _search(cost, rungs, config.limit)
+    # The top rung is cheap to build (markers only): if even it misses the budget, nothing fits,
+    # and forcing would lose facts without making the request acceptable upstream, so stop at
+    # the last rung that keeps them (the chain may still escalate).
+    chosen = len(steps) if cost(rungs) > config.budget else None
+    if chosen is None:
+        chosen = _search(cost, rungs, config.limit)
     if chosen is None:
         chosen = _search(cost, rungs, config.budget)
     if chosen is None:
-        # Nothing fits: forcing would lose facts without making the request valid for the
-        # upstream, so stop at the last rung that keeps them (the chain may still escalate).
         chosen = len(steps)
     out, used, _ = plan.build(min(chosen, len(steps)), chosen > len(steps))
     if not used:

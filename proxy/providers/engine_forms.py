@@ -146,10 +146,11 @@ class Forms:
             best = self._accept(
                 self._make(i, i + 1, "reduced to facts", f"facts: {facts}" if facts else "")
             )
-            lighter = self.single(i, SUMMARY)
-            if best is None or (lighter is not None and self.cost(lighter) <= self.cost(best)):
-                return lighter
-            return best
+            if best is None:
+                return self.single(i, SUMMARY)
+            # Facts are almost always shorter than a summary; build the summary only if needed.
+            lighter = self._memo.get((i, i + 1, SUMMARY))
+            return lighter if lighter is not None and lighter.tokens <= best.tokens else best
         if not text.strip() or REF_PATTERN.search(text):
             # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
             return None
