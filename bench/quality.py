@@ -13,6 +13,10 @@ Key facts: tau-bench — the scalar arguments of the ground-truth actions (`meta
 contain a digit (ids, flight numbers, amounts, dates) and appear in the conversation after the
 system prompt; aider — file paths and `backticked` identifiers in the user/assistant messages. A
 fact is kept when it still appears in the compacted messages' text or tool-call arguments.
+
+Times are CPU time of the `compress` call in this thread (`time.thread_time`), so they do not
+depend on what else the machine runs; per-message token counts are warm, as in the proxy, which
+counted the request before deciding to compact it.
 """
 
 from __future__ import annotations
@@ -201,10 +205,10 @@ async def run(cases: list[Case], provs: list[ContextProvider]) -> dict[tuple[str
             )
             for prov in provs:
                 row = rows.setdefault((case.corpus, fraction, prov.name), Row())
-                start = time.perf_counter()
+                start = time.thread_time()
                 out = prov.compress(list(case.messages), config)
                 result = await out if inspect.isawaitable(out) else out
-                row.ms.append((time.perf_counter() - start) * 1000)
+                row.ms.append((time.thread_time() - start) * 1000)
                 after = count(result.messages)
                 row.ratios.append(after / total)
                 row.fit.append(after <= budget)
@@ -309,9 +313,9 @@ def big_conversation_ms(provs: list[ContextProvider]) -> list[str]:
             continue
         times = []
         for _ in range(5):
-            start = time.perf_counter()
+            start = time.thread_time()
             result = prov.compress(list(messages), config)
-            times.append((time.perf_counter() - start) * 1000)
+            times.append((time.thread_time() - start) * 1000)
         after = counter.count_request({"messages": result.messages})
         lines.append(
             f"- {prov.name}: median {statistics.median(times):.1f} ms, "
