@@ -136,7 +136,9 @@ class SummarizeProvider(ContextProvider):
             result = await self._with_llm(messages, config, opts, span)
             if result is not None:
                 return result
-        fallback = compact(messages, config, EngineOptions.from_extra(opts.engine or {}))
+        # The engine is CPU work; off the event loop like every sync provider.
+        engine = EngineOptions.from_extra(opts.engine or {})
+        fallback = await asyncio.to_thread(compact, messages, config, engine)
         fallback.limitations.append("LLM summary unavailable: deterministic engine summary used")
         return fallback
 
