@@ -68,16 +68,21 @@ def pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def report(name: str, label: str, op: str, xs: list[float]) -> None:
+def report(name: str, label: str, op: str, run: tuple[list[float], float]) -> None:
+    xs, cpu = run
     print(
         f"{name:7} {label:13} {op:16} n={len(xs):5}  p50 {statistics.median(xs):6.2f} ms"
-        f"  p99 {pct(xs, 0.99):6.2f} ms  max {max(xs):6.2f} ms"
+        f"  p99 {pct(xs, 0.99):6.2f} ms  max {max(xs):6.2f} ms  client CPU {cpu:5.2f} ms/call"
     )
 
 
-async def timed(n: int, concurrency: int, call: Callable[[int], Awaitable[object]]) -> list[float]:
-    """Per-call latency in ms for n calls, `concurrency` at a time."""
+async def timed(
+    n: int, concurrency: int, call: Callable[[int], Awaitable[object]]
+) -> tuple[list[float], float]:
+    """Per-call latency in ms for n calls, `concurrency` at a time, and this process's CPU ms per
+    call (what the store costs the proxy, whatever else the machine is doing)."""
     samples: list[float] = []
+    cpu0 = time.process_time()
     sem = asyncio.Semaphore(concurrency)
 
     async def one(i: int) -> None:
@@ -87,7 +92,7 @@ async def timed(n: int, concurrency: int, call: Callable[[int], Awaitable[object
             samples.append((time.perf_counter_ns() - t0) / 1e6)
 
     await asyncio.gather(*(one(i) for i in range(n)))
-    return samples
+    return samples, (time.process_time() - cpu0) * 1000 / n
 
 
 async def bench(name: str, store: Store, n: int, concurrency: int) -> None:

@@ -1,8 +1,9 @@
 """The embedded store: SQLite in WAL mode, safe with several worker processes on one machine.
 
-All statements run on one dedicated thread that owns the connection, so the event loop never
-blocks on disk and the connection is never used from two threads at once. A cancelled caller
-does not stop a statement half-way: the thread finishes (or rolls back) the transaction.
+Statements run on two dedicated threads, each owning one connection: a writer and a reader. The
+event loop never blocks on disk, no connection is used from two threads, and a replay lookup
+never waits behind a compaction's fsync (WAL readers do not block on the writer). A cancelled
+caller does not stop a statement half-way: the thread finishes (or rolls back) the transaction.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,9 +35,9 @@ T = TypeVar("T")
 class SqliteStore:
     """The Store protocol over one SQLite file."""
 
-    def __init__(self, con: sqlite3.Connection, executor: ThreadPoolExecutor, timeout: float):
-        self._con = con
-        self._executor = executor
+    def __init__(self, writer: _Lane, reader: _Lane, timeout: float) -> None:
+        self._writer = writer
+        self._reader = reader
         self._timeout = timeout
         self._next_purge = 0.0
 
@@ -43,22 +45,16 @@ class SqliteStore:
     async def open(cls, path: Path, *, timeout_ms: int = 200) -> SqliteStore:
         """Open (creating the file, its directory and schema if needed) the database at `path`."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compactd-sqlite")
-        loop = asyncio.get_running_loop()
         # Another worker may hold the write lock a while at start-up; wait longer than a request.
-        busy_ms = max(timeout_ms, 5000)
-        try:
-            con = await loop.run_in_executor(executor, sqlite_ops.connect, str(path), busy_ms)
-        except sqlite3.Error as exc:
-            executor.shutdown(wait=False)
-            raise StoreError(f"sqlite {path}: {exc}") from exc
-        await loop.run_in_executor(executor, con.execute, f"PRAGMA busy_timeout = {timeout_ms}")
-        return cls(con, executor, timeout_ms / 1000)
+        writer = await _Lane.open(path, max(timeout_ms, 5000), timeout_ms, "w")
+        reader = await _Lane.open(path, timeout_ms, timeout_ms, "r")
+        return cls(writer, reader, timeout_ms / 1000)
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(connection, *args)` on the store's thread, bounded by the timeout."""
+    async def _run(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
+        """Run `fn(connection, *args)` on the writer's (or reader's) thread, within the timeout."""
+        lane = self._writer if write else self._reader
         future = asyncio.get_running_loop().run_in_executor(
-            self._executor, partial(fn, self._con, *args)
+            lane.executor, partial(fn, lane.con, *args)
         )
         try:
             async with asyncio.timeout(self._timeout):
@@ -75,7 +71,12 @@ class SqliteStore:
         check_ids(tenant, conversation)
         if not prefix_digests:
             return None
-        return await self._run(sqlite_ops.find_checkpoint, tenant, conversation, prefix_digests)
+        found, refresh_to = await self._run(
+            sqlite_ops.find_checkpoint, tenant, conversation, prefix_digests, write=False
+        )
+        if refresh_to:
+            await self._run(sqlite_ops.refresh, tenant, conversation, refresh_to)
+        return found
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """One BEGIN IMMEDIATE transaction; first writer of a source digest wins."""
@@ -90,18 +91,18 @@ class SqliteStore:
         """Reference id -> original messages, for the ids this tenant owns."""
         if not ref_ids:
             return {}
-        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids)
+        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, write=False)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:
         """Everything stored for one conversation (admin: the most recently used of that id)."""
         check_ids(tenant, conversation)
-        return await self._run(sqlite_ops.get_conversation, tenant, conversation)
+        return await self._run(sqlite_ops.get_conversation, tenant, conversation, write=False)
 
     async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
         """Conversations with sizes and counts, most recently used first (no originals)."""
-        return await self._run(sqlite_ops.list_conversations, tenant)
+        return await self._run(sqlite_ops.list_conversations, tenant, write=False)
 
     async def purge(self, tenant: str | None, conversation: str) -> bool:
         """Delete the conversation (admin: every tenant's conversation of that id)."""
@@ -128,7 +129,7 @@ class SqliteStore:
             ).fetchone()
             return None if row is None else bytes(row[0])
 
-        raw = await self._run(op)
+        raw = await self._run(op, write=False)
         return None if raw is None else codec.load_summary(raw, tenant)
 
     async def put_summary(self, tenant: str, digest: str, summary: str, ttl_seconds: int) -> None:
@@ -146,7 +147,7 @@ class SqliteStore:
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-        return await self._run(sqlite_ops.usage, tenant, since_day)
+        return await self._run(sqlite_ops.usage, tenant, since_day, write=False)
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
@@ -160,7 +161,30 @@ class SqliteStore:
         return []
 
     async def close(self) -> None:
-        """Close the connection on its own thread, then stop the thread."""
+        """Close each connection on its own thread, then stop the threads."""
+        for lane in (self._reader, self._writer):
+            await lane.close()
+
+
+@dataclass(frozen=True)
+class _Lane:
+    """One thread and the connection only it uses."""
+
+    con: sqlite3.Connection
+    executor: ThreadPoolExecutor
+
+    @classmethod
+    async def open(cls, path: Path, open_busy_ms: int, busy_ms: int, name: str) -> _Lane:
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compactd-sqlite-{name}")
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._con.close)
-        self._executor.shutdown(wait=True)
+        try:
+            con = await loop.run_in_executor(executor, sqlite_ops.connect, str(path), open_busy_ms)
+            await loop.run_in_executor(executor, con.execute, f"PRAGMA busy_timeout = {busy_ms}")
+        except sqlite3.Error as exc:
+            executor.shutdown(wait=False)
+            raise StoreError(f"sqlite {path}: {exc}") from exc
+        return cls(con, executor)
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, self.con.close)
+        self.executor.shutdown(wait=True)

@@ -94,8 +94,8 @@ def purge_expired(con: sqlite3.Connection, now: float) -> None:
 
 def find_checkpoint(
     con: sqlite3.Connection, tenant: str, conv: str, prefix_digests: Sequence[str]
-) -> Checkpoint | None:
-    """Longest matching checkpoint; refreshes retention when it was used."""
+) -> tuple[Checkpoint | None, int]:
+    """(longest matching checkpoint, the retention to refresh it to or 0 if not due)."""
     now = time.time()
     with transaction(con, "DEFERRED"):
         row = con.execute(
@@ -104,7 +104,7 @@ def find_checkpoint(
             (tenant, conv, now),
         ).fetchone()
         if row is None:
-            return None
+            return None, 0
         index = dict(
             con.execute(
                 "SELECT source_digest, covered_through FROM checkpoints"
@@ -122,18 +122,22 @@ def find_checkpoint(
             if found is not None:
                 break
     if found is None:
-        return None
-    checkpoint = codec.load_checkpoint(found[0], tenant)
+        return None, 0
     ttl, expires_at = int(row[0]), float(row[1])
     # A write on every replay would make worker processes queue on the write lock for nothing.
-    if codec.refresh_due(ttl, expires_at - now):
-        with transaction(con):
-            con.execute(
-                "UPDATE conversations SET expires_at = ?, updated_at = ?"
-                " WHERE tenant = ? AND conversation = ?",
-                (now + ttl, now, tenant, conv),
-            )
-    return checkpoint
+    due = codec.refresh_due(ttl, expires_at - now)
+    return codec.load_checkpoint(found[0], tenant), ttl if due else 0
+
+
+def refresh(con: sqlite3.Connection, tenant: str, conv: str, ttl: int) -> None:
+    """Push a conversation's expiry back to now + ttl (all its rows expire together)."""
+    now = time.time()
+    with transaction(con):
+        con.execute(
+            "UPDATE conversations SET expires_at = ?, updated_at = ?"
+            " WHERE tenant = ? AND conversation = ? AND expires_at > ?",
+            (now + ttl, now, tenant, conv, now),
+        )
 
 
 def save_compaction(
