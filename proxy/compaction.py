@@ -333,8 +333,16 @@ class Compactor:
         digests = [message_digest(m) for m in messages]
         prefixes = prefix_digests(digests)
         t0 = time.perf_counter()
-        checkpoint = await self.store.find_checkpoint(state.tenant, state.conversation, prefixes)
-        self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
+        try:
+            checkpoint = await self.store.find_checkpoint(
+                state.tenant, state.conversation, prefixes
+            )
+        except StoreError:
+            if self.settings.store.on_store_error != "compact-unstored":
+                raise
+            checkpoint = None  # availability over reversibility: compact from scratch
+        finally:
+            self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
         candidate = messages
         if checkpoint is not None:
             candidate = [*checkpoint.messages, *messages[checkpoint.covered_through + 1 :]]

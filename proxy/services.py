@@ -105,14 +105,15 @@ async def build_services(
         write=up.write_timeout or None,
         pool=up.pool_timeout or None,
     )
-    upstream = Upstream(transport, up.url, timeouts)
-    tokenizers = await asyncio.to_thread(Tokenizers, None, settings.tokens.cache_size)
-    models = ModelTable.load(
-        Path(settings.tokens.models_file) if settings.tokens.models_file else None
-    )
+    # Cheap checks first, so a bad config fails before the encodings are loaded.
     policies = PolicyResolver(settings)
     names = {n for p in settings.all_policies() for n in p.providers}
     providers = (registry or ProviderRegistry()).load_enabled(sorted(names))
+    models = ModelTable.load(
+        Path(settings.tokens.models_file) if settings.tokens.models_file else None
+    )
+    upstream = Upstream(transport, up.url, timeouts)
+    tokenizers = await asyncio.to_thread(Tokenizers, None, settings.tokens.cache_size)
     if store is None:
         store = await open_store(settings.store, directory)
     for warning in await _store_warnings(store):

@@ -286,3 +286,24 @@ async def test_injected_stream_usage_is_read_and_stripped_byte_exactly(
     assert fake.last.header("accept-encoding") == "identity"
     assert r.content == expected
     assert 'compactd_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 2.0' in metrics
+
+
+async def test_compact_unstored_policy_forwards_compacted_and_says_so(
+    upstream, make_proxy, tmp_path
+) -> None:
+    fake, base = upstream
+    (tmp_path / "redis").mkdir()
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
+    store = {"url": redis.url, "timeout_ms": 300, "on_store_error": "compact-unstored"}
+    try:
+        async with make_proxy(base, store=store, **SMALL) as url:
+            redis.stop(signal.SIGKILL)
+            async with httpx.AsyncClient() as http:
+                r = await http.post(f"{url}/v1/chat/completions", content=body)
+    finally:
+        redis.stop(signal.SIGKILL)
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert r.headers["x-compactd-store"] == "unstored"
+    assert fake.last.body != body
