@@ -23,10 +23,13 @@ def free_port() -> int:
 class RedisServer:
     """redis-server on a fixed port and directory, so a restart finds its AOF again."""
 
-    def __init__(self, directory: Path, *, appendonly: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, appendonly: bool = False, extra: tuple[str, ...] = ()
+    ) -> None:
         self.directory = directory
         self.port = free_port()
         self.appendonly = appendonly
+        self.extra = extra
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -41,6 +44,7 @@ class RedisServer:
         args += ["--protected-mode", "no", "--logfile", str(self.directory / "redis.log")]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
+        args += list(self.extra)
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=1)
         deadline = time.monotonic() + 20
