@@ -9,6 +9,7 @@ as one checkpoint.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -74,7 +75,10 @@ async def run_chain(
             log.warning("provider %s raised %s", name, type(exc).__name__, exc_info=True)
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
-        problems = check_result(current, result, config, check_budget=False)
+        # Validation is linear but not free on a long history: off the event loop like compress.
+        problems = await run_sync(
+            functools.partial(check_result, check_budget=False), current, result, config
+        )
         if problems:
             log.warning("provider %s broke %d invariant(s): %s", name, len(problems), problems[0])
             violations.extend(f"{name}: {p}" for p in problems)
@@ -86,8 +90,9 @@ async def run_chain(
         verbatim.update(result.verbatim)
         limitations.extend(x for x in result.limitations if x not in limitations)
         used.append(name)
+    final = await run_sync(_final, messages, current, verbatim, limitations) if used else None
     return ChainOutcome(
-        result=_final(messages, current, verbatim, limitations) if used else None,
+        result=final,
         providers=tuple(used),
         tokens_before=tokens_before,
         tokens_after=tokens,

@@ -100,8 +100,7 @@ class TrimProvider(ContextProvider):
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
         """Trim until the request costs at most `config.limit` (or nothing is left to trim)."""
         plan = _Trim(messages, config, TrimOptions.parse(config.extra_config))
-        plan.run()
-        return plan.result()
+        return plan.run()
 
 
 class _Trim:
@@ -111,7 +110,8 @@ class _Trim:
         self.src, self.config, self.opts = messages, config, opts
         self.orig = [config.count_message(m) for m in messages]
         self.tokens = list(self.orig)
-        self.total = config.count_tokens(messages)
+        # Request overhead (priming, tool schemas) plus the messages: one pass instead of two.
+        self.total = config.count_tokens([]) + sum(self.orig)
         self.units = split_units(messages)
         self.unit_of = [k for k, u in enumerate(self.units) for _ in u.indices()]
         self.level = self._levels()
@@ -146,7 +146,8 @@ class _Trim:
     def over(self) -> bool:
         return self.total > self.config.limit
 
-    def run(self) -> None:
+    def run(self) -> CompactionResult:
+        """Apply the stages tier by tier until the request is under target (or all are done)."""
         stages: list[Callable[[int], None]] = [
             self._stub_stale,
             self._strip_reasoning,
@@ -157,15 +158,14 @@ class _Trim:
         ]
         for tier in _TIERS:
             for stage in stages:
-                if not self.over() and self._settle():
-                    return
+                if not self.over():
+                    # The running total only estimates placeholders: confirm with the real count.
+                    result = self.result()
+                    self.total = self.config.count_tokens(result.messages)
+                    if not self.over():
+                        return result
                 stage(tier)
-
-    def _settle(self) -> bool:
-        """Whether the exact cost is under target; the running total only estimates placeholders."""
-        exact = self.config.count_tokens(self.result().messages)
-        self.total = exact
-        return not self.over()
+        return self.result()
 
     def _eligible(self, tier: int) -> list[int]:
         return [i for i, lv in enumerate(self.level) if lv <= tier and not self.dropped[i]]
