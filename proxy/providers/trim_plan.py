@@ -1,0 +1,274 @@
+"""The working state of one `trim` run: per-message rewrites and drops over the untouched input.
+
+See `proxy.providers.trim` for the stages and the options.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from proxy.providers.base import (
+    CompactionResult,
+    CompressionConfig,
+    Message,
+    compute_source_digest,
+    make_ref_id,
+    ref_marker,
+)
+from proxy.providers.prose import condense, looks_like_error, paths_in, preview, strip_reasoning
+from proxy.providers.units import (
+    message_text,
+    placeholder,
+    placeholder_cost,
+    protection,
+    split_units,
+    with_text,
+)
+
+if TYPE_CHECKING:
+    from proxy.providers.trim import TrimOptions
+
+REASONING_KEYS = ("reasoning_content", "reasoning", "reasoning_details")
+_NEVER = 3
+_TIERS = (0, 1, 2)
+
+
+class TrimPlan:
+    """One trim run: current per-message state over the untouched input."""
+
+    def __init__(self, messages: list[Message], config: CompressionConfig, opts: TrimOptions):
+        self.src, self.config, self.opts = messages, config, opts
+        self.orig = [config.count_message(m) for m in messages]
+        self.tokens = list(self.orig)
+        # Request overhead (priming, tool schemas) plus the messages: one pass instead of two.
+        self.total = config.count_tokens([]) + sum(self.orig)
+        self.units = split_units(messages)
+        self.unit_of = [k for k, u in enumerate(self.units) for _ in u.indices()]
+        self.level = self._levels()
+        self.base: dict[int, Message] = {}
+        self.body: dict[int, str] = {}
+        self.verbs: dict[int, list[str]] = {}
+        self.dropped = [False] * len(messages)
+        self.placeholder = placeholder_cost(config)
+        self._referenced: list[bool] | None = None
+        self._refs: dict[int, str] = {}
+
+    def _levels(self) -> list[int]:
+        """The first tier in which each message may be touched."""
+        prot = protection(self.src, self.units, self.config.keep_head, self.config.recency_turns)
+        keep = self.opts.recent_units
+        tail = (
+            len(self.src)
+            if keep <= 0
+            else self.units[-keep].start
+            if keep <= len(self.units)
+            else 0
+        )
+        return [
+            _NEVER
+            if i in prot.hard or i in prot.head
+            else (2 if i >= tail else 1)
+            if i in prot.recent
+            else 0
+            for i in range(len(self.src))
+        ]
+
+    def over(self) -> bool:
+        return self.total > self.config.limit
+
+    def run(self) -> CompactionResult:
+        """Apply the stages tier by tier until the request is under target (or all are done)."""
+        stages: list[Callable[[int], None]] = [
+            self._stub_stale,
+            self._strip_reasoning,
+            self._truncate_largest,
+            self._condense,
+            self._drop_oldest,
+            self._bare,
+        ]
+        for tier in _TIERS:
+            for stage in stages:
+                if not self.over():
+                    # The running total only estimates placeholders: confirm with the real count.
+                    result = self.result()
+                    self.total = self.config.count_tokens(result.messages)
+                    if not self.over():
+                        return result
+                stage(tier)
+        return self.result()
+
+    def _eligible(self, tier: int) -> list[int]:
+        return [i for i, lv in enumerate(self.level) if lv <= tier and not self.dropped[i]]
+
+    def _text(self, i: int) -> str:
+        return self.body[i] if i in self.body else message_text(self.src[i])
+
+    def _attempt(self, i: int, body: str, verb: str, base: Message | None = None) -> bool:
+        """Rewrite message i if that makes it cheaper; its marker always names the original."""
+        base = base if base is not None else self.base.get(i, self.src[i])
+        verbs = [*self.verbs.get(i, []), *([verb] if verb not in self.verbs.get(i, []) else [])]
+        candidate = _compose(base, body, self.ref(i), self.orig[i], verbs)
+        cost = self.config.count_message(candidate)
+        if cost >= self.tokens[i]:
+            return False
+        self.total += cost - self.tokens[i]
+        self.tokens[i], self.base[i], self.body[i], self.verbs[i] = cost, base, body, verbs
+        return True
+
+    def _stub_stale(self, tier: int) -> None:
+        age_limit = len(self.units) - 1 - self.opts.stale_min_age
+        for i in self._eligible(tier):
+            if (
+                self.src[i].get("role") == "tool"
+                and i not in self.body
+                and self.tokens[i] >= self.opts.stale_min_tokens
+                and self.unit_of[i] <= age_limit
+                and not looks_like_error(self._text(i))
+                and not self.referenced()[i]
+            ):
+                self._attempt(i, preview(self._text(i), self.opts.preview_chars), "stubbed")
+                if not self.over():
+                    return
+
+    def referenced(self) -> list[bool]:
+        """Per message: whether a file path in it is mentioned by a later message (or call)."""
+        if self._referenced is None:
+            seen: set[str] = set()
+            out = [False] * len(self.src)
+            for i in range(len(self.src) - 1, -1, -1):
+                text = message_text(self.src[i])
+                out[i] = bool(paths_in(text) & seen) if self.src[i].get("role") == "tool" else False
+                args = [c.get("function", {}).get("arguments", "") for c in _calls(self.src[i])]
+                seen.update(paths_in("\n".join([text, *map(str, args)])))
+            self._referenced = out
+        return self._referenced
+
+    def _strip_reasoning(self, tier: int) -> None:
+        if not self.opts.strip_reasoning:
+            return
+        age_limit = len(self.units) - 1 - self.config.reasoning_strip_age_threshold
+        for i in self._eligible(tier):
+            m = self.base.get(i, self.src[i])
+            text = self._text(i)
+            if m.get("role") != "assistant" or self.unit_of[i] > age_limit:
+                continue
+            if any(k in m for k in REASONING_KEYS) or "<think" in text:
+                base = {k: v for k, v in m.items() if k not in REASONING_KEYS}
+                self._attempt(i, strip_reasoning(text), "reasoning stripped", base)
+                if not self.over():
+                    return
+
+    def _truncate_largest(self, tier: int) -> None:
+        # First cap results over max_tool_result_tokens to about half of it (gptme's phase 2,
+        # keeping a generous head and tail); then cut any result to the short preview.
+        cap = self.config.max_tool_result_tokens
+        tools = [i for i in self._eligible(tier) if self.src[i].get("role") == "tool"]
+        for threshold, chars in ((cap, cap * 2), (0, self.opts.preview_chars)):
+            for i in sorted(tools, key=lambda i: (-self.tokens[i], i)):
+                text = self._text(i)
+                if self.tokens[i] > threshold and len(text) > chars:
+                    self._attempt(i, preview(text, chars), "truncated")
+                    if not self.over():
+                        return
+
+    def _condense(self, tier: int) -> None:
+        for i in self._eligible(tier):
+            if (
+                self.src[i].get("role") in self.opts.condense_roles
+                and self.tokens[i] >= self.opts.prose_min_tokens
+            ):
+                text = self._text(i)
+                shorter = condense(text, self.opts.prose_keep_ratio)
+                if shorter != text and self._attempt(i, shorter, "condensed") and not self.over():
+                    return
+
+    def _drop_oldest(self, tier: int) -> None:
+        n = len(self.src)
+        for unit in self.units:
+            if unit.kind == "system" or self.dropped[unit.start]:
+                continue
+            if any(self.level[i] > tier for i in unit.indices()):
+                continue
+            joins_before = unit.start > 0 and self.dropped[unit.start - 1]
+            joins_after = unit.end < n and self.dropped[unit.end]
+            for i in unit.indices():
+                self.dropped[i] = True
+                self.total -= self.tokens[i]
+            self.total += self.placeholder * (1 - joins_before - joins_after)
+            if not self.over():
+                return
+
+    def _bare(self, tier: int) -> None:
+        """Last resort: reduce what is left (outside the hard protection) to its marker."""
+        if tier != _TIERS[-1]:
+            return
+        for i in sorted(self._eligible(tier), key=lambda i: (-self.tokens[i], i)):
+            base = {
+                k: v for k, v in self.base.get(i, self.src[i]).items() if k not in REASONING_KEYS
+            }
+            if self._attempt(i, "", "elided", base) and not self.over():
+                return
+
+    def result(self) -> CompactionResult:
+        """The trimmed messages, with every replaced original in `verbatim`."""
+        out: list[Message] = []
+        verbatim: dict[str, list[Message]] = {}
+        last = -1
+        i, n = 0, len(self.src)
+        while i < n:
+            j = i
+            while j < n and self.dropped[j]:
+                j += 1
+            if j > i and sum(self.orig[i:j]) > self.placeholder:
+                ref, stand_in = placeholder(self.src[i:j], sum(self.orig[i:j]))
+                out.append(stand_in)
+                verbatim[ref] = list(self.src[i:j])
+                last, i = j - 1, j
+                continue
+            # A run too small to pay for its placeholder is kept as it was.
+            for k in range(i, max(j, i + 1)):
+                if k in self.verbs:
+                    out.append(self._rewritten(k))
+                    verbatim[self.ref(k)] = [self.src[k]]
+                    last = k
+                else:
+                    out.append(self.src[k])
+            i = max(j, i + 1)
+        return CompactionResult(
+            messages=out,
+            source_digest=self.digest(),
+            covered_through=last,
+            verbatim=verbatim,
+            limitations=self._limitations(),
+        )
+
+    def ref(self, i: int) -> str:
+        """The ref id of input message i (hashing is the costly part of a rewrite: once each)."""
+        if i not in self._refs:
+            self._refs[i] = make_ref_id([self.src[i]])
+        return self._refs[i]
+
+    def _rewritten(self, i: int) -> Message:
+        return _compose(self.base[i], self.body[i], self.ref(i), self.orig[i], self.verbs[i])
+
+    @functools.cache  # noqa: B019 - one plan per compress call, so the cache dies with it
+    def digest(self) -> str:
+        return compute_source_digest(self.src)
+
+    def _limitations(self) -> list[str]:
+        done = {verb for verbs in self.verbs.values() for verb in verbs}
+        if any(self.dropped):
+            done.add("dropped")
+        return [f"messages {verb} (originals kept by reference)" for verb in sorted(done)]
+
+
+def _compose(base: Message, body: str, ref: str, tokens: int, verbs: list[str]) -> Message:
+    marker = ref_marker(ref, 1, tokens, ", ".join(verbs))
+    return with_text(base, f"{marker}\n{body}" if body else marker)
+
+
+def _calls(message: Message) -> list[dict[str, Any]]:
+    calls = message.get("tool_calls")
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
