@@ -14,6 +14,7 @@ from proxy.store.base import (
     TenantMismatchError,
     UsageRecord,
 )
+from proxy.store.summary_cache import TenantSummaryCache
 from tests.store.backends import Backend
 
 TTL = 1000
@@ -294,3 +295,12 @@ async def test_ping_and_config_check_answer(backend: Backend) -> None:
     warnings = await backend.store.check_config()
 
     assert all(isinstance(w, str) for w in warnings)
+
+
+async def test_the_summary_cache_adapter_is_bound_to_its_tenant(backend: Backend) -> None:
+    mine = TenantSummaryCache(backend.store, A, TTL)
+    theirs = TenantSummaryCache(backend.store, B, TTL)
+    await mine.put("d1", "kept")
+
+    assert await mine.get("d1") == "kept"
+    assert await theirs.get("d1") is None

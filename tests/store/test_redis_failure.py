@@ -7,6 +7,7 @@ import random
 import signal
 
 import pytest
+import redis
 
 from proxy.store.base import StoreError
 from proxy.store.redis import RedisStore
@@ -146,3 +147,25 @@ async def test_concurrent_saves_of_one_conversation_from_two_instances_keep_the_
     assert (await two.find_checkpoint(B, "c1", prefixes(msgs))).covered_through == 38  # type: ignore[union-attr]
     await one.close()
     await two.close()
+
+
+async def test_a_replay_lookup_is_one_redis_command_whatever_the_history_length(
+    private_redis: RedisServer,
+) -> None:
+    store = await open_store(private_redis)
+    msgs = history(300)
+    for k in range(20, 280, 20):
+        await store.save_compaction(compaction(A, "c1", msgs, k), TTL)
+    await store.find_checkpoint(A, "c1", prefixes(msgs))  # loads the script once
+    probe = redis.Redis(port=private_redis.port)
+
+    before = probe.info("stats")["total_commands_processed"]
+    found = await store.find_checkpoint(A, "c1", prefixes(msgs))
+    after = probe.info("stats")["total_commands_processed"]
+
+    assert found is not None
+    assert found.covered_through == 260
+    # INFO, EVALSHA, and the script's own HGETALL, HGET and PTTL: one round trip from the client.
+    assert after - before == 5
+    probe.close()
+    await store.close()
