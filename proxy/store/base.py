@@ -8,6 +8,10 @@ from typing import Any, Protocol
 
 Message = dict[str, Any]
 
+INSPECTION_TIMEOUT_SECONDS = 10.0
+"""Calls off the request path (get/list/purge/usage/resolve_refs: API, CLI) may take this long
+even when the configured store timeout, which bounds what a proxied request waits, is 200 ms."""
+
 # Ids become parts of Redis keys and hash tags: no braces, whitespace or control characters.
 _ID_PATTERN = re.compile(r"[A-Za-z0-9._:@=+/-]{1,128}")
 

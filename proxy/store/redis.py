@@ -20,6 +20,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from proxy.store import codec, redis_find, redis_usage
 from proxy.store.base import (
+    INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
     Compaction,
     ConversationInfo,
@@ -78,16 +79,18 @@ class RedisStore:
         await asyncio.gather(*warm, return_exceptions=True)
         return store
 
-    async def _io(self, op: Callable[[Redis], Awaitable[T]]) -> T:
-        """Run `op` shielded from cancellation, bounded by the timeout, errors as StoreError."""
+    async def _io(self, op: Callable[[Redis], Awaitable[T]], *, slow: bool = False) -> T:
+        """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
+        timeout), errors as StoreError."""
+        timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
         task: asyncio.Task[T] = asyncio.ensure_future(op(self._client))
         self._inflight.add(task)
         task.add_done_callback(self._settle)
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(timeout):
                 return await asyncio.shield(task)
         except TimeoutError as exc:
-            raise StoreError(f"redis did not answer within {self._timeout * 1000:.0f} ms") from exc
+            raise StoreError(f"redis did not answer within {timeout * 1000:.0f} ms") from exc
         except (RedisError, OSError) as exc:
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
 
@@ -187,7 +190,7 @@ class RedisStore:
             return [(ref, raw, o) for (ref, _, raw), o in zip(found, originals, strict=True)]
 
         out: dict[str, list[Message]] = {}
-        for ref, raw, rows in await self._io(op):
+        for ref, raw, rows in await self._io(op, slow=True):
             codec.load_ref(raw, tenant)
             if rows and all(row is not None for row in rows):
                 out[ref] = [codec.load_original(row, tenant) for row in rows if row is not None]
@@ -199,23 +202,25 @@ class RedisStore:
         """Everything stored for one conversation (admin: the most recently used of that id)."""
         check_ids(tenant, conversation)
         if tenant is not None:
-            return await self._io(lambda r: fetch_conversation(r, self._keys, tenant, conversation))
+            return await self._io(
+                lambda r: fetch_conversation(r, self._keys, tenant, conversation), slow=True
+            )
         infos = [
             await self.get_conversation(t, conversation)
-            for t in await self._io(lambda r: admin_tenants(r, self._keys, conversation))
+            for t in await self._io(lambda r: admin_tenants(r, self._keys, conversation), slow=True)
         ]
         found = [i for i in infos if i is not None]
         return max(found, key=lambda i: i.updated_at) if found else None
 
     async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
         """Conversations with sizes and counts, most recently used first (no originals)."""
-        return await self._io(lambda r: list_pairs(r, self._keys, tenant))
+        return await self._io(lambda r: list_pairs(r, self._keys, tenant), slow=True)
 
     async def purge(self, tenant: str | None, conversation: str) -> bool:
         """Delete the conversation's keys and its index entries."""
         check_ids(tenant, conversation)
 
-        return await self._io(lambda r: purge(r, self._keys, tenant, conversation))
+        return await self._io(lambda r: purge(r, self._keys, tenant, conversation), slow=True)
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -233,7 +238,9 @@ class RedisStore:
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-        return await self._io(lambda r: redis_usage.usage(r, self._keys, tenant, since_day))
+        return await self._io(
+            lambda r: redis_usage.usage(r, self._keys, tenant, since_day), slow=True
+        )
 
     async def ping(self) -> None:
         """Raise StoreError unless Redis answers PING."""

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from proxy.store import codec, sqlite_ops
 from proxy.store.base import (
+    INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
     Compaction,
     ConversationInfo,
@@ -50,17 +51,21 @@ class SqliteStore:
         reader = await _Lane.open(path, timeout_ms, timeout_ms, "r")
         return cls(writer, reader, timeout_ms / 1000)
 
-    async def _run(self, fn: Callable[..., T], *args: Any, write: bool = True) -> T:
-        """Run `fn(connection, *args)` on the writer's (or reader's) thread, within the timeout."""
+    async def _run(
+        self, fn: Callable[..., T], *args: Any, write: bool = True, slow: bool = False
+    ) -> T:
+        """Run `fn(connection, *args)` on the writer's (or reader's) thread, within the timeout
+        (`slow`: the inspection timeout)."""
+        timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
         lane = self._writer if write else self._reader
         future = asyncio.get_running_loop().run_in_executor(
             lane.executor, partial(fn, lane.con, *args)
         )
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(timeout):
                 return await asyncio.shield(future)
         except TimeoutError as exc:
-            raise StoreError(f"sqlite did not answer within {self._timeout * 1000:.0f} ms") from exc
+            raise StoreError(f"sqlite did not answer within {timeout * 1000:.0f} ms") from exc
         except sqlite3.Error as exc:
             raise StoreError(f"sqlite: {exc}") from exc
 
@@ -91,18 +96,20 @@ class SqliteStore:
         """Reference id -> original messages, for the ids this tenant owns."""
         if not ref_ids:
             return {}
-        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, write=False)
+        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, write=False, slow=True)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:
         """Everything stored for one conversation (admin: the most recently used of that id)."""
         check_ids(tenant, conversation)
-        return await self._run(sqlite_ops.get_conversation, tenant, conversation, write=False)
+        return await self._run(
+            sqlite_ops.get_conversation, tenant, conversation, write=False, slow=True
+        )
 
     async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
         """Conversations with sizes and counts, most recently used first (no originals)."""
-        return await self._run(sqlite_ops.list_conversations, tenant, write=False)
+        return await self._run(sqlite_ops.list_conversations, tenant, write=False, slow=True)
 
     async def purge(self, tenant: str | None, conversation: str) -> bool:
         """Delete the conversation (admin: every tenant's conversation of that id)."""
@@ -117,7 +124,7 @@ class SqliteStore:
             gone = [sqlite_ops.delete_conversation(con, t, conversation) for (t,) in owners]
             return any(gone)
 
-        return await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)))
+        return await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)), slow=True)
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -147,7 +154,7 @@ class SqliteStore:
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-        return await self._run(sqlite_ops.usage, tenant, since_day, write=False)
+        return await self._run(sqlite_ops.usage, tenant, since_day, write=False, slow=True)
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
