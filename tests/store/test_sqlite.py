@@ -68,3 +68,23 @@ async def test_the_database_file_and_its_directory_are_created(tmp_path: Path) -
     assert await store.check_config() == []
     await store.close()
     assert path.exists()
+
+
+async def test_expired_rows_are_deleted_by_a_later_write(tmp_path: Path) -> None:
+    path = tmp_path / "compactd.db"
+    first = await SqliteStore.open(path)
+    await first.save_compaction(compaction(A, "old", history(10), 5), TTL)
+    await first.close()
+    with sqlite3.connect(path) as con:
+        con.execute("UPDATE conversations SET expires_at = 0 WHERE conversation = 'old'")
+
+    second = await SqliteStore.open(path)  # a fresh process purges on its first write
+    await second.save_compaction(compaction(A, "new", history(10), 5), TTL)
+    await second.close()
+
+    with sqlite3.connect(path) as con:
+        left = {
+            table: con.execute(f"SELECT DISTINCT conversation FROM {table}").fetchall()
+            for table in ("conversations", "checkpoints", "originals", "refs")
+        }
+    assert all(rows == [("new",)] for rows in left.values()), left
