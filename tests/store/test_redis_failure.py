@@ -169,3 +169,19 @@ async def test_a_replay_lookup_is_one_redis_command_whatever_the_history_length(
     assert after - before == 5
     probe.close()
     await store.close()
+
+
+async def test_a_store_opened_while_redis_is_down_works_once_it_is_up(
+    private_redis: RedisServer,
+) -> None:
+    private_redis.stop()
+    store = await open_store(private_redis)  # start-up must not fail: requests fail open
+    with pytest.raises(StoreError):
+        await store.ping()
+
+    private_redis.start()
+    await store.ping()
+    saved = await store.save_compaction(compaction(A, "c1", history(6), 3), TTL)
+
+    assert saved.covered_through == 3
+    await store.close()
