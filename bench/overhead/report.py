@@ -40,6 +40,8 @@ ROWS = (
 def _cell(r: dict[str, Result], direct: dict[str, Result] | None, row: tuple[Any, ...]) -> str:
     _, sc, measure, pct, added = row
     value = getattr(r[sc], measure)
+    if measure == "cpu_ms_per_request" and not value:
+        return "—"  # direct: there is no proxy process
     if not isinstance(value, list):
         return f"{value:,.0f}" if measure == "rps" else f"{value:.2f}"
     if not added:

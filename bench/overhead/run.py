@@ -151,7 +151,9 @@ async def main_async(args: argparse.Namespace) -> int:
             except (RuntimeError, TimeoutError) as exc:
                 results[t.name] = f"did not start: {str(exc)[-400:]}"
                 print(f"   {t.name} {results[t.name]}", file=sys.stderr)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(render_table(results, scs))
+    print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.\n")
     print(target_checks(results))
     for name, seen in probes.items():
         print(f"{name} on the 400 KB body: {seen or 'no x-compactd-* headers'}")
