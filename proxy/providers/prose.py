@@ -6,6 +6,7 @@ Everything here is deterministic and linear in the text length.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 _THINK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
@@ -19,6 +20,8 @@ _ERROR_WORDS = ("error", "exception", "traceback", "failed", "failure", "fatal",
 # and a check per candidate token stay linear on long JSON or log output, where a free-running
 # path regex backtracks.
 _TOKEN_SPLIT = re.compile(r"[\s\"'`()<>\[\]{},;|=]+")
+# Like the path split, but a comma inside a number ($1,234.50) does not split it.
+_FACT_SPLIT = re.compile(r"[\s\"'`()<>\[\]{};|=]+|,(?!\d)|: ")
 _PATH_TOKEN = re.compile(r"(?:~|\.{1,2})?/?[\w.@+-]+(?:/[\w.@+-]+)+/?")
 # What a reader would need to act on: code spans, paths, URLs, identifiers, numbers, errors.
 _HARD_FACT = re.compile(
@@ -56,6 +59,38 @@ def paths_in(text: str) -> set[str]:
         if candidate and _PATH_TOKEN.fullmatch(candidate):
             out.add(candidate)
     return out
+
+
+def facts(texts: Iterable[str], max_chars: int, exclude: str = "") -> str:
+    """Distinct tokens that carry a digit or a path (ids, numbers, dates, amounts, files), none
+    already in `exclude`, comma-joined within `max_chars` in order of appearance. When not all
+    fit, names (letters with digits: ids, codes, files) beat bare numbers, later beat earlier."""
+    found: dict[str, int] = {}
+    position = 0
+    for text in texts:
+        for token in _FACT_SPLIT.split(text):
+            token = token.strip(".,:;")  # noqa: PLW2901 - the cleaned token is what we keep
+            if 2 < len(token) <= 64 and _has_fact(token) and token not in exclude:
+                found.pop(token, None)
+                found[token] = position  # the last appearance counts
+                position += 1
+    ranked = sorted(found, key=lambda t: (not _is_name(t), -found[t]))
+    chosen: set[str] = set()
+    used = 0
+    for token in ranked:
+        if used + len(token) + 2 > max_chars:
+            break
+        chosen.add(token)
+        used += len(token) + 2
+    return ", ".join(t for t in found if t in chosen)
+
+
+def _is_name(token: str) -> bool:
+    return "/" in token or any(c.isalpha() for c in token)
+
+
+def _has_fact(token: str) -> bool:
+    return "/" in token or any(c.isdigit() for c in token)
 
 
 def strip_reasoning(text: str) -> str:

@@ -44,6 +44,10 @@ class TrimOptions:
     condense_roles: tuple[str, ...] = ("assistant",)
     strip_reasoning: bool = True
     """Strip reasoning older than `reasoning_strip_age_threshold` units."""
+    drop_fact_chars: int = 240
+    """Characters of ids, numbers, dates and paths that a placeholder lists from the messages it
+    dropped, and a cut tool result from its cut middle (0: none). Placeholders lose the list
+    when nothing else can make the request fit, and use any room left under target for more."""
     recent_units: int = 4
     """Units kept verbatim in the second pass, when the recency window had to be opened."""
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from proxy.providers.base import (
     CompactionResult,
@@ -17,7 +17,14 @@ from proxy.providers.base import (
     make_ref_id,
     ref_marker,
 )
-from proxy.providers.prose import condense, looks_like_error, paths_in, preview, strip_reasoning
+from proxy.providers.prose import (
+    condense,
+    facts,
+    looks_like_error,
+    paths_in,
+    preview,
+    strip_reasoning,
+)
 from proxy.providers.units import (
     message_text,
     placeholder,
@@ -51,7 +58,9 @@ class TrimPlan:
         self.body: dict[int, str] = {}
         self.verbs: dict[int, list[str]] = {}
         self.dropped = [False] * len(messages)
-        self.placeholder = placeholder_cost(config)
+        self.fact_chars = opts.drop_fact_chars
+        # Digit-heavy text costs up to ~1 token per 2 characters.
+        self.placeholder = placeholder_cost(config) + self.fact_chars // 2
         self._referenced: list[bool] | None = None
         self._refs: dict[int, str] = {}
 
@@ -95,9 +104,32 @@ class TrimPlan:
                     result = self.result()
                     self.total = self.config.count_tokens(result.messages)
                     if not self.over():
-                        return result
+                        return self._spend_slack(result)
                 stage(tier)
+        if self.fact_chars:
+            # Last resort: placeholders without their fact lists.
+            self.fact_chars = 0
         return self.result()
+
+    def _spend_slack(self, result: CompactionResult) -> CompactionResult:
+        """Fill the room left under target with more facts of the dropped runs, if any."""
+        slack = self.config.limit - self.total
+        if not self.fact_chars or slack < 20 or not any(self.dropped):
+            return result
+        self.fact_chars += slack * 2
+        richer = self.result()
+        if self.config.count_tokens(richer.messages) <= self.config.limit:
+            return richer
+        self.fact_chars -= slack * 2
+        return result
+
+    def _cut(self, text: str, chars: int) -> str:
+        """Head and tail of text, then the facts that only the cut middle held."""
+        kept = preview(text, chars)
+        if kept == text or not self.opts.drop_fact_chars:
+            return kept
+        lost = facts([text], self.opts.drop_fact_chars, exclude=kept)
+        return f"{kept}\nfacts: {lost}" if lost else kept
 
     def _eligible(self, tier: int) -> list[int]:
         return [i for i, lv in enumerate(self.level) if lv <= tier and not self.dropped[i]]
@@ -128,7 +160,7 @@ class TrimPlan:
                 and not looks_like_error(self._text(i))
                 and not self.referenced()[i]
             ):
-                self._attempt(i, preview(self._text(i), self.opts.preview_chars), "stubbed")
+                self._attempt(i, self._cut(self._text(i), self.opts.preview_chars), "stubbed")
                 if not self.over():
                     return
 
@@ -140,8 +172,7 @@ class TrimPlan:
             for i in range(len(self.src) - 1, -1, -1):
                 text = message_text(self.src[i])
                 out[i] = bool(paths_in(text) & seen) if self.src[i].get("role") == "tool" else False
-                args = [c.get("function", {}).get("arguments", "") for c in _calls(self.src[i])]
-                seen.update(paths_in("\n".join([text, *map(str, args)])))
+                seen.update(paths_in("\n".join([text, *_arguments(self.src[i])])))
             self._referenced = out
         return self._referenced
 
@@ -169,7 +200,7 @@ class TrimPlan:
             for i in sorted(tools, key=lambda i: (-self.tokens[i], i)):
                 text = self._text(i)
                 if self.tokens[i] > threshold and len(text) > chars:
-                    self._attempt(i, preview(text, chars), "truncated")
+                    self._attempt(i, self._cut(text, chars), "truncated")
                     if not self.over():
                         return
 
@@ -221,9 +252,10 @@ class TrimPlan:
             j = i
             while j < n and self.dropped[j]:
                 j += 1
-            if j > i and sum(self.orig[i:j]) > self.placeholder:
-                ref, stand_in = placeholder(self.src[i:j], sum(self.orig[i:j]))
-                out.append(stand_in)
+            stand_in = self._stand_in(i, j) if j > i else None
+            if stand_in is not None:
+                ref, message = stand_in
+                out.append(message)
                 verbatim[ref] = list(self.src[i:j])
                 last, i = j - 1, j
                 continue
@@ -243,6 +275,19 @@ class TrimPlan:
             verbatim=verbatim,
             limitations=self._limitations(),
         )
+
+    def _stand_in(self, i: int, j: int) -> tuple[str, Message] | None:
+        """The placeholder for dropped run i..j-1: with the run's facts if that still saves
+        tokens, else the bare marker, else None (the run is kept)."""
+        run, tokens = self.src[i:j], sum(self.orig[i:j])
+        if self.fact_chars:
+            texts = [t for m in run for t in (message_text(m), *_arguments(m))]
+            note = facts(texts, self.fact_chars)
+            ref, message = placeholder(run, tokens, f"facts: {note}" if note else "")
+            if self.config.count_message(message) < tokens:
+                return ref, message
+        ref, message = placeholder(run, tokens)
+        return (ref, message) if self.config.count_message(message) < tokens else None
 
     def ref(self, i: int) -> str:
         """The ref id of input message i (hashing is the costly part of a rewrite: once each)."""
@@ -269,6 +314,9 @@ def _compose(base: Message, body: str, ref: str, tokens: int, verbs: list[str]) 
     return with_text(base, f"{marker}\n{body}" if body else marker)
 
 
-def _calls(message: Message) -> list[dict[str, Any]]:
+def _arguments(message: Message) -> list[str]:
+    """The argument strings of a message's tool calls."""
     calls = message.get("tool_calls")
-    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+    if not isinstance(calls, list):
+        return []
+    return [str(c.get("function", {}).get("arguments", "")) for c in calls if isinstance(c, dict)]

@@ -198,15 +198,17 @@ def refs_in(message: Message) -> list[str]:
     return list(dict.fromkeys(REF_PATTERN.findall(message_text(message))))
 
 
-def placeholder(run: Sequence[Message], tokens: int) -> tuple[str, Message]:
-    """(ref id, the one message standing for a dropped run of whole units)."""
+def placeholder(run: Sequence[Message], tokens: int, note: str = "") -> tuple[str, Message]:
+    """(ref id, the one message standing for a dropped run of whole units, with an optional note
+    after its marker)."""
     ref = make_ref_id(run)
     # The run's first role (user or assistant): the placeholder relates to what precedes it
     # exactly as the run did, so turn order stays as valid as the client's own. Never `tool`
     # (it would need a call) nor `system` (it would read as an instruction).
     role = run[0].get("role") if run else "user"
     role = role if role in ("user", "assistant") else "user"
-    return ref, {"role": role, "content": ref_marker(ref, len(run), tokens, "dropped")}
+    marker = ref_marker(ref, len(run), tokens, "dropped")
+    return ref, {"role": role, "content": f"{marker}\n{note}" if note else marker}
 
 
 def placeholder_cost(config: CompressionConfig) -> int:
