@@ -41,8 +41,8 @@ from proxy.store.redis_ops import (
 
 T = TypeVar("T")
 
-# Kept in the checkpoint index (whose other fields are hex digests) so that the first round
-# trip of find_checkpoint also learns the retention to refresh.
+# Kept in the checkpoint index (whose other fields are hex digests) so that the find script
+# also learns the retention to refresh; redis_find.FIND_SCRIPT names the same field.
 TTL_FIELD = b"~ttl"
 
 
