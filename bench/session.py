@@ -110,9 +110,12 @@ def model_counter() -> TokenCounter:
     return Tokenizers().for_model(ModelTable.load().lookup(MODEL))
 
 
-def with_budgets(corpora: list[Corpus], ratio: float, fixed: int, base: str) -> list[Corpus]:
+def with_budgets(
+    corpora: list[Corpus], ratio: float, fixed: int, base: str, min_tokens: int = 0
+) -> list[Corpus]:
     """Each session's budget: `fixed`, else from its last request's tokens (2 digits).
 
+    Sessions whose last request is under `min_tokens` are left out.
     base "total": ratio x the last request. base "compressible": the part no provider may touch
     (system messages and tool schemas) plus ratio x the rest, so a budget is never below what
     compaction can reach.
@@ -129,6 +132,8 @@ def with_budgets(corpora: list[Corpus], ratio: float, fixed: int, base: str) -> 
                 system = [m for m in history if m["role"] in ("system", "developer")]
                 head = counter.count_messages(system) + tools
             budget = fixed or _two_digits(head + int((tokens - head) * ratio))
+            if tokens < min_tokens:
+                continue
             sessions.append(Session(s.corpus, s.id, s.messages, s.tools, s.turns, budget))
         corpus.sessions = sessions
     return corpora
@@ -291,6 +296,7 @@ async def main() -> None:
     parser.add_argument("--store", choices=("redis", "sqlite", "both"), default="both")
     parser.add_argument("--limit", type=int, default=30, help="sessions per corpus")
     parser.add_argument("--min-turns", type=int, default=4, help="requests per session, at least")
+    parser.add_argument("--min-tokens", type=int, default=0, help="tokens of the last request")
     parser.add_argument("--budget-ratio", type=float, default=0.4)
     parser.add_argument("--budget", type=int, default=0, help="fixed budget for every session")
     parser.add_argument("--budget-base", choices=("compressible", "total"), default="compressible")
@@ -299,8 +305,12 @@ async def main() -> None:
         "--no-accounting", action="store_true", help="no usage writes after each response"
     )
     args = parser.parse_args()
-    corpora = load_corpora(args.limit, args.min_turns)
-    corpora = with_budgets(corpora, args.budget_ratio, args.budget, args.budget_base)
+    corpora = load_corpora(args.limit if not args.min_tokens else 10**6, args.min_turns)
+    corpora = with_budgets(
+        corpora, args.budget_ratio, args.budget, args.budget_base, args.min_tokens
+    )
+    for corpus in corpora:
+        corpus.sessions = corpus.sessions[: args.limit]
     kinds = ("redis", "sqlite") if args.store == "both" else (args.store,)
     rows, ops = [], []
     started = time.perf_counter()
@@ -314,7 +324,8 @@ async def main() -> None:
         budget = f"{args.budget_ratio:g} x last request ({args.budget_base})"
     accounting = "off" if args.no_accounting else "on"
     print(
-        f"budget: {budget}; echo: {args.echo}; accounting {accounting}; "
+        f"budget: {budget}; sessions: >= {args.min_turns} requests, last >= {args.min_tokens}"
+        f" tokens; echo: {args.echo}; accounting {accounting}; "
         f"{time.perf_counter() - started:.0f} s\n"
     )
     print(table(rows, SUMMARY_COLUMNS))
