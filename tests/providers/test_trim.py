@@ -6,6 +6,7 @@ import json
 import pytest
 
 from proxy.providers.base import REF_PATTERN, Message
+from proxy.providers.prose import facts, paths_in
 from proxy.providers.trim import TrimOptions, TrimProvider
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
@@ -190,3 +191,47 @@ def test_options_are_validated() -> None:
         TrimOptions.parse({"preview_chars": "400"})
     with pytest.raises(ValueError, match="prose_keep_ratio"):
         TrimOptions.parse({"prose_keep_ratio": 0})
+
+
+def test_a_placeholder_lists_the_ids_and_numbers_of_what_it_dropped() -> None:
+    msgs = [system(), user("My user id is mia_li_3668 and I booked HAT136 on 2024-05-20.")]
+    msgs += [
+        assistant(words(300)),
+        user(words(300)),
+        assistant(words(300)),
+        user("book it"),
+        assistant("ok"),
+    ]
+    out = trim(msgs, count_tokens(msgs) // 3, recency_turns=1)
+    placeholder = message_text(out[1])
+    assert "dropped]" in placeholder
+    assert "mia_li_3668" in placeholder
+    assert "HAT136" in placeholder
+
+
+def test_a_cut_tool_result_lists_the_facts_of_its_cut_middle() -> None:
+    record = json.dumps({"note": words(400), "reservation_id": "9MRJD4", "tail": words(400)})
+    msgs = [
+        system(),
+        user("go"),
+        assistant(None, "c"),
+        tool("c", record),
+        assistant("ok"),
+        user("next"),
+    ]
+    out = trim(msgs, count_tokens(msgs) - 400, recency_turns=0)
+    assert "truncated" in message_text(out[3]) or "stubbed" in message_text(out[3])
+    assert "9MRJD4" in message_text(out[3])
+
+
+def test_facts_prefer_names_then_the_latest_when_space_is_short() -> None:
+    text = "order 12345 by user_1 then 67890 by user_2 at src/app.py"
+    assert facts([text], 1000) == "12345, user_1, 67890, user_2, src/app.py"
+    assert facts([text], 24) == "user_2, src/app.py"
+    assert facts([text], 1000, exclude="user_1 12345") == "67890, user_2, src/app.py"
+    assert facts(["paid $1,234.50"], 100) == "$1,234.50"
+
+
+def test_paths_are_found_in_prose_and_json() -> None:
+    text = 'edit src/app/main.py and ./a/b.txt; {"path": "lib/x.py"} not http://x.com/a/b'
+    assert paths_in(text) == {"src/app/main.py", "./a/b.txt", "lib/x.py"}
