@@ -105,7 +105,7 @@ def completion_response() -> bytes:
 
 
 def sse_events(chunks: int = 32) -> list[bytes]:
-    """The SSE response as a list of events, each ending with its blank line."""
+    """The SSE response as `chunks` events: role, deltas, finish with usage, `[DONE]`."""
     base = {
         "id": "chatcmpl-bench0000000000000000000002",
         "object": "chat.completion.chunk",
@@ -119,11 +119,11 @@ def sse_events(chunks: int = 32) -> list[bytes]:
         + _dumps({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
         + b"\n\n"
     ]
-    for i in range(chunks - 2):
+    for i in range(chunks - 3):
         delta = {"content": words[i % len(words)]}
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
         events.append(b"data: " + _dumps({**base, "choices": [choice]}) + b"\n\n")
-    usage = {"prompt_tokens": 412, "completion_tokens": chunks - 2, "total_tokens": 442}
+    usage = {"prompt_tokens": 412, "completion_tokens": chunks - 3, "total_tokens": 409 + chunks}
     last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
     events.append(b"data: " + _dumps({**base, "choices": [last], "usage": usage}) + b"\n\n")
     events.append(b"data: [DONE]\n\n")

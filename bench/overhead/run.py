@@ -14,6 +14,8 @@ import argparse
 import asyncio
 import functools
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -104,7 +106,11 @@ async def profile_pass(
             return
         await asyncio.sleep(0.5)
         await run_scenario(url, sc, expected, ref)
-        await asyncio.to_thread(rec.wait, 30)
+        try:
+            await asyncio.to_thread(rec.wait, 30)
+        except subprocess.TimeoutExpired:
+            rec.kill()
+            rec.wait()
         if raw.exists():
             md = summarise(raw)
             (out / f"{server.name}-{sc.name}.md").write_text(md)
@@ -116,8 +122,6 @@ async def main_async(args: argparse.Namespace) -> int:
     proxy_core, load_core = cores()
     # Children inherit this affinity: nginx shares the load generator's core, and each proxy is
     # re-pinned to the other core by taskset.
-    import os  # noqa: PLC0415
-
     os.sched_setaffinity(0, {load_core})
     if args.nice:
         # Inherited by nginx and every proxy: on a shared machine, other work yields to the run.
@@ -142,8 +146,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 with server_for(t, up.base_url, proxy_core, Path(data)) as server:
                     url = f"{server.url}/v1/chat/completions"
                     if t.kind == "compactd":
-                        seen = await probe(url, large_body())
-                        probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(seen.items()))
+                        got = await probe(url, large_body())
+                        probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
                     pid = server.worker_pids()[-1]
                     results[t.name] = await measure(url, scs, expected, ref, pid)
                     if args.profile and t.kind == "compactd":
