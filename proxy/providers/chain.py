@@ -76,9 +76,12 @@ async def run_chain(
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             continue
         # Validation is linear but not free on a long history: off the event loop like compress.
-        problems = await run_sync(
-            functools.partial(check_result, check_budget=False), current, result, config
-        )
+        try:
+            problems = await run_sync(
+                functools.partial(check_result, check_budget=False), current, result, config
+            )
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # malformed output
+            problems = [f"result could not be validated: {type(exc).__name__}: {exc}"]
         if problems:
             log.warning("provider %s broke %d invariant(s): %s", name, len(problems), problems[0])
             violations.extend(f"{name}: {p}" for p in problems)

@@ -56,6 +56,15 @@ class Vandal(ContextProvider):
         return CompactionResult(messages=out, source_digest="", covered_through=0)
 
 
+class Garbage(ContextProvider):
+    """Returns something that is not a list of message dicts."""
+
+    name = "garbage"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        return CompactionResult(messages=["not a message"], source_digest="")  # type: ignore[list-item]
+
+
 class AsyncTrim(ContextProvider):
     name = "async-trim"
 
@@ -123,6 +132,14 @@ async def test_a_result_that_breaks_an_invariant_is_discarded_with_the_provider_
     assert trim.seen == [msgs]
     assert outcome.result is not None
     assert outcome.result.messages[0] == msgs[0]
+
+
+async def test_malformed_output_is_a_violation_not_a_crash() -> None:
+    msgs = agent_run(4)
+    outcome = await run_chain(msgs, [Garbage()], half(msgs))
+    assert outcome.result is None
+    assert outcome.violations
+    assert outcome.violations[0].startswith("garbage: ")
 
 
 async def test_nothing_valid_changed_means_no_result() -> None:
