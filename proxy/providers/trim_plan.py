@@ -65,24 +65,21 @@ class TrimPlan:
         self._refs: dict[int, str] = {}
 
     def _levels(self) -> list[int]:
-        """The first tier in which each message may be touched."""
+        """The first tier in which each message may be touched (_NEVER: hard protection, head)."""
         prot = protection(self.src, self.units, self.config.keep_head, self.config.recency_turns)
         keep = self.opts.recent_units
-        tail = (
-            len(self.src)
-            if keep <= 0
-            else self.units[-keep].start
-            if keep <= len(self.units)
-            else 0
-        )
-        return [
-            _NEVER
-            if i in prot.hard or i in prot.head
-            else (2 if i >= tail else 1)
-            if i in prot.recent
-            else 0
-            for i in range(len(self.src))
-        ]
+        last_units = self.units[-keep].start if 0 < keep <= len(self.units) else 0
+        if keep <= 0:
+            last_units = len(self.src)
+
+        def level(i: int) -> int:
+            if i in prot.hard or i in prot.head:
+                return _NEVER
+            if i not in prot.recent:
+                return 0
+            return 2 if i >= last_units else 1
+
+        return [level(i) for i in range(len(self.src))]
 
     def over(self) -> bool:
         return self.total > self.config.limit
@@ -106,9 +103,7 @@ class TrimPlan:
                     if not self.over():
                         return self._spend_slack(result)
                 stage(tier)
-        if self.fact_chars:
-            # Last resort: placeholders without their fact lists.
-            self.fact_chars = 0
+        self.fact_chars = 0  # last resort: placeholders without their fact lists
         return self.result()
 
     def _spend_slack(self, result: CompactionResult) -> CompactionResult:
