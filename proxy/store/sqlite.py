@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.store import codec, sqlite_ops
+from proxy.store import codec, sqlite_ops, sqlite_usage
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
@@ -150,11 +150,11 @@ class SqliteStore:
 
     async def record_usage(self, record: UsageRecord) -> None:
         """Add one request to its (tenant, policy, model, day) aggregate."""
-        await self._run(sqlite_ops.record_usage, record)
+        await self._run(sqlite_usage.record_usage, record)
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-        return await self._run(sqlite_ops.usage, tenant, since_day, write=False, slow=True)
+        return await self._run(sqlite_usage.usage, tenant, since_day, write=False, slow=True)
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""

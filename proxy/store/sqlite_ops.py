@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from proxy.store import codec
-from proxy.store.base import Checkpoint, Compaction, ConversationInfo, Message, UsageRecord
+from proxy.store.base import Checkpoint, Compaction, ConversationInfo, Message
 
 T = TypeVar("T")
 
@@ -286,30 +286,6 @@ def list_conversations(con: sqlite3.Connection, tenant: str | None) -> list[Conv
         )
         for r in rows
     ]
-
-
-def record_usage(con: sqlite3.Connection, record: UsageRecord) -> None:
-    """Add one request's counters to its aggregate."""
-    key = (record.day, record.tenant, record.policy, record.model)
-    with transaction(con):
-        con.executemany(
-            "INSERT INTO usage VALUES (?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (day, tenant, policy, model, counter) DO UPDATE SET n = n + excluded.n",
-            [(*key, name, n) for name, n in codec.usage_increments(record).items()],
-        )
-
-
-def usage(con: sqlite3.Connection, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
-    """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-    codec.days_since(since_day)  # validates the format
-    rows: dict[tuple[str, str, str, str], dict[str, int]] = {}
-    for day, t, policy, model, counter, n in con.execute(
-        "SELECT day, tenant, policy, model, counter, n FROM usage"
-        " WHERE day >= ? AND (tenant = ? OR ? IS NULL)",
-        (since_day, tenant, tenant),
-    ):
-        rows.setdefault((t, policy, model, day), {})[counter] = n
-    return [codec.usage_row(*key, counters) for key, counters in sorted(rows.items())]
 
 
 def run_write(con: sqlite3.Connection, fn: Callable[[], T]) -> T:
