@@ -52,9 +52,9 @@ class EngineOptions:
     fuzzy_threshold: float = 0.85
     dedup_min_chars: int = 200
     summary_ratio: float = 0.4
-    facts_ratio: float = 0.2
+    facts_ratio: float = 0.4
     stub_facts_ratio: float = 0.1
-    max_facts_chars: int = 600
+    max_facts_chars: int = 1500
     merge_consecutive: bool = True
     force_converge: bool = True
 

@@ -65,15 +65,19 @@ _THREE_DIGITS = re.compile(r"\d\D*\d\D*\d")
 _CODE = re.compile(r"[A-Z0-9]{5,8}")
 _MIN_FACT_LEN = 2
 _DIGIT = re.compile(r"\d")
+_PATHLIKE = re.compile(r"^[\w.-]*/[\w./-]*\w$|^[\w-]+\.[a-z]{1,4}$")
 _LETTER = re.compile(r"[^\W\d_]")
 
 
-def _rank(value: str) -> int:
-    """0: ids (letters and digits), 1: paths, URLs, names, dates; 2: amounts; 3: other numbers."""
+def _rank(value: str, quoted: bool = False) -> int:
+    """0: what the author quoted as `code`, paths and ids (letters and digits); 1: other names,
+    URLs and dates; 2: amounts; 3: other numbers."""
+    if quoted or _PATHLIKE.search(value):
+        return 0
     digits = _DIGIT.search(value) is not None
     letters = _LETTER.search(value) is not None
     if digits and letters:
-        return 0 if "/" not in value else 1
+        return 0 if "://" not in value else 1
     if letters or value.count("-") == 2:
         return 1
     return 2 if value[0] in "$€£" or len(value) >= 3 else 3
@@ -81,12 +85,15 @@ def _rank(value: str) -> int:
 
 def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
-    unique = dict.fromkeys(
-        v[1:-1] if v[0] == "`" else v.strip(_PUNCT_EDGES) for v in _FACT.findall(text)
-    )
+    quoted: dict[str, bool] = {}
+    for v in _FACT.findall(text):
+        if v[0] == "`":
+            quoted[v[1:-1]] = True
+        else:
+            quoted.setdefault(v.strip(_PUNCT_EDGES), False)
     return [
-        (_rank(value), pos, value)
-        for pos, value in enumerate(unique)
+        (_rank(value, q), pos, value)
+        for pos, (value, q) in enumerate(quoted.items())
         if len(value) >= _MIN_FACT_LEN
     ]
 
