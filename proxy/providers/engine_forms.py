@@ -19,7 +19,8 @@ from proxy.providers.base import (
     ref_marker,
 )
 from proxy.providers.dedup import Duplicate
-from proxy.providers.summary import extract_facts, fact_candidates, pack_facts, summarize_text
+from proxy.providers.facts import extract_facts, fact_candidates, pack_facts
+from proxy.providers.summary import summarize_text
 from proxy.providers.units import message_text, with_text
 
 SUMMARY, FACTS, DROPPED, BARE = 1, 2, 3, 4

@@ -1,17 +1,17 @@
-"""The deterministic extractive summarizer keeps hard content and drops filler."""
+"""The deterministic extractive summarizer and fact extractor keep hard content, drop filler."""
 
 from __future__ import annotations
 
 import json
 
-from proxy.providers.summary import (
+from proxy.providers.facts import (
     error_lines,
     extract_facts,
     fact_candidates,
     fact_items,
     pack_facts,
-    summarize_text,
 )
+from proxy.providers.summary import summarize_text
 
 PROSE = (
     "Sure, happy to help with that! "

@@ -1,0 +1,193 @@
+"""Facts: what a paraphrase would lose (ids, paths, names, quoted code, dates, amounts, errors).
+
+Standard library only. Facts are found with one cheap pattern, ranked by how much they tell per
+character, and packed into a character budget; JSON documents give their scalar leaves grouped
+by key instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+# A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
+# underscore, a slash or an @, a dot inside a word (`utils.py`, `aider.repo`) or a lower-to-upper
+# hump (`warmCache`). One cheap pattern anchored at token starts finds them; ranking is per match.
+_FACT = re.compile(
+    r"`[^`\s]{2,60}`"
+    r"|(?<![\w./@$€£~:%+-])[\w./@$€£~:%+-]*(?:[\d_/@]|\w\.\w|[a-z][A-Z])[\w./@$€£~:%+?=&-]*"
+)
+_PUNCT_EDGES = ".:,-+%~"
+_ERROR_LINE = re.compile(
+    r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
+    r"|(?-i:[a-z](?:Error|Exception))\b",
+    re.I,
+)
+# For lowered text (case-sensitive patterns run much faster than re.I ones).
+ERROR_WORDS = re.compile(
+    r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
+    r"|[a-z](?:error|exception)\b"
+)
+_ID_SHAPE = re.compile(r"[\w.@-]+")
+_THREE_DIGITS = re.compile(r"\d\D*\d\D*\d")
+_CODE = re.compile(r"[A-Z0-9]{5,8}")
+_MIN_FACT_LEN = 2
+_DIGIT = re.compile(r"\d")
+_PATHLIKE = re.compile(r"^[\w.-]*/[\w./-]*\w$|^[\w-]+\.[a-z]{1,4}$")
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def _rank(value: str, quoted: bool = False) -> int:
+    """0: what the author quoted as `code`, paths and ids (letters and digits); 1: other names,
+    URLs and dates; 2: amounts; 3: other numbers."""
+    if quoted or _PATHLIKE.search(value):
+        return 0
+    digits = _DIGIT.search(value) is not None
+    letters = _LETTER.search(value) is not None
+    if digits and letters:
+        return 0 if "://" not in value else 1
+    if letters or value.count("-") == 2:
+        return 1
+    return 2 if value[0] in "$€£" or len(value) >= 3 else 3
+
+
+def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
+    """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
+    quoted: dict[str, bool] = {}
+    for v in _FACT.findall(text):
+        if v[0] == "`":
+            quoted[v[1:-1]] = True
+        else:
+            quoted.setdefault(v.strip(_PUNCT_EDGES), False)
+    return [
+        (_rank(value, q), pos, value)
+        for pos, (value, q) in enumerate(quoted.items())
+        if len(value) >= _MIN_FACT_LEN
+    ]
+
+
+def fact_items(text: str) -> list[str]:
+    """Identifiers, paths, URLs, ids, dates and numbers in `text`, unique, in order."""
+    return [value for _, _, value in _ranked_facts(text)]
+
+
+def pack_ranked(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> list[str]:
+    """The best-ranked items that fit in max_chars, back in their original order."""
+    chosen: list[tuple[int, int, str]] = []
+    used = 0
+    for item in sorted(items):
+        cost = len(item[2]) + len(sep)
+        if used + cost > max_chars:
+            continue
+        chosen.append(item)
+        used += cost
+    return [value for _, _, value in sorted(chosen, key=lambda t: t[1])]
+
+
+def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
+    """The last `limit` lines that report an error (the final one is usually the cause)."""
+    lines: dict[str, None] = {}
+    low = text.lower()
+    # Case-sensitive search of the lowered text is several times faster than re.I; lower() keeps
+    # positions unless some character changes length (rare: then search the original).
+    matches = ERROR_WORDS.finditer(low) if len(low) == len(text) else _ERROR_LINE.finditer(text)
+    for match in matches:
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        lines[text[start : end if end >= 0 else len(text)].strip()] = None
+    return [ln[:width] for ln in list(lines)[-limit:]]
+
+
+def _id_like(value: str) -> bool:
+    return bool(_ID_SHAPE.fullmatch(value)) and bool(
+        _THREE_DIGITS.search(value) or _CODE.fullmatch(value)
+    )
+
+
+def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
+    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too."""
+    items: dict[tuple[str, str], tuple[int, int]] = {}
+
+    def walk(node: Any, key: str, depth: int) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if _id_like(str(k)):
+                    items.setdefault((key, str(k)), (0, len(items)))
+                walk(v, str(k), depth + 1)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, key, depth + 1)
+        elif node not in (None, "", False) and not isinstance(node, bool):
+            text = str(node)
+            rank = (
+                0 if _id_like(text) else (1 if isinstance(node, int | float) else 2 + min(depth, 3))
+            )
+            items.setdefault((key, text), (rank, len(items)))
+
+    walk(value, "", 0)
+    return items
+
+
+def _json_facts(value: Any, max_chars: int) -> str | None:
+    """Scalar leaves grouped by key (`flight_number: HAT069, HAT083; price: 121`), ids first."""
+    items = _json_items(value)
+    chosen: list[tuple[int, str, str]] = []
+    keys_used: set[str] = set()
+    used = 0
+    for (key, text), (_rank, pos) in sorted(items.items(), key=lambda kv: kv[1]):
+        cost = len(text) + 2 + (0 if key in keys_used else len(key) + 4)
+        if used + cost > max_chars:
+            continue
+        keys_used.add(key)
+        chosen.append((pos, key, text))
+        used += cost
+    if not chosen:
+        return None
+    groups: dict[str, list[str]] = {}
+    for _pos, key, text in sorted(chosen):
+        groups.setdefault(key, []).append(text)
+    return "; ".join(f"{k}: {', '.join(v)}" if k else ", ".join(v) for k, v in groups.items())
+
+
+def fact_candidates(text: str) -> list[tuple[int, str]]:
+    """(rank, fact) pairs of a text in order of appearance; lower ranks matter more."""
+    value = parse_json(text)
+    if value is not None:
+        ranked = sorted(_json_items(value).items(), key=lambda kv: kv[1][1])
+        return [(rank, fact) for (_key, fact), (rank, _pos) in ranked]
+    return [(rank, fact) for rank, _pos, fact in _ranked_facts(text)]
+
+
+def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
+    """The best-ranked unique facts that fit in max_chars, comma-separated, in original order."""
+    unique: dict[str, tuple[int, int, str]] = {}
+    for pos, (rank, fact) in enumerate(candidates):
+        if fact not in unique:
+            unique[fact] = (rank, pos, fact)
+    return ", ".join(pack_ranked(unique.values(), max_chars, ", "))
+
+
+def parse_json(text: str) -> Any | None:
+    """The JSON value if the whole text is a JSON object or array, else None."""
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "[{":
+        return None
+    try:
+        return json.loads(stripped)
+    except ValueError:
+        return None
+
+
+def extract_facts(text: str, max_chars: int) -> str:
+    """Only the facts of `text` (error lines first, then ids, paths, numbers), at most max_chars."""
+    value = parse_json(text)
+    if value is not None:
+        return _json_facts(value, max_chars) or ""
+    parts = [ln for ln in error_lines(text) if len(ln) < max_chars // 2]
+    budget = max_chars - sum(len(p) + 3 for p in parts)
+    facts = pack_ranked(_ranked_facts(text), budget, ", ")
+    if facts:
+        parts.append(", ".join(facts))
+    return " | ".join(parts)[:max_chars]
