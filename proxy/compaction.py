@@ -34,6 +34,7 @@ from proxy.providers.base import (
 )
 from proxy.providers.chain import ChainOutcome, run_chain
 from proxy.store.base import Checkpoint, Compaction, Store, StoreError, valid_id
+from proxy.store.summary_cache import TenantSummaryCache
 from proxy.tenant import bearer_key, key_fingerprint, tenant_id
 from proxy.tokens import TokenCounter, Tokenizers
 
@@ -132,21 +133,6 @@ class _Configured(ContextProvider):
 
     def _config(self, config: CompressionConfig) -> CompressionConfig:
         return dataclasses.replace(config, extra_config=self.options)
-
-
-class _TenantSummaries:
-    """The store's summary cache seen through one tenant (the SummaryCache protocol)."""
-
-    def __init__(self, store: Store, tenant: str, ttl: int) -> None:
-        self.store, self.tenant, self.ttl = store, tenant, ttl
-
-    async def get(self, digest: str) -> str | None:
-        """A cached summary, or None."""
-        return await self.store.get_summary(self.tenant, digest)
-
-    async def put(self, digest: str, summary: str) -> None:
-        """Keep a summary."""
-        await self.store.put_summary(self.tenant, digest, summary, self.ttl)
 
 
 def bound_chain(
@@ -400,7 +386,7 @@ class Compactor:
             keep_head=policy.keep_head,
             recency_turns=policy.recency_turns,
             complete=self.completer(state.api_key) if self.completer else None,
-            summary_cache=_TenantSummaries(self.store, state.tenant, ttl),
+            summary_cache=TenantSummaryCache(self.store, state.tenant, ttl),
         )
 
     def _compaction(
