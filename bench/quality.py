@@ -7,7 +7,8 @@ tool schemas) and aider sessions (console output kept). Budgets are 50 % and 25 
 conversation's own tokens (o200k_base, tools included). Every provider is compared with the naive
 baseline `drop-oldest` (drop the oldest non-system messages until it fits, like LiteLLM's
 `trim_messages`: it may orphan tool results). `summarize` runs with a deterministic fake completer
-that answers with the extractive summary of what it was asked to summarize (no network).
+that answers with the extractive summary of what it was asked to summarize, cut to the word limit
+its prompt sets (no network; a real model's summaries read better but keep fewer exact facts).
 
 Key facts: tau-bench — the scalar arguments of the ground-truth actions (`meta.task.actions`) that
 contain a digit (ids, flight numbers, amounts, dates) and appear in the conversation after the
@@ -149,8 +150,10 @@ class DropOldest(ContextProvider):
 
 
 async def fake_complete(messages: list[Message], model: str, timeout: float) -> str:
-    """A deterministic completer: the extractive summary of the text it was asked about."""
-    return summarize_text(messages[-1]["content"], 0.3)
+    """A deterministic, obedient completer: the extractive summary of the text it was asked
+    about, cut to the "at most N words" the prompt asks for."""
+    limit = int(re.search(r"at most (\d+) words", messages[0]["content"]).group(1))  # type: ignore[union-attr]
+    return " ".join(summarize_text(messages[-1]["content"], 0.3).split()[:limit])
 
 
 def providers(names: Sequence[str]) -> list[ContextProvider]:

@@ -94,7 +94,12 @@ def transcript(messages: Sequence[Message], max_chars: int) -> str:
     return f"{text[:half]}\n[…]\n{text[-half:]}"
 
 
-def choose_span(messages: list[Message], config: CompressionConfig, allowance: int) -> range:
+def summary_budget(span_tokens: int, summary_tokens: int) -> int:
+    """Tokens a summary of a span may take: a third of the span, at most `summary_tokens`."""
+    return max(16, min(summary_tokens, span_tokens // 3))
+
+
+def choose_span(messages: list[Message], config: CompressionConfig, summary_tokens: int) -> range:
     """The oldest run of droppable units whose replacement by a summary reaches the target."""
     units = split_units(messages)
     prot = protection(messages, units, config.keep_head, config.recency_turns)
@@ -111,6 +116,7 @@ def choose_span(messages: list[Message], config: CompressionConfig, allowance: i
         saved = 0
         for unit in run:
             saved += sum(config.count_message(messages[i]) for i in unit.indices())
+            allowance = summary_budget(saved, summary_tokens) + _MARKER_ALLOWANCE
             if total - saved + allowance <= config.limit:
                 return range(run[0].start, unit.end)
         if relaxed:
@@ -131,7 +137,7 @@ class SummarizeProvider(ContextProvider):
     ) -> CompactionResult:
         """Replace the oldest turns with an LLM summary, or fall back to the engine."""
         opts = SummarizeOptions.from_extra(config.extra_config)
-        span = choose_span(messages, config, opts.summary_tokens + _MARKER_ALLOWANCE)
+        span = choose_span(messages, config, opts.summary_tokens)
         if len(span) > 0 and config.complete is not None:
             result = await self._with_llm(messages, config, opts, span)
             if result is not None:
@@ -161,9 +167,21 @@ class SummarizeProvider(ContextProvider):
             if cache is not None:
                 await cache.put(digest, summary)
         result = build_result(messages, span, summary, config)
-        if result is None or config.count_tokens(result.messages) > config.budget:
+        if result is None or config.count_tokens(result.messages) <= config.limit:
+            return result
+        # Still over target: let the engine finish the job on top of the (paid) summary; its
+        # references nest, so `uncompress(recursive=True)` still restores the original.
+        engine = EngineOptions.from_extra(opts.engine or {})
+        more = await asyncio.to_thread(compact, result.messages, config, engine)
+        if config.count_tokens(more.messages) > config.budget:
             return None
-        return result
+        return CompactionResult(
+            messages=more.messages,
+            source_digest=result.source_digest,
+            covered_through=len(messages) - 1 - _common_suffix(messages, more.messages),
+            verbatim={**result.verbatim, **more.verbatim},
+            limitations=[*result.limitations, *more.limitations],
+        )
 
     async def _ask(
         self,
@@ -175,7 +193,8 @@ class SummarizeProvider(ContextProvider):
         """Normal, then aggressive prompt; None when neither gives a usable, shorter summary."""
         assert config.complete is not None
         text = transcript(originals, opts.max_input_chars)
-        words = max(12, min(opts.summary_tokens, span_tokens // 3) * 3 // 4)
+        # Half a word per token: code and ids cost several tokens per word.
+        words = summary_budget(span_tokens, opts.summary_tokens) // 2
         for prompt in (
             NORMAL_PROMPT.format(words=words),
             AGGRESSIVE_PROMPT.format(words=words // 2),
@@ -193,6 +212,13 @@ class SummarizeProvider(ContextProvider):
                 return reply
             log.info("summarize: %s reply was empty or not shorter; escalating", opts.model)
         return None
+
+
+def _common_suffix(a: Sequence[Message], b: Sequence[Message]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
 
 
 def build_result(

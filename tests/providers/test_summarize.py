@@ -14,6 +14,7 @@ from proxy.providers.summarize import (
     SummarizeOptions,
     SummarizeProvider,
 )
+from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
 from tests.providers.build import agent_run, assistant, system, user, words
@@ -204,3 +205,12 @@ async def test_summarize_against_a_real_http_upstream(
 
     assert seen[0]["model"] == "gpt-4o-mini"
     assert SUMMARY in message_text(result.messages[1])
+
+
+async def test_the_engine_finishes_on_top_of_a_summary_and_both_undo() -> None:
+    messages = chat(10)
+    result = await run(messages, 0.15, FakeCompleter(words(600, "summary")))
+    assert result.limitations[0] == "oldest turns replaced by an LLM summary"
+    assert len(result.limitations) > 1
+    restored = uncompress(result.messages, result.verbatim, recursive=True)
+    assert restored.messages == messages
