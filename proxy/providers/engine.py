@@ -3,10 +3,11 @@
 Every unit (a user message, or an assistant message with all its tool results) that may change
 climbs one ladder, oldest units first and the recency window last: summarized (hard content kept,
 exact or fuzzy duplicates replaced by a readable reference), then reduced to its facts, then
-dropped into a stub that keeps the run's facts; the last rung (`force_converge`) leaves only
-reference markers. A binary search over the ladder finds the least lossy rung that fits the
-target. Messages of different roles, `name`s or `tool_call_id`s are never merged; system/developer
-messages, the head, the last user message and the final message are never touched.
+dropped into a stub that keeps the run's facts; the last rungs (`force_converge`) leave short
+reference markers with fewer and fewer facts, then the markers alone. A galloping binary search
+over the ladder finds the least lossy rung that fits the target. Messages of different roles,
+`name`s or `tool_call_id`s are never merged; system/developer messages, the head, the last user
+message and the final message are never touched.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from proxy.providers.base import (
 )
 from proxy.providers.dedup import Duplicate, find_exact, find_fuzzy
 from proxy.providers.engine_forms import (
-    BARE,
     DROPPED,
     FACTS,
+    FORCED,
     SUMMARY,
     Form,
     Forms,
@@ -38,8 +39,13 @@ _LIMITATIONS = {
     SUMMARY: "older prose summarized extractively (hard content kept)",
     FACTS: "older messages reduced to their facts",
     DROPPED: "oldest units dropped (their facts kept in a stub)",
-    BARE: "forced convergence: some messages reduced to their reference marker",
+    FORCED: "forced convergence: messages reduced to a reference marker and a few facts",
 }
+
+
+# Forced convergence climbs these rungs: every stub and every message still rewritable gets the
+# short marker and at most this many characters of facts, the last rung the marker alone.
+FORCE_FACT_CHARS = (400, 200, 100, 50, 0)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,7 @@ class _Plan:
     merge: bool
     base: int
 
-    def build(self, s: int, force: bool) -> tuple[list[Message], list[Form], int]:
+    def build(self, s: int, force_cap: int | None) -> tuple[list[Message], list[Form], int]:
         """The messages at rung `s`, the forms used, and their estimated request tokens."""
         levels = [0] * len(self.units)
         for step in self.steps[:s]:
@@ -164,7 +170,7 @@ class _Plan:
 
         def flush_run() -> None:
             if run:
-                stub = self.forms.stub(run[0].start, run[-1].end, force)
+                stub = self.forms.stub(run[0].start, run[-1].end, force_cap)
                 if stub is not None:
                     flush_pending()
                     emit(stub, stub.start, stub.end)
@@ -177,7 +183,10 @@ class _Plan:
             for i in unit.indices():
                 form = None
                 if i not in self.fixed and level:
-                    form = self.forms.single(i, BARE if force else level)
+                    if force_cap is None:
+                        form = self.forms.single(i, level)
+                    else:
+                        form = self.forms.forced(i, force_cap)
                 if form is not None and self.merge and _mergeable(form, pending):
                     pending.append(form)
                     continue
@@ -260,12 +269,17 @@ def compact(
     forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts))
     base = config.count_tokens(messages) - sum(forms.costs)
     plan = _Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
-    rungs = len(steps) + (1 if opts.force_converge else 0)
+    caps = FORCE_FACT_CHARS if opts.force_converge else ()
+    rungs = len(steps) + len(caps)
+
+    def force_cap(s: int) -> int | None:
+        return caps[s - len(steps) - 1] if s > len(steps) else None
+
     cache: dict[int, int] = {}
 
     def cost(s: int) -> int:
         if s not in cache:
-            cache[s] = plan.build(min(s, len(steps)), s > len(steps))[2]
+            cache[s] = plan.build(min(s, len(steps)), force_cap(s))[2]
         return cache[s]
 
     # The top rung is cheap to build (markers only): if even it misses the budget, nothing fits,
@@ -278,10 +292,10 @@ def compact(
         chosen = _search(cost, rungs, config.budget)
     if chosen is None:
         chosen = len(steps)
-    out, used, _ = plan.build(min(chosen, len(steps)), chosen > len(steps))
+    out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
     if not used:
         return CompactionResult(messages=list(messages), source_digest=digest)
-    levels = {step.level for step in steps[:chosen]} | ({BARE} if chosen > len(steps) else set())
+    levels = {step.level for step in steps[:chosen]} | ({FORCED} if chosen > len(steps) else set())
     return CompactionResult(
         messages=out,
         source_digest=digest,

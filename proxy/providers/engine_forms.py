@@ -2,8 +2,8 @@
 
 Levels, from least to most lossy: 1 = summary (or a duplicate reference), 2 = facts only,
 3 = dropped into a stub that stands for a run of whole units (with their facts), and the forced
-forms: a stub or message that is only its reference marker. A form is offered only if it costs
-fewer tokens than what it replaces, so no message ever grows.
+forms: the short reference marker with fewer and fewer facts, down to the marker alone. A form
+is offered only if it costs fewer tokens than what it replaces, so no message ever grows.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from proxy.providers.facts import extract_facts, fact_candidates, pack_facts
 from proxy.providers.summary import summarize_text
 from proxy.providers.units import message_text, with_text
 
-SUMMARY, FACTS, DROPPED, BARE = 1, 2, 3, 4
+SUMMARY, FACTS, DROPPED, FORCED = 1, 2, 3, 4
 _SNIPPET = 60
 # Fields that cost tokens but carry nothing the summary keeps; the originals hold them.
 _DROP_ON_REWRITE = ("reasoning_content", "reasoning", "thinking")
@@ -128,8 +128,12 @@ class Forms:
     def _accept(self, form: Form) -> Form | None:
         return form if self.cost(form) < self.span_cost(form.start, form.end) else None
 
+    def _facts_cap(self, text: str) -> int:
+        ratio = self.settings.facts_ratio
+        return min(self.settings.max_facts_chars, max(48, int(len(text) * ratio)))
+
     def single(self, i: int, level: int) -> Form | None:
-        """Message i at SUMMARY, FACTS or BARE level; None if that would not make it smaller."""
+        """Message i at SUMMARY or FACTS level; None if that would not make it smaller."""
         key = (i, i + 1, level)
         if key not in self._memo:
             self._memo[key] = self._build_single(i, level)
@@ -137,13 +141,8 @@ class Forms:
 
     def _build_single(self, i: int, level: int) -> Form | None:
         text = message_text(self.messages[i])
-        if level == BARE:
-            return self._accept(self._make(i, i + 1, None, ""))
         if level == FACTS:
-            cap = min(
-                self.settings.max_facts_chars, max(48, int(len(text) * self.settings.facts_ratio))
-            )
-            facts = extract_facts(text, cap)
+            facts = extract_facts(text, self._facts_cap(text))
             best = self._accept(
                 self._make(i, i + 1, "reduced to facts", f"facts: {facts}" if facts else "")
             )
@@ -196,21 +195,40 @@ class Forms:
             self._facts[i] = fact_candidates(self._fact_text(i))
         return self._facts[i]
 
-    def stub(self, start: int, end: int, bare: bool) -> Form | None:
-        """A run of whole units dropped, replaced by one user/assistant message with its facts."""
-        key = (start, end, BARE if bare else DROPPED)
+    def stub(self, start: int, end: int, force_cap: int | None = None) -> Form | None:
+        """A run of whole units dropped, replaced by one user/assistant message with its facts.
+
+        Forced stubs (`force_cap` set) carry the short marker and at most `force_cap` chars of
+        facts (none at 0)."""
+        key = (start, end, DROPPED if force_cap is None else -1 - force_cap)
         if key not in self._memo:
             role = "user" if self.messages[start].get("role") == "user" else "assistant"
+            chars = sum(len(self._fact_text(i)) for i in range(start, end))
+            cap = min(
+                self.settings.max_facts_chars, max(40, int(chars * self.settings.stub_facts_ratio))
+            )
+            if force_cap is not None:
+                cap = min(cap, force_cap)
             body = ""
-            if not bare:
-                chars = sum(len(self._fact_text(i)) for i in range(start, end))
-                cap = min(
-                    self.settings.max_facts_chars,
-                    max(40, int(chars * self.settings.stub_facts_ratio)),
-                )
+            if cap > 0:
                 candidates = [c for i in range(start, end) for c in self._candidates(i)]
                 facts = pack_facts(candidates, cap)
                 body = f"facts: {facts}" if facts else ""
-            verb = None if bare else "dropped"
+            verb = None if force_cap is not None else "dropped"
             self._memo[key] = self._accept(self._make(start, end, verb, body, role))
+        return self._memo[key]
+
+    def forced(self, i: int, force_cap: int) -> Form | None:
+        """Message i with the short marker and at most `force_cap` chars of facts."""
+        key = (i, i + 1, -1 - force_cap)
+        if key not in self._memo:
+            facts = ""
+            if force_cap > 0:
+                text = message_text(self.messages[i])
+                cap = min(self._facts_cap(text), force_cap)
+                facts = extract_facts(text, cap)
+            form = self._accept(self._make(i, i + 1, None, f"facts: {facts}" if facts else ""))
+            if form is None and force_cap > 0:
+                form = self.forced(i, 0)
+            self._memo[key] = form
         return self._memo[key]
