@@ -40,6 +40,7 @@ _TRACEBACK = re.compile(
     r"^\s+at [\w$.<>]+\(",
     re.M,
 )
+_CODE_ENDINGS = (":", "{", "}", ";", "(", ")", ",", "[", "]", "=", "\\")
 _SPECIAL_DELETE = str.maketrans("", "", "{}[]<>|\\;:@#$%^&*()=+`~")
 
 
@@ -49,8 +50,11 @@ def _is_hard(block: str) -> bool:
         return False
     if _TRACEBACK.search(block) or _SQL.search(block):
         return True
-    if len(lines) >= 2 and all(ln.startswith(("    ", "\t")) for ln in lines):
-        return True
+    if len(lines) >= 2:
+        # Unfenced code (a file read, a diff): mostly indented lines or lines ending like code.
+        code = sum(1 for ln in lines if ln[0] in " \t" or ln.rstrip().endswith(_CODE_ENDINGS))
+        if code * 5 >= len(lines) * 3:
+            return True
     special = len(block) - len(block.translate(_SPECIAL_DELETE))
     return len(block) >= 20 and special / len(block) > 0.15
 
