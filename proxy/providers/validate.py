@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from proxy.providers.base import CompactionResult, CompressionConfig, Message
 from proxy.providers.units import hard_protected, message_text, refs_in, tool_call_ids
 
 MAX_REF_DEPTH = 10
-_BARE_MARKER = re.compile(r"\[compactd:ref=[0-9a-f]{6,32}\b[^\]]*\]")
+_DROPPED = re.compile(r"\[compactd:ref=[0-9a-f]{6,32}\b[^\]\n]*\bdropped\]")
 _MEDIA_TYPES = frozenset({"image_url", "input_audio", "file", "audio"})
 
 
@@ -130,11 +129,11 @@ def _check_replacement(
     problems = []
     if after > before:
         problems.append(f"{where} grew from {before} to {after} tokens")
-    # A replacement that is only its marker is a drop: it keeps nothing whose shape could matter.
-    bare = _BARE_MARKER.fullmatch(message_text(new).strip()) is not None
-    old = original[rep.start] if rep.end - rep.start == 1 else None
-    if old is not None and not (bare and _identity(old) != _identity(new)):
-        problems.extend(_same_shape(old, new, where, content=not bare))
+    # A replacement whose marker says "dropped" stands in for whole messages: nothing of them
+    # is kept in place, so only its own validity matters, not their shape.
+    stand_in = _DROPPED.search(message_text(new)) is not None
+    if rep.end - rep.start == 1 and not stand_in:
+        problems.extend(_same_shape(original[rep.start], new, where))
     elif new.get("role") not in ("user", "assistant") or new.get("tool_calls"):
         problems.append(
             f"{where} stands for dropped messages but is not a plain user/assistant one"
@@ -142,11 +141,7 @@ def _check_replacement(
     return problems
 
 
-def _identity(m: Message) -> tuple[Any, ...]:
-    return (m.get("role"), m.get("tool_call_id"), m.get("name"), tuple(tool_call_ids(m)))
-
-
-def _same_shape(old: Message, new: Message, where: str, *, content: bool) -> list[str]:
+def _same_shape(old: Message, new: Message, where: str) -> list[str]:
     """A one-for-one rewrite keeps role, tool identity, content type and media parts."""
     problems = []
     for key in ("role", "tool_call_id", "name"):
@@ -154,8 +149,6 @@ def _same_shape(old: Message, new: Message, where: str, *, content: bool) -> lis
             problems.append(f"{where} changed its {key}")
     if tool_call_ids(old) != tool_call_ids(new):
         problems.append(f"{where} changed its tool_calls ids")
-    if not content:
-        return problems
     a, b = old.get("content"), new.get("content")
     if isinstance(a, list):
         if not isinstance(b, list):

@@ -180,10 +180,26 @@ def test_a_message_that_stands_for_several_must_be_plain_user_or_assistant() -> 
     assert any("not a plain user/assistant" in p for p in problems)
 
 
-def test_a_message_reduced_to_its_marker_is_a_drop_and_may_change_shape() -> None:
+def test_a_dropped_marker_stands_in_for_a_message_whatever_its_shape() -> None:
     image = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
     big = {"role": "user", "content": [{"type": "text", "text": words(400)}, image]}
     msgs = [big, assistant("seen"), user("ok")]
     ref = make_ref_id([big])
     out = [{"role": "user", "content": ref_marker(ref, 1, 400, "dropped")}, *msgs[1:]]
     assert check_result(msgs, result(out, {ref: [big]}, 0), CONFIG) == []
+
+
+def test_a_dropped_stand_in_must_itself_be_a_plain_user_or_assistant_message() -> None:
+    msgs = [user("q"), tool("ghost", words(300)), user("z")]
+    ref = make_ref_id(msgs[1:2])
+    as_tool = {
+        "role": "tool",
+        "tool_call_id": "ghost",
+        "content": ref_marker(ref, 1, 300, "dropped"),
+    }
+    as_user = {"role": "user", "content": ref_marker(ref, 1, 300, "dropped") + "\nfacts: x1"}
+    problems = check_result(msgs, result([msgs[0], as_tool, msgs[2]], {ref: msgs[1:2]}, 1), CONFIG)
+    assert any("not a plain user/assistant" in p for p in problems)
+    assert (
+        check_result(msgs, result([msgs[0], as_user, msgs[2]], {ref: msgs[1:2]}, 1), CONFIG) == []
+    )
