@@ -4,8 +4,10 @@ The oldest whole units (a user message, or an assistant message with all its too
 the protected head are replaced by one message holding a summary written by a cheap model, called
 with the tenant's own key through `config.complete`. Escalation: the normal prompt, then the
 aggressive prompt when the call fails, times out or returns nothing shorter than its input, then the
-deterministic `engine`. Summaries are cached by the digest of the span they replace, so a span is
-never paid for twice and a replayed span always gets the same bytes.
+deterministic `engine`. Facts of the span (ids, paths, names, numbers) that the model left out are
+appended to its summary, so an imperfect summary never loses them. Summaries are cached by the
+digest of the span they replace, so a span is never paid for twice and a replayed span always gets
+the same bytes.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from proxy.providers.base import (
     ref_marker,
 )
 from proxy.providers.engine import EngineOptions, compact
+from proxy.providers.engine_forms import fact_text
+from proxy.providers.facts import fact_candidates, pack_facts
 from proxy.providers.units import Unit, droppable, message_text, protection, split_units
 
 log = logging.getLogger(__name__)
 
+_MAX_FACTS_CHARS = 1500
 _MARKER_ALLOWANCE = 40
 """Tokens the marker line and message overhead add to a summary."""
 
@@ -221,6 +226,14 @@ def _common_suffix(a: Sequence[Message], b: Sequence[Message]) -> int:
     return n
 
 
+def missing_facts(originals: Sequence[Message], summary: str) -> str:
+    """Facts of the span the summary left out (a model may drop ids; the request must not)."""
+    texts = [fact_text(m) for m in originals]
+    cap = min(_MAX_FACTS_CHARS, sum(len(t) for t in texts) // 10)
+    candidates = [c for t in texts for c in fact_candidates(t) if c[1] not in summary]
+    return pack_facts(candidates, cap)
+
+
 def build_result(
     messages: list[Message], span: range, summary: str, config: CompressionConfig
 ) -> CompactionResult | None:
@@ -232,6 +245,9 @@ def build_result(
     first = originals[0]
     role = "user" if first.get("role") == "user" else "assistant"
     text = f"{marker}\nSummary of the earlier conversation:\n{summary}"
+    missing = missing_facts(originals, summary)
+    if missing:
+        text = f"{text}\nfacts: {missing}"
     content: Any = (
         [{"type": "text", "text": text}] if isinstance(first.get("content"), list) else text
     )
