@@ -1,17 +1,23 @@
 """Session replay: real multi-turn conversations through compactd, turn by turn, as sent.
 
-    .venv/bin/python bench/session.py [--store redis|sqlite|both] [--limit 30] [--budget-ratio 0.4]
+    .venv/bin/python bench/session.py [--store redis|sqlite|both] [--limit 30] [--min-tokens N]
+        [--budget-ratio 0.4] [--budget-base compressible|total] [--budget N] [--echo corpus|sdk]
+        [--no-accounting]
 
 Corpora (read from ../shared/corpora, never copied): tau-bench airline runs (gpt-4o agent, native
 tool calls, the 14 tool schemas sent as `tools`) and aider sessions (console output kept as user
 messages). Every assistant message of a session is one request: the history before it, exactly as
 the client would send it (the full history so far). A fake upstream on a real socket answers each
-request with that recorded assistant message, so the next turn's history is the corpus's.
+request with that recorded assistant message, so the next turn's history is the corpus's
+(`--echo sdk` appends it as the OpenAI SDK re-serializes it, with null/empty extra fields).
 
-Each session gets a budget of `--budget-ratio` x the tokens of its last request (the policy is
-selected by a header, one policy per distinct budget), or `--budget N` for all. The proxy runs
-in-process behind uvicorn with the default `trim` provider; the store is wrapped to time each
-call. Redis uses DB 13 (flushed at start); SQLite a fresh file. Prints a markdown table.
+Each session gets a budget from the tokens of its last request: the part no provider may touch
+(system messages + tool schemas) plus `--budget-ratio` of the rest (`--budget-base total`: the
+ratio of the whole), or `--budget N` for all; one header-selected policy per distinct budget. The
+proxy runs in-process behind uvicorn with the default `trim` provider; the store is wrapped to
+time each call. Redis uses DB 13 (flushed at start); SQLite a fresh file. Prints markdown tables.
+The forwarded bytes are what the fake upstream received: a turn's prefix is byte-identical when
+the raw bytes of the previous turn's forwarded messages start its own messages array.
 """
 
 from __future__ import annotations
