@@ -73,7 +73,7 @@ def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedSer
         "COMPACTD_UPSTREAM_URL": upstream,
         "COMPACTD_UPSTREAM_TRANSPORT": t.transport,
         "COMPACTD_DATA_DIR": str(data_dir / t.name),
-        "COMPACTD_SERVER_LOG_LEVEL": "warning",
+        "COMPACTD_SERVER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info"),
     }
     return PinnedServer(t.name, argv, port, core, env=env)
 
