@@ -197,11 +197,17 @@ class _Plan:
                     emit(form, i, i + 1)
 
         for u, unit in enumerate(self.units):
-            if levels[u] == DROPPED:
+            level = levels[u]
+            if level == DROPPED:
                 run.append(unit)
                 continue
             flush_run()
-            emit_unit(unit, levels[u])
+            if level:
+                emit_unit(unit, level)
+            else:
+                # Most units of most rungs are untouched: one slice, one prefix-sum lookup.
+                flush_pending()
+                emit(None, unit.start, unit.end)
         flush_run()
         flush_pending()
         return out, used, tokens

@@ -77,6 +77,7 @@ class Forms:
     settings: FormSettings
     duplicates: dict[int, Duplicate]
     costs: list[int] = field(init=False)
+    _prefix: list[int] = field(init=False)
     _memo: dict[tuple[int, int, int], Form | None] = field(default_factory=dict)
     _merges: dict[tuple[tuple[int, int, int, str], ...], Form] = field(default_factory=dict)
     _texts: dict[int, str] = field(default_factory=dict)
@@ -85,6 +86,9 @@ class Forms:
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
+        self._prefix = [0]
+        for c in self.costs:
+            self._prefix.append(self._prefix[-1] + c)
 
     def cost(self, form: Form) -> int:
         """Tokens a form costs."""
@@ -92,7 +96,7 @@ class Forms:
 
     def span_cost(self, start: int, end: int) -> int:
         """Tokens input messages start .. end-1 cost."""
-        return sum(self.costs[start:end])
+        return self._prefix[end] - self._prefix[start]
 
     def _make(
         self, start: int, end: int, verb: str | None, body: str, role: str | None = None
