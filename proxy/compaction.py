@@ -146,14 +146,14 @@ def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def serialize(parsed: dict[str, Any], messages: list[Message]) -> bytes:
-    """The request with only `messages` replaced, every message in canonical form.
+def serialize(parsed: dict[str, Any], canonical: list[Message]) -> bytes:
+    """The request with only `messages` replaced by (already canonical) messages.
 
     Other keys keep their order; output is compact and UTF-8 (orjson), so the bytes sent for the
     same history are the same on every turn.
     """
     body = dict(parsed)
-    body["messages"] = [canonical_message(m) for m in messages]
+    body["messages"] = canonical
     return orjson.dumps(body)
 
 
@@ -295,16 +295,19 @@ class Compactor:
         )
         if plan.compaction is not None:
             plan = await self._store(plan, policy, state)
-        if policy.mode == "shadow":
-            state.action, state.shadow_action = "shadow", plan.action
-            state.tokens_after = plan.tokens
-            state.provider = "+".join(plan.providers)
-            return self._finish(body, state)
-        state.action, state.tokens_after = plan.action, plan.tokens
         state.provider = "+".join(plan.providers)
         if plan.action == "passthrough":
+            state.action = "shadow" if policy.mode == "shadow" else "passthrough"
+            state.shadow_action = "passthrough" if policy.mode == "shadow" else ""
             return self._finish(body, state)
-        return self._finish(serialize(parsed, plan.messages), state)
+        # Count what is actually sent: the canonical form, not the provider's dicts.
+        canonical = [canonical_message(m) for m in plan.messages]
+        state.tokens_after = fixed + counter.count_messages(canonical)
+        if policy.mode == "shadow":
+            state.action, state.shadow_action = "shadow", plan.action
+            return self._finish(body, state)
+        state.action = plan.action
+        return self._finish(serialize(parsed, canonical), state)
 
     async def _plan(
         self,
@@ -405,6 +408,11 @@ class Compactor:
         base = checkpoint.covered_through if checkpoint is not None else -1
         candidate_len = replayed + len(messages) - (base + 1)
         keep_from = max(result.covered_through + 1, replayed)
+        if checkpoint is not None and keep_from == replayed and candidate_len > replayed:
+            # The chain rewrote only the replayed prefix. Covering the same originals would reuse
+            # the old checkpoint's source digest, and first-writer-wins would hand the old one
+            # back (the request would go out uncompacted): cover one more original instead.
+            keep_from += 1
         suffix = candidate_len - keep_from
         covered = base + (keep_from - replayed)
         prefix = result.messages[: len(result.messages) - suffix]
@@ -448,7 +456,8 @@ class Compactor:
         mine = plan.compaction.checkpoint
         if winner.messages == mine.messages:
             return plan
-        # Another request of this conversation compacted the same prefix first: use its bytes.
+        # Another request of this conversation compacted the same prefix first: use its bytes
+        # (the caller counts what is finally sent).
         messages = [*winner.messages, *plan.messages[len(mine.messages) :]]
         return dataclasses.replace(plan, messages=messages, providers=tuple(winner.providers))
 
@@ -462,7 +471,10 @@ def _worth_it(outcome: ChainOutcome, before: int, budget: Budget, policy: Policy
     saved = before - outcome.tokens_after
     if saved <= 0:
         return False
-    return before > budget.budget or saved >= policy.min_saving * before
+    # Over budget, a small saving is worth it only if it makes the request fit; otherwise every
+    # turn would pay a cache-busting compaction for a handful of tokens.
+    fits_now = before > budget.budget and outcome.tokens_after <= budget.budget
+    return fits_now or saved >= policy.min_saving * before
 
 
 def _conversation(header: str | None, messages: list[Message]) -> str:

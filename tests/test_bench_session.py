@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from bench.session import AIDER, Corpus, Session, load_corpora, replay, with_budgets
 from bench.session_replay import TimedStore, TurnLog, message_spans
 from proxy.store.sqlite import SqliteStore
@@ -83,12 +81,6 @@ async def test_replay_compacts_and_keeps_the_prefix_between_compactions() -> Non
     assert {op["op"] for op in ops} >= {"find_checkpoint", "save_compaction"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compaction.py: a re-compaction of only the replayed checkpoint keeps the old "
-    "checkpoint's source digest; first-writer-wins hands the old one back and the request goes "
-    "out uncompacted while x-compactd-tokens-after reports the compacted count",
-)
 async def test_tokens_after_header_matches_the_forwarded_body_on_a_real_aider_session() -> None:
     assert AIDER.exists(), f"corpus missing: {AIDER}"
     corpus = with_budgets(load_corpora(5, 4), 0.4, 0, "compressible")[1]
