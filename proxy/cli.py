@@ -71,17 +71,19 @@ def _check_config(args: argparse.Namespace) -> int:
     from proxy.budget import ModelTable  # noqa: PLC0415
     from proxy.policy import PolicyResolver  # noqa: PLC0415
     from proxy.providers.registry import ProviderLoadError, ProviderRegistry  # noqa: PLC0415
+    from proxy.services import check_provider_options  # noqa: PLC0415
 
     settings = _settings(args)
     # Everything start-up would build from the config, so check-config fails where serve would.
     PolicyResolver(settings)
     ModelTable.load(Path(settings.tokens.models_file) if settings.tokens.models_file else None)
     try:
-        ProviderRegistry().load_enabled(
+        providers = ProviderRegistry().load_enabled(
             sorted({n for p in settings.all_policies() for n in p.providers})
         )
     except ProviderLoadError as exc:
         raise ConfigError(f"providers: {exc}") from None
+    check_provider_options(settings, providers)
     print(
         f"ok: {args.config or '(defaults)'} — upstream {settings.upstream.url}, "
         f"{len(settings.policies) + 1} policies"

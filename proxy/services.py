@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,11 +14,11 @@ import orjson
 
 from proxy.budget import ModelTable
 from proxy.compaction import Compactor, CompleterFactory
-from proxy.config import Settings, data_dir
+from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
 from proxy.metrics import MULTIPROC_ENV, Metrics
 from proxy.policy import PolicyResolver
-from proxy.providers.base import Completer, Message
+from proxy.providers.base import Completer, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
 from proxy.store.base import Store
 from proxy.store.factory import open_store
@@ -109,6 +110,7 @@ async def build_services(
     policies = PolicyResolver(settings)
     names = {n for p in settings.all_policies() for n in p.providers}
     providers = (registry or ProviderRegistry()).load_enabled(sorted(names))
+    check_provider_options(settings, providers)
     models = ModelTable.load(
         Path(settings.tokens.models_file) if settings.tokens.models_file else None
     )
@@ -141,6 +143,16 @@ async def build_services(
         metrics=metrics,
         compactor=compactor,
     )
+
+
+def check_provider_options(settings: Settings, providers: Mapping[str, ContextProvider]) -> None:
+    """Every policy's options for every provider in its chain, validated by the provider."""
+    for policy in settings.all_policies():
+        for name in policy.providers:
+            try:
+                providers[name].check_options(policy.options.get(name, {}))
+            except ValueError as exc:
+                raise ConfigError(f"policy {policy.name!r}.options.{name}: {exc}") from None
 
 
 async def _store_warnings(store: Store) -> list[str]:

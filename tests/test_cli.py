@@ -177,3 +177,12 @@ def test_compress_writes_one_line_per_input_line_in_order(tmp_path: Path) -> Non
     assert out[0]["stats"]["tokens_after"] <= out[0]["stats"]["budget"]
     assert "error" in out[1]
     assert out[2]["messages"] == history(2)
+
+
+def test_check_config_rejects_a_misspelled_provider_option(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[default_policy]\nproviders = ["trim", "engine"]\n[default_policy.options.engine]\nfuzy_dedup = true\n')
+    result = run("check-config", str(bad), data=tmp_path)
+    assert result.returncode == 2
+    assert b"options.engine" in result.stderr
+    assert b"fuzy_dedup" in result.stderr

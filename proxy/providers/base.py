@@ -94,6 +94,14 @@ class ContextProvider(ABC):
     ) -> CompactionResult | Awaitable[CompactionResult]:
         """Return a compacted copy of `messages`; may be `async`. Never mutate the input."""
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Raise ValueError naming a bad key of this provider's `extra_config`.
+
+        Called at start-up (and by `compactd check-config`) for every policy that uses the
+        provider, so a misspelled option stops the server instead of being silently ignored.
+        """
+        del options
+
 
 def canonical_json(value: Any) -> bytes:
     """Stable bytes for hashing: sorted keys, no whitespace, UTF-8."""

@@ -97,6 +97,10 @@ class EngineProvider(ContextProvider):
         """Registry name."""
         return "engine"
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Reject unknown or bad `extra_config` keys at start-up."""
+        EngineOptions.from_extra(options)
+
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
         """Compact `messages` to the least lossy rung of the ladder that fits `config.limit`."""
         return compact(messages, config, EngineOptions.from_extra(config.extra_config))

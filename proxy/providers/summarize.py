@@ -137,6 +137,10 @@ class SummarizeProvider(ContextProvider):
         """Registry name."""
         return "summarize"
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Reject unknown or bad `extra_config` keys at start-up."""
+        SummarizeOptions.from_extra(options)
+
     async def compress(
         self, messages: list[Message], config: CompressionConfig
     ) -> CompactionResult:

@@ -80,6 +80,10 @@ class TrimProvider(ContextProvider):
 
     name = "trim"
 
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Reject unknown or bad `extra_config` keys at start-up."""
+        TrimOptions.parse(options)
+
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
         """Trim until the request costs at most `config.limit` (or nothing is left to trim)."""
         plan = TrimPlan(messages, config, TrimOptions.parse(config.extra_config))
