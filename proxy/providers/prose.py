@@ -6,7 +6,7 @@ Everything here is deterministic and linear in the text length.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 _THINK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
@@ -21,7 +21,12 @@ _ERROR_WORDS = ("error", "exception", "traceback", "failed", "failure", "fatal",
 # path regex backtracks.
 _TOKEN_SPLIT = re.compile(r"[\s\"'`()<>\[\]{},;|=]+")
 # Like the path split, but a comma inside a number ($1,234.50) does not split it.
-_FACT_SPLIT = re.compile(r"[\s\"'`()<>\[\]{};|=]+|,(?!\d)|: ")
+# A fact token is a run of non-separator characters holding a digit or a slash; a comma inside
+# a number ($1,234.50) does not end it. It may only start after a separator (the lookbehind) and
+# its first part is possessive, so nothing is scanned twice: linear on any input.
+_SEP = r"\s\"'`()<>\[\]{};|=,"
+_FACT_TOKEN = re.compile(rf"(?<![^{_SEP}])[^{_SEP}\d/]*+[\d/](?:[^{_SEP}]|,(?=\d))*")
+_NAME = re.compile(r"[^\W\d_]|/")
 _PATH_TOKEN = re.compile(r"(?:~|\.{1,2})?/?[\w.@+-]+(?:/[\w.@+-]+)+/?")
 # What a reader would need to act on: code spans, paths, URLs, identifiers, numbers, errors.
 _HARD_FACT = re.compile(
@@ -61,36 +66,44 @@ def paths_in(text: str) -> set[str]:
     return out
 
 
-def facts(texts: Iterable[str], max_chars: int, exclude: str = "") -> str:
-    """Distinct tokens that carry a digit or a path (ids, numbers, dates, amounts, files), none
-    already in `exclude`, comma-joined within `max_chars` in order of appearance. When not all
-    fit, names (letters with digits: ids, codes, files) beat bare numbers, later beat earlier."""
-    found: dict[str, int] = {}
-    position = 0
-    for text in texts:
-        for token in _FACT_SPLIT.split(text):
-            token = token.strip(".,:;")  # noqa: PLW2901 - the cleaned token is what we keep
-            if 2 < len(token) <= 64 and _has_fact(token) and token not in exclude:
-                found.pop(token, None)
-                found[token] = position  # the last appearance counts
-                position += 1
-    ranked = sorted(found, key=lambda t: (not _is_name(t), -found[t]))
-    chosen: set[str] = set()
+def fact_tokens(text: str) -> list[str]:
+    """Tokens of text that carry a digit or a path (ids, numbers, dates, amounts, files), in order,
+    repeats included."""
+    cleaned = (token.strip(".,:;") for token in _FACT_TOKEN.findall(text))
+    return [t for t in cleaned if 2 < len(t) <= 64]
+
+
+def facts(tokens: Sequence[str], max_chars: int, exclude: str = "") -> str:
+    """Distinct fact tokens not already in `exclude`, comma-joined within `max_chars` in order of
+    (last) appearance. When not all fit, names (letters with digits: ids, codes, files) beat bare
+    numbers, and later ones beat earlier ones."""
+    chosen: dict[str, int] = {}  # token -> rank counted from the end
+    numbers: dict[str, int] = {}
+    seen: set[str] = set()
     used = 0
-    for token in ranked:
+    # Latest first, so a long history stops being read as soon as the names fill the room.
+    for rank, token in enumerate(reversed(tokens)):
+        if token in seen or token in exclude:
+            continue
+        seen.add(token)
+        if not has_name(token):
+            numbers[token] = rank
+        elif used + len(token) + 2 > max_chars:
+            break
+        else:
+            chosen[token] = rank
+            used += len(token) + 2
+    for token, rank in numbers.items():
         if used + len(token) + 2 > max_chars:
             break
-        chosen.add(token)
+        chosen[token] = rank
         used += len(token) + 2
-    return ", ".join(t for t in found if t in chosen)
+    return ", ".join(sorted(chosen, key=chosen.__getitem__, reverse=True))
 
 
-def _is_name(token: str) -> bool:
-    return "/" in token or any(c.isalpha() for c in token)
-
-
-def _has_fact(token: str) -> bool:
-    return "/" in token or any(c.isdigit() for c in token)
+def has_name(token: str) -> bool:
+    """Whether a fact token is a name (letters with digits, or a path) rather than a number."""
+    return _NAME.search(token) is not None
 
 
 def strip_reasoning(text: str) -> str:

@@ -6,6 +6,7 @@ See `proxy.providers.trim` for the stages and the options.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,9 @@ from proxy.providers.base import (
 )
 from proxy.providers.prose import (
     condense,
+    fact_tokens,
     facts,
+    has_name,
     looks_like_error,
     paths_in,
     preview,
@@ -63,6 +66,7 @@ class TrimPlan:
         self.placeholder = placeholder_cost(config) + self.fact_chars // 2
         self._referenced: list[bool] | None = None
         self._refs: dict[int, str] = {}
+        self._fact_cache: dict[int, list[str]] = {}
 
     def _levels(self) -> list[int]:
         """The first tier in which each message may be touched (_NEVER: hard protection, head)."""
@@ -118,12 +122,13 @@ class TrimPlan:
         self.fact_chars -= slack * 2
         return result
 
-    def _cut(self, text: str, chars: int) -> str:
-        """Head and tail of text, then the facts that only the cut middle held."""
+    def _cut(self, i: int, chars: int) -> str:
+        """Head and tail of message i's text, then the facts of the original that they lost."""
+        text = self._text(i)
         kept = preview(text, chars)
         if kept == text or not self.opts.drop_fact_chars:
             return kept
-        lost = facts([text], self.opts.drop_fact_chars, exclude=kept)
+        lost = facts(self._facts_of(i), self.opts.drop_fact_chars, exclude=kept)
         return f"{kept}\nfacts: {lost}" if lost else kept
 
     def _eligible(self, tier: int) -> list[int]:
@@ -155,7 +160,7 @@ class TrimPlan:
                 and not looks_like_error(self._text(i))
                 and not self.referenced()[i]
             ):
-                self._attempt(i, self._cut(self._text(i), self.opts.preview_chars), "stubbed")
+                self._attempt(i, self._cut(i, self.opts.preview_chars), "stubbed")
                 if not self.over():
                     return
 
@@ -195,7 +200,7 @@ class TrimPlan:
             for i in sorted(tools, key=lambda i: (-self.tokens[i], i)):
                 text = self._text(i)
                 if self.tokens[i] > threshold and len(text) > chars:
-                    self._attempt(i, self._cut(text, chars), "truncated")
+                    self._attempt(i, self._cut(i, chars), "truncated")
                     if not self.over():
                         return
 
@@ -276,13 +281,33 @@ class TrimPlan:
         tokens, else the bare marker, else None (the run is kept)."""
         run, tokens = self.src[i:j], sum(self.orig[i:j])
         if self.fact_chars:
-            texts = [t for m in run for t in (message_text(m), *_arguments(m))]
-            note = facts(texts, self.fact_chars)
+            note = facts(self._facts_between(i, j), self.fact_chars)
             ref, message = placeholder(run, tokens, f"facts: {note}" if note else "")
             if self.config.count_message(message) < tokens:
                 return ref, message
         ref, message = placeholder(run, tokens)
         return (ref, message) if self.config.count_message(message) < tokens else None
+
+    def _facts_between(self, i: int, j: int) -> list[str]:
+        """Fact tokens of messages i..j-1, read from the end only until there are enough names
+        to fill the fact list (the latest win anyway), so a long dropped run costs little."""
+        found: list[list[str]] = []
+        names = 0
+        for k in range(j - 1, i - 1, -1):
+            found.append(self._facts_of(k))
+            names += sum(len(t) + 2 for t in found[-1] if has_name(t))
+            if names > 2 * self.fact_chars:
+                break
+        return list(itertools.chain.from_iterable(reversed(found)))
+
+    def _facts_of(self, i: int) -> list[str]:
+        """Fact tokens of input message i, its tool-call arguments included (found once each)."""
+        if i not in self._fact_cache:
+            m = self.src[i]
+            self._fact_cache[i] = [
+                t for x in (message_text(m), *_arguments(m)) for t in fact_tokens(x)
+            ]
+        return self._fact_cache[i]
 
     def ref(self, i: int) -> str:
         """The ref id of input message i (hashing is the costly part of a rewrite: once each)."""

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from proxy.providers.base import REF_PATTERN, Message
-from proxy.providers.prose import facts, paths_in
+from proxy.providers.prose import fact_tokens, facts, paths_in
 from proxy.providers.trim import TrimOptions, TrimProvider
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
@@ -225,11 +225,11 @@ def test_a_cut_tool_result_lists_the_facts_of_its_cut_middle() -> None:
 
 
 def test_facts_prefer_names_then_the_latest_when_space_is_short() -> None:
-    text = "order 12345 by user_1 then 67890 by user_2 at src/app.py"
-    assert facts([text], 1000) == "12345, user_1, 67890, user_2, src/app.py"
-    assert facts([text], 24) == "user_2, src/app.py"
-    assert facts([text], 1000, exclude="user_1 12345") == "67890, user_2, src/app.py"
-    assert facts(["paid $1,234.50"], 100) == "$1,234.50"
+    tokens = fact_tokens("order 12345 by user_1 then 67890 by user_2 at src/app.py")
+    assert facts(tokens, 1000) == "12345, user_1, 67890, user_2, src/app.py"
+    assert facts(tokens, 24) == "user_2, src/app.py"
+    assert facts(tokens, 1000, exclude="user_1 12345") == "67890, user_2, src/app.py"
+    assert facts(fact_tokens("paid $1,234.50."), 100) == "$1,234.50"
 
 
 def test_paths_are_found_in_prose_and_json() -> None:
