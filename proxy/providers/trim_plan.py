@@ -5,7 +5,6 @@ See `proxy.providers.trim` for the stages and the options.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -67,6 +66,7 @@ class TrimPlan:
         self._referenced: list[bool] | None = None
         self._refs: dict[int, str] = {}
         self._fact_cache: dict[int, list[str]] = {}
+        self._digest: str | None = None
 
     def _levels(self) -> list[int]:
         """The first tier in which each message may be touched (_NEVER: hard protection, head)."""
@@ -318,9 +318,11 @@ class TrimPlan:
     def _rewritten(self, i: int) -> Message:
         return _compose(self.base[i], self.body[i], self.ref(i), self.orig[i], self.verbs[i])
 
-    @functools.cache  # noqa: B019 - one plan per compress call, so the cache dies with it
     def digest(self) -> str:
-        return compute_source_digest(self.src)
+        """The input's digest, computed once (result() may run several times per plan)."""
+        if self._digest is None:
+            self._digest = compute_source_digest(self.src)
+        return self._digest
 
     def _limitations(self) -> list[str]:
         done = {verb for verbs in self.verbs.values() for verb in verbs}

@@ -170,7 +170,7 @@ def pairing_problems(messages: Sequence[Message]) -> set[str]:
         role = m.get("role")
         if role == "tool":
             call_id = m.get("tool_call_id")
-            if pending.pop(call_id, None) is None:  # type: ignore[arg-type]
+            if not isinstance(call_id, str) or pending.pop(call_id, None) is None:
                 problems.add(f"tool result {call_id!r} answers no preceding tool call")
             continue
         # Any other message closes the previous assistant's block of answers.
