@@ -92,3 +92,14 @@ def test_profile_summary_ranks_self_time_and_our_own_functions(tmp_path: Path) -
     assert "samples: 40" in md
     assert "| 75.0 | `send (aiohttp/client.py)` |" in md
     assert "| 100.0 | `main (proxy/cli.py)` |" in md
+
+
+def test_rounds_merge_into_one_result_with_summed_time_and_counts() -> None:
+    first, second = _result(0.001, n=10), _result(0.003, n=30)
+    second.errors = 2
+    merged = first.merged(second)
+    assert len(merged.latencies) == 40
+    assert merged.errors == 2
+    assert merged.elapsed == 2.0
+    assert merged.rps == 20.0
+    assert merged.events_total == 20

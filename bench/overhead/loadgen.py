@@ -30,6 +30,19 @@ class Result:
     server_cpu: float = 0.0
     """CPU seconds the proxy process used during the measured part (0 for direct)."""
 
+    def merged(self, other: Result) -> Result:
+        """This result and `other` (a later round of the same scenario) as one."""
+        return Result(
+            latencies=self.latencies + other.latencies,
+            ttfbs=self.ttfbs + other.ttfbs,
+            errors=self.errors + other.errors,
+            mismatched_bodies=self.mismatched_bodies + other.mismatched_bodies,
+            events_identical=self.events_identical + other.events_identical,
+            events_total=self.events_total + other.events_total,
+            elapsed=self.elapsed + other.elapsed,
+            server_cpu=self.server_cpu + other.server_cpu,
+        )
+
     @property
     def rps(self) -> float:
         """Completed requests per second over the whole scenario."""

@@ -1,17 +1,21 @@
 """compactd overhead benchmark: direct-to-upstream against each proxy, in one run.
 
-    .venv/bin/python bench/overhead/run.py [--seconds 10] [--requests 300] [--profile DIR]
+    .venv/bin/python bench/overhead/run.py [--seconds 10] [--requests 300] [--rounds 2]
 
-An nginx upstream serves fixed JSON and SSE bodies on loopback. Each proxy (two naive
-starlette + httpx pass-throughs and compactd with each upstream transport) runs alone, pinned
-to the first core with taskset; the load generator and nginx share the second. Prints a
-markdown table and the target checks; with --profile also py-spy hot spots for compactd.
+An nginx upstream serves fixed JSON and SSE bodies on loopback. Every proxy (two naive
+starlette + httpx pass-throughs and compactd with each upstream transport) is started up front,
+pinned to the first core with taskset; the load generator and nginx share the second. Scenarios
+run target after target, interleaved over --rounds rounds, so load from elsewhere on a shared
+machine falls on all targets alike. Prints a markdown table and the target checks; with
+--profile also py-spy hot spots for compactd.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -78,12 +82,42 @@ def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedSer
     return PinnedServer(t.name, argv, port, core, env=env)
 
 
-async def measure(
-    url: str, scs: list[Scenario], expected: bytes, ref: list[bytes], pid: int = 0
-) -> dict[str, Result]:
-    """Run every scenario in order against `url` (accounting the CPU of `pid` if given)."""
-    cpu = functools.partial(cpu_seconds, pid) if pid else None
-    return {sc.name: await run_scenario(url, sc, expected, ref, cpu) for sc in scs}
+def split_rounds(scs: list[Scenario], rounds: int) -> list[Scenario]:
+    """Each scenario's share of one round: the same total requests or seconds over all rounds."""
+    return [
+        dataclasses.replace(
+            sc,
+            requests=max(1, sc.requests // rounds) if sc.requests else 0,
+            seconds=sc.seconds / rounds,
+        )
+        for sc in scs
+    ]
+
+
+async def interleaved(
+    live: dict[str, tuple[str, int]],
+    scs: list[Scenario],
+    rounds: int,
+    expected: bytes,
+    ref: list[bytes],
+) -> dict[str, dict[str, Result]]:
+    """Run every scenario against every target, target after target, for `rounds` rounds.
+
+    Interleaving spreads other work on a shared machine over all targets alike instead of
+    favouring whichever target happened to run in a quiet minute; the start rotates per round.
+    """
+    names = list(live)
+    out: dict[str, dict[str, Result]] = {n: {} for n in names}
+    for rnd in range(rounds):
+        for sc in split_rounds(scs, rounds):
+            for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
+                url, pid = live[name]
+                cpu = functools.partial(cpu_seconds, pid) if pid else None
+                res = await run_scenario(url, sc, expected, ref, cpu)
+                prev = out[name].get(sc.name)
+                out[name][sc.name] = prev.merged(res) if prev else res
+        print(f"-- round {rnd + 1}/{rounds} done", file=sys.stderr)
+    return out
 
 
 async def profile_pass(
@@ -135,26 +169,33 @@ async def main_async(args: argparse.Namespace) -> int:
     with (
         NginxUpstream(expected, b"".join(ref)) as up,
         tempfile.TemporaryDirectory(prefix="compactd-bench-data-") as data,
+        contextlib.ExitStack() as stack,
     ):
+        # Every proxy is started up front (pinned to the same core, idle until its turn).
+        live: dict[str, tuple[str, int]] = {}
+        servers: dict[str, PinnedServer] = {}
         for t in chosen:
-            print(f"-- {t.name}", file=sys.stderr)
             if t.kind == "direct":
-                direct_url = up.base_url + "/chat/completions"
-                results[t.name] = await measure(direct_url, scs, expected, ref)
+                live[t.name] = (up.base_url + "/chat/completions", 0)
                 continue
             try:
-                with server_for(t, up.base_url, proxy_core, Path(data)) as server:
-                    url = f"{server.url}/v1/chat/completions"
-                    if t.kind == "compactd":
-                        got = await probe(url, large_body())
-                        probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
-                    pid = server.worker_pids()[-1]
-                    results[t.name] = await measure(url, scs, expected, ref, pid)
-                    if args.profile and t.kind == "compactd":
-                        await profile_pass(server, url, scs, expected, ref, Path(args.profile))
+                server = stack.enter_context(server_for(t, up.base_url, proxy_core, Path(data)))
             except (RuntimeError, TimeoutError) as exc:
                 results[t.name] = f"did not start: {str(exc)[-400:]}"
                 print(f"   {t.name} {results[t.name]}", file=sys.stderr)
+                continue
+            servers[t.name] = server
+            live[t.name] = (f"{server.url}/v1/chat/completions", server.worker_pids()[-1])
+            if t.kind == "compactd":
+                got = await probe(live[t.name][0], large_body())
+                probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
+        measured = await interleaved(live, scs, args.rounds, expected, ref)
+        results = {t.name: measured.get(t.name) or results.get(t.name, "") for t in chosen}
+        if args.profile:
+            for name, server in servers.items():
+                if name.startswith("compactd"):
+                    url = live[name][0]
+                    await profile_pass(server, url, scs, expected, ref, Path(args.profile))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(render_table(results, scs))
     print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.\n")
@@ -184,6 +225,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of (b), (c), (d)")
     parser.add_argument("--requests", type=int, default=300, help="requests in (a)")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (same total)")
     parser.add_argument("--only", default="", help="comma-separated target names")
     parser.add_argument("--scenarios", default="abcd", help="which of (a)-(d) to run")
     parser.add_argument("--nice", type=int, default=0, help="scheduling priority (root: <0)")
