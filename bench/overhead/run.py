@@ -43,6 +43,8 @@ class Target:
     name: str
     kind: str  # "direct", "naive" or "compactd"
     transport: str = ""
+    pythonpath: str = ""
+    """For A/B runs: a directory holding a patched `proxy` package that compactd imports first."""
 
 
 TARGETS = (
@@ -79,6 +81,8 @@ def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedSer
         "COMPACTD_DATA_DIR": str(data_dir / t.name),
         "COMPACTD_SERVER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "info"),
     }
+    if t.pythonpath:
+        env["PYTHONPATH"] = t.pythonpath
     return PinnedServer(t.name, argv, port, core, env=env)
 
 
@@ -164,6 +168,9 @@ async def main_async(args: argparse.Namespace) -> int:
     ref = sse_events()
     scs = [sc for sc in scenarios(args.seconds, args.requests) if sc.name in args.scenarios]
     chosen = [t for t in TARGETS if not args.only or t.name in args.only.split(",")]
+    for variant in args.variant:
+        name, _, path = variant.partition("=")
+        chosen.append(Target(name, "compactd", "aiohttp", str(Path(path).resolve())))
     results: dict[str, dict[str, Result] | str] = {}
     probes: dict[str, str] = {}
     with (
@@ -228,6 +235,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (same total)")
     parser.add_argument("--only", default="", help="comma-separated target names")
     parser.add_argument("--scenarios", default="abcd", help="which of (a)-(d) to run")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="also run compactd (aiohttp) importing `proxy` from DIR first (name it compactd-…)",
+    )
     parser.add_argument("--nice", type=int, default=0, help="scheduling priority (root: <0)")
     parser.add_argument("--profile", default="", help="directory for py-spy profiles")
     parser.add_argument("--json", default="", help="also write raw figures to this file")
