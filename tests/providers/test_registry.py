@@ -164,3 +164,32 @@ async def test_a_pip_installed_third_party_provider_is_found_and_used() -> None:
     assert outcome.tokens_after < outcome.tokens_before
     assert outcome.result is not None
     assert uncompress(outcome.result.messages, outcome.result.verbatim).messages == msgs
+
+
+@pytest.mark.usefixtures("installed_plugin")
+async def test_a_pip_installed_provider_runs_inside_the_proxy(upstream, make_proxy) -> None:
+    import httpx
+
+    from proxy.digest import canonical_message
+
+    fake, base = upstream
+    msgs = agent_run(6, result_tokens=400)
+    policy = {
+        "providers": ["short-tools"],
+        "budget_tokens": count_tokens(msgs) * 6 // 10,
+        "options": {"short-tools": {"keep_chars": 100}},
+    }
+    async with make_proxy(base, default_policy=policy) as url, httpx.AsyncClient() as http:
+        r = await http.post(
+            f"{url}/v1/chat/completions", json={"model": "gpt-4o", "messages": msgs}
+        )
+        restored = await http.post(
+            f"{url}/compactd/v1/uncompress", json={"messages": fake.last.json()["messages"]}
+        )
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert r.headers["x-compactd-provider"] == "short-tools"
+    assert b"shortened" in fake.last.body
+    # Messages the proxy forwarded untouched went out in canonical form (nulls dropped).
+    assert [canonical_message(m) for m in restored.json()["messages"]] == [
+        canonical_message(m) for m in msgs
+    ]
