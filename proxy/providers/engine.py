@@ -126,7 +126,8 @@ def _ladder(
     """Outside the recency window first, then inside it; each part oldest first, level by level."""
     movable = [u for u, unit in enumerate(units) if any(i not in fixed for i in unit.indices())]
     outside = [u for u in movable if not any(i in recent for i in units[u].indices())]
-    inside = [u for u in movable if u not in set(outside)]
+    taken = set(outside)
+    inside = [u for u in movable if u not in taken]
     steps: list[_Step] = []
     for part in (outside, inside):
         for level in (SUMMARY, FACTS, DROPPED):
@@ -236,22 +237,42 @@ def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
 def _search(count: Callable[[int], int], n: int, target: int) -> int | None:
     """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb.
 
-    Galloping from the bottom: a compaction usually needs only the first rungs, and each rung
-    probed builds forms, so probing high rungs first would summarize what is never used."""
-    if count(0) <= target:
+    Each rung probed builds the forms of every rung below it, so probes far above the answer
+    summarize what is never used: the search climbs from the bottom, aiming each probe where the
+    tokens saved per rung so far say the target is (a little past it, at most doubling), then
+    narrows the bracket by interpolation, halving it when interpolation stalls."""
+    first = count(0)
+    if first <= target:
         return 0
-    lo, hi = 0, 1
-    while count(min(hi, n)) > target:
-        if hi >= n:
+    lo, lo_cost = 0, first
+    s = 1
+    while True:
+        c = count(s)
+        if c <= target:
+            hi, hi_cost = s, c
+            break
+        if s >= n:
             return None
-        lo, hi = hi, hi * 2
-    hi = min(hi, n)
+        saved = (lo_cost - c) / (s - lo)  # per rung, over the last stretch climbed
+        lo, lo_cost = s, c
+        ahead = int((c - target) / saved * 1.1) + 1 if saved > 0 else s
+        s = min(n, s + max(1, min(ahead, s)))
+    bisect = False
     while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if count(mid) <= target:
-            hi = mid
+        if bisect or lo_cost <= hi_cost:
+            mid = (lo + hi) // 2
         else:
-            lo = mid
+            # Just past where the line between the bracket's ends meets the target.
+            mid = lo + int((lo_cost - target) * (hi - lo) / (lo_cost - hi_cost)) + 1
+            mid = min(hi - 1, max(lo + 1, mid))
+        c = count(mid)
+        fits = c <= target
+        # Interpolation that lands on the same side twice is slow: halve next time instead.
+        bisect = not bisect and fits == (mid - lo > hi - mid)
+        if fits:
+            hi, hi_cost = mid, c
+        else:
+            lo, lo_cost = mid, c
     return hi
 
 

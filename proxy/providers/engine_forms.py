@@ -8,6 +8,7 @@ is offered only if it costs fewer tokens than what it replaces, so no message ev
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -15,11 +16,11 @@ from proxy.providers.base import (
     REF_PATTERN,
     CompressionConfig,
     Message,
-    make_ref_id,
+    canonical_json,
     ref_marker,
 )
 from proxy.providers.dedup import Duplicate
-from proxy.providers.facts import extract_facts, fact_candidates, pack_facts
+from proxy.providers.facts import TextFacts, analyze, candidates_of, facts_within, pack_facts
 from proxy.providers.summary import summarize_text
 from proxy.providers.units import message_text, with_text
 
@@ -83,6 +84,8 @@ class Forms:
     _texts: dict[int, str] = field(default_factory=dict)
     _refs: dict[tuple[int, int], str] = field(default_factory=dict)
     _facts: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    _found: dict[str, TextFacts] = field(default_factory=dict)
+    _canonical: dict[int, bytes] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
@@ -105,7 +108,7 @@ class Forms:
         originals = list(self.messages[start:end])
         ref = self._refs.get((start, end))
         if ref is None:
-            ref = self._refs[(start, end)] = make_ref_id(originals)
+            ref = self._refs[(start, end)] = self._ref_id(start, end)
         # Forced forms carry the shortest marker the validator and `uncompress` recognise: the
         # long one alone costs ~25 tokens, more than the slack a tight budget leaves.
         if verb is None:
@@ -129,8 +132,32 @@ class Forms:
                 message["name"] = first["name"]
         return Form(message, start, end, body, ref, self.config.count_message(message))
 
+    def _ref_id(self, start: int, end: int) -> str:
+        """`make_ref_id(messages[start:end])`, hashing each message's canonical JSON only once.
+
+        The canonical JSON of a list is its items' joined by commas in brackets, so the many
+        overlapping spans a search tries (stubs, merges) reuse the per-message bytes."""
+        digest = hashlib.sha256(b"[")
+        for i in range(start, end):
+            data = self._canonical.get(i)
+            if data is None:
+                data = self._canonical[i] = canonical_json(self.messages[i])
+            if i > start:
+                digest.update(b",")
+            digest.update(data)
+        digest.update(b"]")
+        return digest.hexdigest()[:10]
+
     def _accept(self, form: Form) -> Form | None:
         return form if self.cost(form) < self.span_cost(form.start, form.end) else None
+
+    def _analysis(self, text: str) -> TextFacts:
+        # One fact scan per distinct text serves the facts form, every forced cap and the
+        # stubs (a message's fact text is usually its text).
+        found = self._found.get(text)
+        if found is None:
+            found = self._found[text] = analyze(text)
+        return found
 
     def _facts_cap(self, text: str) -> int:
         ratio = self.settings.facts_ratio
@@ -146,14 +173,15 @@ class Forms:
     def _build_single(self, i: int, level: int) -> Form | None:
         text = message_text(self.messages[i])
         if level == FACTS:
-            facts = extract_facts(text, self._facts_cap(text))
+            facts = facts_within(self._analysis(text), self._facts_cap(text))
             best = self._accept(
                 self._make(i, i + 1, "reduced to facts", f"facts: {facts}" if facts else "")
             )
             if best is None:
                 return self.single(i, SUMMARY)
-            # Facts are almost always shorter than a summary; build the summary only if needed.
-            lighter = self._memo.get((i, i + 1, SUMMARY))
+            # The ladder puts every message at SUMMARY before FACTS, so the summary is usually
+            # built already; building it here too keeps the form independent of probe order.
+            lighter = self.single(i, SUMMARY)
             return lighter if lighter is not None and lighter.tokens <= best.tokens else best
         if not text.strip() or REF_PATTERN.search(text):
             # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
@@ -173,6 +201,9 @@ class Forms:
             form = self._accept(self._make(i, i + 1, "deduplicated", body))
             if form is not None:
                 return form
+        found = self._found.get(text)
+        if found is not None and found.json is not None:
+            return None  # a JSON document's summary is itself
         ratio = self.settings.summary_ratio
         summary = summarize_text(text, ratio, self.settings.max_facts_chars)
         if summary == text:
@@ -196,7 +227,7 @@ class Forms:
 
     def _candidates(self, i: int) -> list[tuple[int, str]]:
         if i not in self._facts:
-            self._facts[i] = fact_candidates(self._fact_text(i))
+            self._facts[i] = candidates_of(self._analysis(self._fact_text(i)))
         return self._facts[i]
 
     def stub(self, start: int, end: int, force_cap: int | None = None) -> Form | None:
@@ -230,7 +261,7 @@ class Forms:
             if force_cap > 0:
                 text = message_text(self.messages[i])
                 cap = min(self._facts_cap(text), force_cap)
-                facts = extract_facts(text, cap)
+                facts = facts_within(self._analysis(text), cap)
             form = self._accept(self._make(i, i + 1, None, f"facts: {facts}" if facts else ""))
             if form is None and force_cap > 0:
                 form = self.forced(i, 0)

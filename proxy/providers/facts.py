@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
@@ -30,6 +31,11 @@ ERROR_WORDS = re.compile(
     r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
     r"|[a-z](?:error|exception)\b"
 )
+# Every match of ERROR_WORDS / _ERROR_LINE contains one of these (lowered): a text without any
+# skips the patterns.
+_ERROR_HINTS = (
+    "error", "exception", "traceback", "fail", "fatal", "denied", "refused", "not found", "invalid",
+)  # fmt: skip
 _ID_SHAPE = re.compile(r"[\w.@-]+")
 _THREE_DIGITS = re.compile(r"\d\D*\d\D*\d")
 _CODE = re.compile(r"[A-Z0-9]{5,8}")
@@ -75,15 +81,34 @@ def fact_items(text: str) -> list[str]:
 
 def pack_ranked(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> list[str]:
     """The best-ranked items that fit in max_chars, back in their original order."""
+    # Items arrive (nearly) in position order and ranks are few: bucketing by rank and sorting
+    # each bucket (linear on sorted input) beats sorting thousands of tuples; nothing fits once
+    # less than one separator is left, so the scan stops there.
+    buckets: dict[int, list[tuple[int, int, str]]] = {}
+    for item in items:
+        bucket = buckets.get(item[0])
+        if bucket is None:
+            buckets[item[0]] = [item]
+        else:
+            bucket.append(item)
     chosen: list[tuple[int, int, str]] = []
     used = 0
-    for item in sorted(items):
-        cost = len(item[2]) + len(sep)
-        if used + cost > max_chars:
-            continue
-        chosen.append(item)
-        used += cost
-    return [value for _, _, value in sorted(chosen, key=lambda t: t[1])]
+    floor = max_chars - len(sep)
+    for rank in sorted(buckets):
+        if used > floor:
+            break
+        bucket = buckets[rank]
+        bucket.sort()
+        for item in bucket:
+            if used > floor:
+                break
+            cost = len(item[2]) + len(sep)
+            if used + cost > max_chars:
+                continue
+            chosen.append(item)
+            used += cost
+    chosen.sort(key=lambda t: t[1])
+    return [value for _, _, value in chosen]
 
 
 def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
@@ -92,7 +117,12 @@ def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
     low = text.lower()
     # Case-sensitive search of the lowered text is several times faster than re.I; lower() keeps
     # positions unless some character changes length (rare: then search the original).
-    matches = ERROR_WORDS.finditer(low) if len(low) == len(text) else _ERROR_LINE.finditer(text)
+    if len(low) != len(text):
+        matches = _ERROR_LINE.finditer(text)
+    elif any(word in low for word in _ERROR_HINTS):
+        matches = ERROR_WORDS.finditer(low)
+    else:
+        return []
     for match in matches:
         start = text.rfind("\n", 0, match.start()) + 1
         end = text.find("\n", match.end())
@@ -151,13 +181,35 @@ def _json_facts(value: Any, max_chars: int) -> str | None:
     return "; ".join(f"{k}: {', '.join(v)}" if k else ", ".join(v) for k, v in groups.items())
 
 
-def fact_candidates(text: str) -> list[tuple[int, str]]:
-    """(rank, fact) pairs of a text in order of appearance; lower ranks matter more."""
+@dataclass(frozen=True)
+class TextFacts:
+    """What fact extraction finds in one text, computed once and packed at any budget."""
+
+    json: Any | None
+    """The parsed value when the whole text is a JSON document."""
+    ranked: list[tuple[int, int, str]]
+    errors: list[str]
+
+
+def analyze(text: str) -> TextFacts:
+    """The facts of `text` (its JSON leaves, or its ranked facts and error lines)."""
     value = parse_json(text)
     if value is not None:
-        ranked = sorted(_json_items(value).items(), key=lambda kv: kv[1][1])
+        return TextFacts(value, [], [])
+    return TextFacts(None, _ranked_facts(text), error_lines(text))
+
+
+def candidates_of(found: TextFacts) -> list[tuple[int, str]]:
+    """(rank, fact) pairs of an analysed text in order of appearance; lower ranks matter more."""
+    if found.json is not None:
+        ranked = sorted(_json_items(found.json).items(), key=lambda kv: kv[1][1])
         return [(rank, fact) for (_key, fact), (rank, _pos) in ranked]
-    return [(rank, fact) for rank, _pos, fact in _ranked_facts(text)]
+    return [(rank, fact) for rank, _pos, fact in found.ranked]
+
+
+def fact_candidates(text: str) -> list[tuple[int, str]]:
+    """(rank, fact) pairs of a text in order of appearance; lower ranks matter more."""
+    return candidates_of(analyze(text))
 
 
 def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
@@ -180,14 +232,18 @@ def parse_json(text: str) -> Any | None:
         return None
 
 
-def extract_facts(text: str, max_chars: int) -> str:
-    """Only the facts of `text` (error lines first, then ids, paths, numbers), at most max_chars."""
-    value = parse_json(text)
-    if value is not None:
-        return _json_facts(value, max_chars) or ""
-    parts = [ln for ln in error_lines(text) if len(ln) < max_chars // 2]
+def facts_within(found: TextFacts, max_chars: int) -> str:
+    """An analysed text's facts (error lines first, then ids, paths, numbers), at most max_chars."""
+    if found.json is not None:
+        return _json_facts(found.json, max_chars) or ""
+    parts = [ln for ln in found.errors if len(ln) < max_chars // 2]
     budget = max_chars - sum(len(p) + 3 for p in parts)
-    facts = pack_ranked(_ranked_facts(text), budget, ", ")
+    facts = pack_ranked(found.ranked, budget, ", ")
     if facts:
         parts.append(", ".join(facts))
     return " | ".join(parts)[:max_chars]
+
+
+def extract_facts(text: str, max_chars: int) -> str:
+    """Only the facts of `text` (error lines first, then ids, paths, numbers), at most max_chars."""
+    return facts_within(analyze(text), max_chars)
