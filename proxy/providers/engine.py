@@ -313,16 +313,15 @@ def compact(
             cache[s] = plan.build(min(s, len(steps)), force_cap(s))[2]
         return cache[s]
 
-    # The top rung is cheap to build (markers only): if even it misses the budget, nothing fits,
-    # and forcing would lose facts without making the request acceptable upstream, so stop at
-    # the last rung that keeps them (the chain may still escalate).
-    chosen = len(steps) if cost(rungs) > config.budget else None
+    chosen = _search(cost, rungs, config.limit)
     if chosen is None:
-        chosen = _search(cost, rungs, config.limit)
-    if chosen is None:
-        chosen = _search(cost, rungs, config.budget)
-    if chosen is None:
-        chosen = len(steps)
+        # The climb ended at the top rung (markers only): if even that misses the budget,
+        # nothing fits, and forcing would lose facts without making the request acceptable
+        # upstream, so stop at the last rung that keeps them (the chain may still escalate).
+        if cost(rungs) <= config.budget:
+            chosen = _search(cost, rungs, config.budget)
+        if chosen is None:
+            chosen = len(steps)
     out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
     if not used:
         return CompactionResult(messages=list(messages), source_digest=digest)
