@@ -21,7 +21,6 @@ from proxy.providers.base import (
     CompressionConfig,
     ContextProvider,
     Message,
-    compute_source_digest,
 )
 from proxy.providers.dedup import Duplicate, find_exact, find_fuzzy
 from proxy.providers.engine_forms import (
@@ -145,8 +144,12 @@ class _Plan:
     merge: bool
     base: int
 
-    def build(self, s: int, force_cap: int | None) -> tuple[list[Message], list[Form], int]:
-        """The messages at rung `s`, the forms used, and their estimated request tokens."""
+    def build(
+        self, s: int, force_cap: int | None, collect: bool = True
+    ) -> tuple[list[Message], list[Form], int]:
+        """The messages at rung `s`, the forms used, and their estimated request tokens.
+
+        Without `collect` only the tokens are computed (what a search probe needs)."""
         levels = [0] * len(self.units)
         for step in self.steps[:s]:
             levels[step.unit] = step.level
@@ -155,16 +158,24 @@ class _Plan:
         tokens = self.base
         run: list[Unit] = []
         pending: list[Form] = []
+        gap: list[int] = []  # start and end of the untouched messages not emitted yet
 
         def emit(form: Form | None, start: int, end: int) -> None:
             nonlocal tokens
             if form is None:
-                out.extend(self.messages[start:end])
+                if collect:
+                    out.extend(self.messages[start:end])
                 tokens += self.forms.span_cost(start, end)
             else:
-                out.append(form.message)
-                used.append(form)
+                if collect:
+                    out.append(form.message)
+                    used.append(form)
                 tokens += self.forms.cost(form)
+
+        def flush_gap() -> None:
+            if gap:
+                emit(None, gap[0], gap[1])
+                gap.clear()
 
         def flush_pending() -> None:
             if len(pending) > 1:
@@ -203,16 +214,23 @@ class _Plan:
 
         for u, unit in enumerate(self.units):
             level = levels[u]
+            if not level:
+                # Most units of most rungs are untouched: consecutive ones are emitted as one
+                # slice with one prefix-sum lookup.
+                if gap:
+                    gap[1] = unit.end
+                else:
+                    flush_run()
+                    flush_pending()
+                    gap.extend((unit.start, unit.end))
+                continue
+            flush_gap()
             if level == DROPPED:
                 run.append(unit)
                 continue
             flush_run()
-            if level:
-                emit_unit(unit, level)
-            else:
-                # Most units of most rungs are untouched: one slice, one prefix-sum lookup.
-                flush_pending()
-                emit(None, unit.start, unit.end)
+            emit_unit(unit, level)
+        flush_gap()
         flush_run()
         flush_pending()
         return out, used, tokens
@@ -280,7 +298,6 @@ def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
     """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
-    digest = compute_source_digest(messages)
     units = split_units(messages)
     prot = protection(messages, units, config.keep_head, config.recency_turns)
     fixed = (
@@ -298,6 +315,7 @@ def compact(
         opts.summary_ratio, opts.facts_ratio, opts.stub_facts_ratio, opts.max_facts_chars
     )
     forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts))
+    digest = forms.span_digest(0, len(messages))
     base = config.count_tokens(messages) - sum(forms.costs)
     plan = _Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
     caps = FORCE_FACT_CHARS if opts.force_converge else ()
@@ -310,7 +328,7 @@ def compact(
 
     def cost(s: int) -> int:
         if s not in cache:
-            cache[s] = plan.build(min(s, len(steps)), force_cap(s))[2]
+            cache[s] = plan.build(min(s, len(steps)), force_cap(s), collect=False)[2]
         return cache[s]
 
     chosen = _search(cost, rungs, config.limit)

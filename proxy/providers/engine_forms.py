@@ -108,7 +108,7 @@ class Forms:
         originals = list(self.messages[start:end])
         ref = self._refs.get((start, end))
         if ref is None:
-            ref = self._refs[(start, end)] = self._ref_id(start, end)
+            ref = self._refs[(start, end)] = self.span_digest(start, end)[:10]
         # Forced forms carry the shortest marker the validator and `uncompress` recognise: the
         # long one alone costs ~25 tokens, more than the slack a tight budget leaves.
         if verb is None:
@@ -132,11 +132,11 @@ class Forms:
                 message["name"] = first["name"]
         return Form(message, start, end, body, ref, self.config.count_message(message))
 
-    def _ref_id(self, start: int, end: int) -> str:
-        """`make_ref_id(messages[start:end])`, hashing each message's canonical JSON only once.
+    def span_digest(self, start: int, end: int) -> str:
+        """`compute_source_digest(messages[start:end])`, each message serialized only once.
 
-        The canonical JSON of a list is its items' joined by commas in brackets, so the many
-        overlapping spans a search tries (stubs, merges) reuse the per-message bytes."""
+        The canonical JSON of a list is its items' joined by commas in brackets, so the source
+        digest and the many overlapping spans a search tries (stubs, merges) share the bytes."""
         digest = hashlib.sha256(b"[")
         for i in range(start, end):
             data = self._canonical.get(i)
@@ -146,7 +146,7 @@ class Forms:
                 digest.update(b",")
             digest.update(data)
         digest.update(b"]")
-        return digest.hexdigest()[:10]
+        return digest.hexdigest()
 
     def _accept(self, form: Form) -> Form | None:
         return form if self.cost(form) < self.span_cost(form.start, form.end) else None
