@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
@@ -93,24 +92,34 @@ async def until_disconnect(
     """Run `work`, cancelling it if the client disconnects first; True if it was cancelled.
 
     Covers every phase, including the wait for the upstream's first byte, where a response
-    stream alone would not notice the client is gone.
+    stream alone would not notice the client is gone. `work` runs in the calling task and only
+    the watcher has a task of its own: a second task plus `asyncio.wait` cost ~10 % of a small
+    request's CPU.
     """
-    task = asyncio.ensure_future(work)
+    current = asyncio.current_task()
+    assert current is not None
+    flags = {"done": False, "disconnected": False}
+
+    def on_watcher_done(watcher: asyncio.Future[None]) -> None:
+        # The callback may run after `work` finished: then there is nothing left to cancel.
+        if flags["done"] or watcher.cancelled() or watcher.exception() is not None:
+            return
+        flags["disconnected"] = True
+        current.cancel()
+
     watcher = asyncio.ensure_future(wait_for_disconnect(receive, body_done))
+    watcher.add_done_callback(on_watcher_done)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        await work
+    except asyncio.CancelledError:
+        if not flags["disconnected"]:
+            raise
+        current.uncancel()
+        return True
     finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            cancelled = True
-        else:
-            cancelled = False
+        flags["done"] = True
         watcher.cancel()
-    if not cancelled:
-        task.result()
-    return cancelled
+    return False
 
 
 async def send_json(

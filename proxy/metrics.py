@@ -19,6 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -79,6 +80,9 @@ class Metrics:
         self._max_models = max_models
         # Model names come from clients; cap the label set so a client cannot explode it.
         self._models: set[str] = set()
+        # labels() validates and locks on every call (~10 calls, ~30 us per request); the label
+        # sets are bounded (models are capped above), so each child is looked up once.
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self._registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "compactd_requests",
@@ -184,6 +188,13 @@ class Metrics:
         else:
             self._render_registry = r
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def _model(self, model: str) -> str:
         if model in self._models:
             return model
@@ -208,17 +219,17 @@ class Metrics:
         forwarded, so the difference counts as would-save, not as saved.
         """
         m = self._model(model)
-        self._requests.labels(action, m, policy).inc()
-        self._tokens_before.labels(m, policy).inc(tokens_before)
+        self._child(self._requests, action, m, policy).inc()
+        self._child(self._tokens_before, m, policy).inc(tokens_before)
         removed = max(tokens_before - tokens_after, 0)
         if action == SHADOW:
-            self._tokens_after.labels(m, policy).inc(tokens_before)
-            self._tokens_would_save.labels(m, policy).inc(removed)
+            self._child(self._tokens_after, m, policy).inc(tokens_before)
+            self._child(self._tokens_would_save, m, policy).inc(removed)
         else:
-            self._tokens_after.labels(m, policy).inc(tokens_after)
-            self._tokens_saved.labels(m, policy).inc(removed)
+            self._child(self._tokens_after, m, policy).inc(tokens_after)
+            self._child(self._tokens_saved, m, policy).inc(removed)
         if overhead_seconds is not None:
-            self._overhead.labels(action).observe(overhead_seconds)
+            self._child(self._overhead, action).observe(overhead_seconds)
 
     def observe_compaction(self, *, policy: str, providers: str, seconds: float) -> None:
         """The provider chain ran for `seconds` (whether or not its result was kept)."""
@@ -231,7 +242,7 @@ class Metrics:
 
     def observe_upstream(self, status: int, ttfb_seconds: float | None = None) -> None:
         """The upstream answered with `status`, its first byte after `ttfb_seconds`."""
-        self._upstream.labels(str(status)).inc()
+        self._child(self._upstream, str(status)).inc()
         if ttfb_seconds is not None:
             self._ttfb.observe(ttfb_seconds)
 
@@ -240,9 +251,9 @@ class Metrics:
     ) -> None:
         """The upstream's own `usage` for one response."""
         m = self._model(model)
-        self._usage.labels("prompt", m).inc(prompt_tokens)
-        self._usage.labels("cached", m).inc(cached_tokens)
-        self._usage.labels("completion", m).inc(completion_tokens)
+        self._child(self._usage, "prompt", m).inc(prompt_tokens)
+        self._child(self._usage, "cached", m).inc(cached_tokens)
+        self._child(self._usage, "completion", m).inc(completion_tokens)
 
     def invariant_violation(self, provider: str) -> None:
         """A provider's output broke an invariant and was reverted."""
