@@ -111,7 +111,7 @@ async def test_serve_relays_chat_with_one_or_more_workers(
 async def test_conversations_restore_and_purge_read_what_the_proxy_stored(
     upstream, small_config, tmp_path
 ) -> None:
-    fake, base = upstream
+    _, base = upstream
     data = tmp_path / "data"
     original = history(6)
     async with serving(small_config, data, base) as url:
@@ -181,7 +181,9 @@ def test_compress_writes_one_line_per_input_line_in_order(tmp_path: Path) -> Non
 
 def test_check_config_rejects_a_misspelled_provider_option(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
-    bad.write_text('[default_policy]\nproviders = ["trim", "engine"]\n[default_policy.options.engine]\nfuzy_dedup = true\n')
+    bad.write_text(
+        '[default_policy]\nproviders = ["trim", "engine"]\n[default_policy.options.engine]\nfuzy_dedup = true\n'
+    )
     result = run("check-config", str(bad), data=tmp_path)
     assert result.returncode == 2
     assert b"options.engine" in result.stderr
