@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 from typing import Any
@@ -224,8 +225,14 @@ async def test_context_length_error_is_retried_once_compacted(upstream, make_pro
     assert h2["x-compactd-action"] in ("compacted", "replayed")
 
 
-async def test_upstream_key_mode_admits_listed_keys_only(upstream, make_proxy, tmp_path) -> None:
+async def test_upstream_key_mode_admits_listed_keys_only(
+    upstream, make_proxy, tmp_path, caplog
+) -> None:
+    import logging
+
     from proxy.tenant import key_fingerprint, load_or_create_secret
+
+    caplog.set_level(logging.DEBUG)
 
     fake, base = upstream
     data = tmp_path / "data"
@@ -247,6 +254,10 @@ async def test_upstream_key_mode_admits_listed_keys_only(upstream, make_proxy, t
     assert len(fake.received) == 2  # the intruder never reached the upstream
     assert "sk-REAL-UPSTREAM" not in str(dict(h))
     assert "sk-REAL-UPSTREAM" not in str(dict(models.headers))
+    assert caplog.records  # the request lines were logged ...
+    assert "sk-REAL-UPSTREAM" not in caplog.text  # ... without the real key
+    assert "sk-team-a" not in caplog.text
+    assert "sk-intruder" not in caplog.text
 
 
 async def test_usage_is_read_from_json_and_sse_and_metrics_move(upstream, make_proxy) -> None:
@@ -307,3 +318,33 @@ async def test_compact_unstored_policy_forwards_compacted_and_says_so(
     assert r.headers["x-compactd-action"] == "compacted"
     assert r.headers["x-compactd-store"] == "unstored"
     assert fake.last.body != body
+
+
+async def test_stats_endpoint_adds_up_a_scripted_sequence(upstream, make_proxy) -> None:
+    fake, base = upstream
+    admin = {"authorization": "Bearer admin-key"}
+    async with make_proxy(base, server={"admin_key": "admin-key"}, **SMALL) as url:
+        client = sdk(url)
+        await chat(client, history(1))  # passthrough
+        await chat(client, history(6))  # compacted
+        await client.close()
+        async with httpx.AsyncClient() as http:
+            for _ in range(100):  # accounting is written off the request path
+                stats = (await http.get(f"{url}/compactd/v1/stats?by=policy", headers=admin)).json()
+                if stats["total"]["requests"] == 2:
+                    break
+                await asyncio.sleep(0.05)
+            refused = await http.get(
+                f"{url}/compactd/v1/stats", headers={"authorization": "Bearer sk-alpha"}
+            )
+            bad = await http.get(f"{url}/compactd/v1/stats?since=yesterday-ish", headers=admin)
+    sent = [json.loads(r.body) for r in fake.received]
+    total = stats["total"]
+    assert total["requests"] == 2
+    assert total["compactions"] == 1
+    assert total["tokens_sent"] < total["tokens_without"]
+    assert total["prompt_tokens"] == 24  # the fake upstream's usage: 12 per response
+    assert [r["key"] for r in stats["rows"]] == ["default"]
+    assert len(sent) == 2
+    assert refused.status_code == 401
+    assert bad.status_code == 400
