@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,8 @@ _FACT = re.compile(
     r"|(?<![\w./@$€£~:%+-])[\w./@$€£~:%+-]*(?:[\d_/@]|\w\.\w|[a-z][A-Z])[\w./@$€£~:%+?=&-]*"
 )
 _PUNCT_EDGES = ".:,-+%~"
+# Characters a single regex call scans at most (when lines allow): ~5 ms of holding the GIL.
+_SCAN_CHARS = 32_768
 _ERROR_LINE = re.compile(
     r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
     r"|(?-i:[a-z](?:Error|Exception))\b",
@@ -59,10 +61,31 @@ def _rank(value: str, quoted: bool = False) -> int:
     return 2 if value[0] in "$€£" or len(value) >= 3 else 3
 
 
+def _spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
+    """(start, end) pieces of about `size` characters, each ending just after one of the
+    `boundaries` characters (or at the end of the text)."""
+    start, n = 0, len(text)
+    while start < n:
+        cuts = [c for c in (text.find(b, start + size) for b in boundaries) if c >= 0]
+        end = min(cuts) + 1 if cuts else n
+        yield start, end
+        start = end
+
+
+def _fact_matches(text: str) -> Iterator[str]:
+    """`_FACT.findall(text)`, a piece at a time on long texts: no fact spans a space or a line
+    break, and one regex call holds the GIL (a 200 KB log at once stalls the event loop ~30 ms)."""
+    if len(text) <= _SCAN_CHARS:
+        yield from _FACT.findall(text)
+        return
+    for start, end in _spans(text, _SCAN_CHARS, " \n"):
+        yield from _FACT.findall(text, start, end)
+
+
 def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
     quoted: dict[str, bool] = {}
-    for v in _FACT.findall(text):
+    for v in _fact_matches(text):
         if v[0] == "`":
             quoted[v[1:-1]] = True
         else:
@@ -118,9 +141,14 @@ def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
     # Case-sensitive search of the lowered text is several times faster than re.I; lower() keeps
     # positions unless some character changes length (rare: then search the original).
     if len(low) != len(text):
-        matches = _ERROR_LINE.finditer(text)
+        matches: Iterable[re.Match[str]] = _ERROR_LINE.finditer(text)
     elif any(word in low for word in _ERROR_HINTS):
-        matches = ERROR_WORDS.finditer(low)
+        # Line by line on long texts (no match spans a line break): each call holds the GIL.
+        matches = (
+            m
+            for start, end in _spans(low, _SCAN_CHARS, "\n")
+            for m in ERROR_WORDS.finditer(low, start, end)
+        )
     else:
         return []
     for match in matches:
