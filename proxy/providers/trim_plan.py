@@ -171,8 +171,12 @@ class TrimPlan:
             out = [False] * len(self.src)
             for i in range(len(self.src) - 1, -1, -1):
                 text = message_text(self.src[i])
-                out[i] = bool(paths_in(text) & seen) if self.src[i].get("role") == "tool" else False
-                seen.update(paths_in("\n".join([text, *_arguments(self.src[i])])))
+                args = _arguments(self.src[i])
+                paths = paths_in("\n".join([text, *args])) if args else paths_in(text)
+                if self.src[i].get("role") == "tool":
+                    # Without tool calls (always, for a tool result) the two scans are one.
+                    out[i] = bool((paths_in(text) if args else paths) & seen)
+                seen.update(paths)
             self._referenced = out
         return self._referenced
 
