@@ -14,7 +14,8 @@ from starlette.types import Receive, Scope, Send
 from proxy.api import ROUTES
 from proxy.config import Settings
 from proxy.errors import NotFoundError, error_body
-from proxy.handler import Gate, Handler
+from proxy.gate import Gate
+from proxy.handler import Handler
 from proxy.providers.registry import ProviderRegistry
 from proxy.services import build_services
 from proxy.store.base import Store

@@ -19,6 +19,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from proxy.config import ConfigError, PolicySettings
 from proxy.encodings import BUNDLED
 
@@ -255,3 +257,23 @@ def compute_budget(
         trigger=trigger,
         target=target,
     )
+
+
+def context_overflow_message(body: bytes) -> str | None:
+    """The error message if this 400 says the context window was exceeded."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    if not isinstance(error, dict):
+        return None
+    message = str(error.get("message") or "")
+    code = str(error.get("code") or "")
+    lowered = message.lower()
+    if (
+        code == "context_length_exceeded"
+        or "context length" in lowered
+        or ("context window" in lowered)
+    ):
+        return message or code
+    return None

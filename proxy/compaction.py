@@ -14,26 +14,28 @@ import dataclasses
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.budget import Budget, ModelTable, compute_budget, parse_context_window
+from proxy.chatstate import ChatState, Decision
+from proxy.checkpoint import compaction_for, worth_it
 from proxy.config import PolicySettings, Settings
 from proxy.digest import canonical_message, conversation_id, message_digest, prefix_digests
 from proxy.metrics import Metrics
 from proxy.policy import PolicyDecision, PolicyResolver
 from proxy.providers.base import (
-    CompactionResult,
     Completer,
     CompressionConfig,
     ContextProvider,
     Message,
 )
-from proxy.providers.chain import ChainOutcome, run_chain
-from proxy.store.base import Checkpoint, Compaction, Store, StoreError, valid_id
+from proxy.providers.bound import bound_chain
+from proxy.providers.chain import run_chain
+from proxy.store.base import Compaction, Store, StoreError, valid_id
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.tenant import bearer_key, key_fingerprint, tenant_id
 from proxy.tokens import TokenCounter, Tokenizers
@@ -49,52 +51,6 @@ _SAFE_CONV = re.compile(r"[A-Za-z0-9._:-]{1,96}")
 CompleterFactory = Callable[[str | None], Completer]
 
 
-@dataclass
-class ChatState:
-    """What one chat request turned into; read by the app for headers, retries and accounting."""
-
-    started: float
-    action: str = "passthrough"
-    tenant: str = "anonymous"
-    fingerprint: str | None = None
-    api_key: str | None = None
-    model: str = ""
-    policy: str = ""
-    conversation: str = ""
-    tokens_before: int | None = None
-    tokens_after: int | None = None
-    provider: str = ""
-    error: str | None = None
-    parsed: dict[str, Any] | None = None
-    shadow_action: str = ""
-    unstored: bool = False
-    retried: bool = False
-
-    def headers(self) -> dict[str, str]:
-        """Values for our `x-compactd-*` response headers."""
-        return {
-            "action": self.action,
-            "tokens-before": "" if self.tokens_before is None else str(self.tokens_before),
-            "tokens-after": "" if self.tokens_after is None else str(self.tokens_after),
-            "provider": self.provider,
-            "policy": self.policy,
-            "conversation": self.conversation,
-            "shadow-action": self.shadow_action,
-            "store": "unstored" if self.unstored else "",
-            "error": self.error or "",
-        }
-
-
-@dataclass
-class Decision:
-    """The bytes to forward and the state behind them."""
-
-    content: bytes
-    state: ChatState
-    injected_usage: bool = False
-    """compactd added stream_options.include_usage, so it strips the usage chunk again."""
-
-
 @dataclass(frozen=True)
 class _Plan:
     messages: list[Message]
@@ -102,44 +58,6 @@ class _Plan:
     tokens: int
     providers: tuple[str, ...] = ()
     compaction: Compaction | None = None
-
-
-class _Configured(ContextProvider):
-    """A provider bound to its policy options (the chain passes one config to every provider)."""
-
-    def __init__(self, inner: ContextProvider, options: Mapping[str, Any]) -> None:
-        self.inner = inner
-        self.options = dict(options)
-
-    @property
-    def name(self) -> str:
-        """The wrapped provider's name."""
-        return self.inner.name
-
-    def should_compress(self, messages: list[Message], config: CompressionConfig) -> bool:
-        """Delegates to the wrapped provider with its own options."""
-        return self.inner.should_compress(messages, self._config(config))
-
-    async def compress(
-        self, messages: list[Message], config: CompressionConfig
-    ) -> CompactionResult:
-        """Async providers are awaited; sync ones run in a thread (never on the event loop)."""
-        cfg = self._config(config)
-        out = await asyncio.to_thread(self.inner.compress, messages, cfg)
-        if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
-            out = await out
-        assert isinstance(out, CompactionResult)
-        return out
-
-    def _config(self, config: CompressionConfig) -> CompressionConfig:
-        return dataclasses.replace(config, extra_config=self.options)
-
-
-def bound_chain(
-    names: Sequence[str], providers: Mapping[str, ContextProvider], policy: PolicySettings
-) -> tuple[ContextProvider, ...]:
-    """The providers of a chain, each bound to the policy's options for it."""
-    return tuple(_Configured(providers[n], policy.options.get(n, {})) for n in names)
 
 
 def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
@@ -182,7 +100,7 @@ class Compactor:
         self.secret = secret
         self.completer = completer
         self._chains = {
-            p.name: bound_chain(p.providers, providers, p) for p in settings.all_policies()
+            p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
 
     async def prepare(self, scope: Mapping[str, Any], body: bytes) -> Decision:
@@ -353,16 +271,17 @@ class Compactor:
         for violation in outcome.violations:
             self.metrics.invariant_violation(violation.split(":", 1)[0])
         result = outcome.result
-        if result is None or not _worth_it(outcome, cand_tokens, budget, policy):
+        if result is None or not worth_it(outcome, cand_tokens, budget, policy):
             return _Plan(candidate, action, cand_tokens, providers)
-        compaction = self._compaction(
+        compaction = compaction_for(
             messages=messages,
             digests=digests,
             prefixes=prefixes,
             checkpoint=checkpoint,
             result=result,
             outcome=outcome,
-            state=state,
+            tenant=state.tenant,
+            conversation=state.conversation,
         )
         return _Plan(
             result.messages, "compacted", outcome.tokens_after, outcome.providers, compaction
@@ -392,51 +311,6 @@ class Compactor:
             summary_cache=TenantSummaryCache(self.store, state.tenant, ttl),
         )
 
-    def _compaction(
-        self,
-        *,
-        messages: list[Message],
-        digests: list[str],
-        prefixes: list[str],
-        checkpoint: Checkpoint | None,
-        result: CompactionResult,
-        outcome: ChainOutcome,
-        state: ChatState,
-    ) -> Compaction:
-        """Map the chain's result (over the replayed candidate) back onto the original messages."""
-        replayed = len(checkpoint.messages) if checkpoint is not None else 0
-        base = checkpoint.covered_through if checkpoint is not None else -1
-        candidate_len = replayed + len(messages) - (base + 1)
-        keep_from = max(result.covered_through + 1, replayed)
-        if checkpoint is not None and keep_from == replayed and candidate_len > replayed:
-            # The chain rewrote only the replayed prefix. Covering the same originals would reuse
-            # the old checkpoint's source digest, and first-writer-wins would hand the old one
-            # back (the request would go out uncompacted): cover one more original instead.
-            keep_from += 1
-        suffix = candidate_len - keep_from
-        covered = base + (keep_from - replayed)
-        prefix = result.messages[: len(result.messages) - suffix]
-        originals: dict[str, Message] = {}
-        refs: dict[str, list[str]] = {}
-        for ref, group in result.verbatim.items():
-            group_digests = [message_digest(m) for m in group]
-            originals.update(zip(group_digests, group, strict=True))
-            refs[ref] = group_digests
-        # The untouched originals of the covered span are kept too, so restore never has gaps.
-        originals.update(zip(digests[: covered + 1], messages[: covered + 1], strict=True))
-        cp = Checkpoint(
-            tenant=state.tenant,
-            conversation=state.conversation,
-            source_digest=prefixes[covered],
-            covered_through=covered,
-            messages=[canonical_message(m) for m in prefix],
-            providers=list(outcome.providers),
-            created_at=time.time(),
-            tokens_before=outcome.tokens_before,
-            tokens_after=outcome.tokens_after,
-        )
-        return Compaction(checkpoint=cp, originals=originals, refs=refs)
-
     async def _store(self, plan: _Plan, policy: PolicySettings, state: ChatState) -> _Plan:
         """Originals first: a compacted request is forwarded only once they are durable."""
         assert plan.compaction is not None
@@ -463,18 +337,6 @@ class Compactor:
 
     def _finish(self, content: bytes, state: ChatState) -> Decision:
         return Decision(content, state)
-
-
-def _worth_it(outcome: ChainOutcome, before: int, budget: Budget, policy: PolicySettings) -> bool:
-    """A compaction event costs the prompt cache: only worth it if it saves enough, or if the
-    request would not fit the model at all without it."""
-    saved = before - outcome.tokens_after
-    if saved <= 0:
-        return False
-    # Over budget, a small saving is worth it only if it makes the request fit; otherwise every
-    # turn would pay a cache-busting compaction for a handful of tokens.
-    fits_now = before > budget.budget and outcome.tokens_after <= budget.budget
-    return fits_now or saved >= policy.min_saving * before
 
 
 def _conversation(header: str | None, messages: list[Message]) -> str:

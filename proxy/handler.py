@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
-import orjson
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.asgi import (
@@ -21,14 +20,16 @@ from proxy.asgi import (
     send_error,
     until_disconnect,
 )
-from proxy.compaction import ChatState, Compactor, Decision
-from proxy.errors import BodyTooLargeError, ProxyError, UnauthorizedError
+from proxy.budget import context_overflow_message
+from proxy.chatstate import ChatState, Decision
+from proxy.compaction import Compactor
+from proxy.errors import BodyTooLargeError, ProxyError
 from proxy.forward import Upstream, is_event_stream, relay
+from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.store.base import Store, UsageRecord
-from proxy.tenant import bearer_key, key_fingerprint
 from proxy.usage import SSEUsageTap, Usage, include_usage_bytes, usage_from_json
 
 log = logging.getLogger("compactd.handler")
@@ -37,26 +38,6 @@ CHAT_PATH = b"/chat/completions"
 # An upstream 400 is read (to look for a context-length error) only up to this size.
 OVERFLOW_BODY_LIMIT = 64 * 1024
 JSON_USAGE_LIMIT = 4 * 1024 * 1024
-
-
-@dataclass
-class Gate:
-    """Upstream-key mode: one real key behind the gateway, listed client keys in front of it."""
-
-    secret: bytes
-    upstream_key: str
-    allowed: frozenset[str]
-
-    def authorize(self, headers: RawHeaders) -> RawHeaders:
-        """Swap the client's key for the upstream key, or raise 401 for keys not admitted."""
-        if not self.upstream_key:
-            return headers
-        raw = header(headers, b"authorization")
-        client_key = bearer_key(raw.decode("latin-1") if raw else None)
-        if client_key is None or key_fingerprint(self.secret, client_key) not in self.allowed:
-            raise UnauthorizedError("This API key is not admitted by the gateway.")
-        kept = [(k, v) for k, v in headers if k.lower() not in (b"authorization", b"api-key")]
-        return [*kept, (b"authorization", b"Bearer " + self.upstream_key.encode())]
 
 
 @dataclass
@@ -205,7 +186,7 @@ class _ChatExchange:
     async def _maybe_retry(self, response: httpx.Response) -> httpx.Response | None:
         """A context-length 400 is answered by compacting under the learned window, once."""
         body = await _read_limited(response, OVERFLOW_BODY_LIMIT)
-        message = _overflow_message(body)
+        message = context_overflow_message(body)
         retry = await self.h.compactor.after_overflow(self.state, message) if message else None
         if retry is None:
             await _send_buffered(self.send, response, body, self._our_headers())
@@ -318,26 +299,6 @@ async def _read_limited(response: httpx.Response, limit: int) -> bytes:
     finally:
         await response.aclose()
     return b"".join(chunks)
-
-
-def _overflow_message(body: bytes) -> str | None:
-    """The error message if this 400 says the context window was exceeded."""
-    try:
-        error = orjson.loads(body).get("error")
-    except (orjson.JSONDecodeError, AttributeError):
-        return None
-    if not isinstance(error, dict):
-        return None
-    message = str(error.get("message") or "")
-    code = str(error.get("code") or "")
-    lowered = message.lower()
-    if (
-        code == "context_length_exceeded"
-        or "context length" in lowered
-        or ("context window" in lowered)
-    ):
-        return message or code
-    return None
 
 
 async def _send_buffered(

@@ -11,9 +11,9 @@ from typing import IO, Any
 import orjson
 
 from proxy.budget import ModelTable
-from proxy.compaction import bound_chain
 from proxy.config import PolicySettings, Settings
 from proxy.providers.base import CompressionConfig
+from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
 from proxy.tokens import Tokenizers
@@ -69,7 +69,7 @@ class OfflineCompressor:
         ):
             raise LineError("'budget' must be a positive number")
         budget = int(raw_budget * before) if raw_budget <= 1 else int(raw_budget)
-        chain = bound_chain(names, instances, self.policy)
+        chain = bound_chain(names, instances, self.policy.options)
         config = CompressionConfig(
             limit=max(1, int(budget * self.defaults.target_ratio)),
             budget=budget,

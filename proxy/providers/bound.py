@@ -1,0 +1,50 @@
+"""Providers bound to a policy's options: the chain passes one config to every provider."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
+
+
+class BoundProvider(ContextProvider):
+    """A provider bound to its policy options (the chain passes one config to every provider)."""
+
+    def __init__(self, inner: ContextProvider, options: Mapping[str, Any]) -> None:
+        self.inner = inner
+        self.options = dict(options)
+
+    @property
+    def name(self) -> str:
+        """The wrapped provider's name."""
+        return self.inner.name
+
+    def should_compress(self, messages: list[Message], config: CompressionConfig) -> bool:
+        """Delegates to the wrapped provider with its own options."""
+        return self.inner.should_compress(messages, self._config(config))
+
+    async def compress(
+        self, messages: list[Message], config: CompressionConfig
+    ) -> CompactionResult:
+        """Async providers are awaited; sync ones run in a thread (never on the event loop)."""
+        cfg = self._config(config)
+        out = await asyncio.to_thread(self.inner.compress, messages, cfg)
+        if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
+            out = await out
+        assert isinstance(out, CompactionResult)
+        return out
+
+    def _config(self, config: CompressionConfig) -> CompressionConfig:
+        return dataclasses.replace(config, extra_config=self.options)
+
+
+def bound_chain(
+    names: Sequence[str],
+    providers: Mapping[str, ContextProvider],
+    options: Mapping[str, Mapping[str, Any]],
+) -> tuple[ContextProvider, ...]:
+    """The providers of a chain, each bound to its options (a policy's `options` table)."""
+    return tuple(BoundProvider(providers[n], options.get(n, {})) for n in names)
