@@ -315,7 +315,6 @@ def compact(
         opts.summary_ratio, opts.facts_ratio, opts.stub_facts_ratio, opts.max_facts_chars
     )
     forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts))
-    digest = forms.span_digest(0, len(messages))
     base = config.count_tokens(messages) - sum(forms.costs)
     plan = _Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
     caps = FORCE_FACT_CHARS if opts.force_converge else ()
@@ -331,16 +330,22 @@ def compact(
             cache[s] = plan.build(min(s, len(steps)), force_cap(s), collect=False)[2]
         return cache[s]
 
-    chosen = _search(cost, rungs, config.limit)
+    # If even the top rung (markers only) misses the budget, nothing fits, and forcing would
+    # lose facts without making the request acceptable upstream: stop at the last rung that
+    # keeps them (the chain may still escalate). System/developer messages, the head and the
+    # last messages are never rewritten, so when they alone miss the budget no rung is priced;
+    # when they nearly do, the top rung is priced first (a climb would likely be wasted).
+    floor = base + sum(forms.costs[i] for i in fixed)
+    hopeless = floor > config.budget or (
+        floor * 5 >= config.budget * 4 and cost(rungs) > config.budget
+    )
+    chosen = None if hopeless else _search(cost, rungs, config.limit)
+    if chosen is None and not hopeless and cost(rungs) <= config.budget:
+        chosen = _search(cost, rungs, config.budget)
     if chosen is None:
-        # The climb ended at the top rung (markers only): if even that misses the budget,
-        # nothing fits, and forcing would lose facts without making the request acceptable
-        # upstream, so stop at the last rung that keeps them (the chain may still escalate).
-        if cost(rungs) <= config.budget:
-            chosen = _search(cost, rungs, config.budget)
-        if chosen is None:
-            chosen = len(steps)
+        chosen = len(steps)
     out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
+    digest = forms.source_digest()
     if not used:
         return CompactionResult(messages=list(messages), source_digest=digest)
     levels = {step.level for step in steps[:chosen]} | ({FORCED} if chosen > len(steps) else set())

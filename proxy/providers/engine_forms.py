@@ -17,6 +17,7 @@ from proxy.providers.base import (
     CompressionConfig,
     Message,
     canonical_json,
+    compute_source_digest,
     ref_marker,
 )
 from proxy.providers.dedup import Duplicate
@@ -117,7 +118,9 @@ class Forms:
             marker = ref_marker(ref, end - start, self.span_cost(start, end), verb)
         text = f"{marker}\n{body}" if body else marker
         first = originals[0]
-        if end - start == 1:
+        # A stub is always a plain user/assistant message, even for one dropped message (an
+        # orphan tool result rewritten in place would claim to answer a call).
+        if end - start == 1 and role is None:
             message = with_text(first, text)
             for key in _DROP_ON_REWRITE:
                 message.pop(key, None)
@@ -132,16 +135,25 @@ class Forms:
                 message["name"] = first["name"]
         return Form(message, start, end, body, ref, self.config.count_message(message))
 
+    def source_digest(self) -> str:
+        """`compute_source_digest(messages)`, reusing the per-message JSON the refs cached."""
+        return self.span_digest(0, len(self.messages))
+
     def span_digest(self, start: int, end: int) -> str:
-        """`compute_source_digest(messages[start:end])`, each message serialized only once.
+        """`compute_source_digest(messages[start:end])`, serializing each message at most once
+        when the span is mostly serialized already.
 
         The canonical JSON of a list is its items' joined by commas in brackets, so the source
-        digest and the many overlapping spans a search tries (stubs, merges) share the bytes."""
+        digest and the many overlapping spans a search tries (stubs, merges) share the bytes; a
+        span mostly new is serialized in one call, which is faster than one per message."""
+        cached = self._canonical
+        if end - start > 1 and 2 * sum(i in cached for i in range(start, end)) < end - start:
+            return compute_source_digest(self.messages[start:end])
         digest = hashlib.sha256(b"[")
         for i in range(start, end):
-            data = self._canonical.get(i)
+            data = cached.get(i)
             if data is None:
-                data = self._canonical[i] = canonical_json(self.messages[i])
+                data = cached[i] = canonical_json(self.messages[i])
             if i > start:
                 digest.update(b",")
             digest.update(data)

@@ -188,9 +188,8 @@ def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
     return items
 
 
-def _json_facts(value: Any, max_chars: int) -> str | None:
+def _json_facts(items: dict[tuple[str, str], tuple[int, int]], max_chars: int) -> str | None:
     """Scalar leaves grouped by key (`flight_number: HAT069, HAT083; price: 121`), ids first."""
-    items = _json_items(value)
     chosen: list[tuple[int, str, str]] = []
     keys_used: set[str] = set()
     used = 0
@@ -217,20 +216,22 @@ class TextFacts:
     """The parsed value when the whole text is a JSON document."""
     ranked: list[tuple[int, int, str]]
     errors: list[str]
+    leaves: dict[tuple[str, str], tuple[int, int]]
+    """A JSON document's (key, scalar) -> (rank, position)."""
 
 
 def analyze(text: str) -> TextFacts:
     """The facts of `text` (its JSON leaves, or its ranked facts and error lines)."""
     value = parse_json(text)
     if value is not None:
-        return TextFacts(value, [], [])
-    return TextFacts(None, _ranked_facts(text), error_lines(text))
+        return TextFacts(value, [], [], _json_items(value))
+    return TextFacts(None, _ranked_facts(text), error_lines(text), {})
 
 
 def candidates_of(found: TextFacts) -> list[tuple[int, str]]:
     """(rank, fact) pairs of an analysed text in order of appearance; lower ranks matter more."""
     if found.json is not None:
-        ranked = sorted(_json_items(found.json).items(), key=lambda kv: kv[1][1])
+        ranked = sorted(found.leaves.items(), key=lambda kv: kv[1][1])
         return [(rank, fact) for (_key, fact), (rank, _pos) in ranked]
     return [(rank, fact) for rank, _pos, fact in found.ranked]
 
@@ -263,7 +264,7 @@ def parse_json(text: str) -> Any | None:
 def facts_within(found: TextFacts, max_chars: int) -> str:
     """An analysed text's facts (error lines first, then ids, paths, numbers), at most max_chars."""
     if found.json is not None:
-        return _json_facts(found.json, max_chars) or ""
+        return _json_facts(found.leaves, max_chars) or ""
     parts = [ln for ln in found.errors if len(ln) < max_chars // 2]
     budget = max_chars - sum(len(p) + 3 for p in parts)
     facts = pack_ranked(found.ranked, budget, ", ")
