@@ -22,7 +22,7 @@ _FACT = re.compile(
 )
 _PUNCT_EDGES = ".:,-+%~"
 # Characters a single regex call scans at most (when lines allow): ~5 ms of holding the GIL.
-_SCAN_CHARS = 32_768
+SCAN_CHARS = 32_768
 _ERROR_LINE = re.compile(
     r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
     r"|(?-i:[a-z](?:Error|Exception))\b",
@@ -61,7 +61,7 @@ def _rank(value: str, quoted: bool = False) -> int:
     return 2 if value[0] in "$€£" or len(value) >= 3 else 3
 
 
-def _spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
+def scan_spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
     """(start, end) pieces of about `size` characters, each ending just after one of the
     `boundaries` characters (or at the end of the text)."""
     start, n = 0, len(text)
@@ -75,10 +75,10 @@ def _spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
 def _fact_matches(text: str) -> Iterator[str]:
     """`_FACT.findall(text)`, a piece at a time on long texts: no fact spans a space or a line
     break, and one regex call holds the GIL (a 200 KB log at once stalls the event loop ~30 ms)."""
-    if len(text) <= _SCAN_CHARS:
+    if len(text) <= SCAN_CHARS:
         yield from _FACT.findall(text)
         return
-    for start, end in _spans(text, _SCAN_CHARS, " \n"):
+    for start, end in scan_spans(text, SCAN_CHARS, " \n"):
         yield from _FACT.findall(text, start, end)
 
 
@@ -146,7 +146,7 @@ def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
         # Line by line on long texts (no match spans a line break): each call holds the GIL.
         matches = (
             m
-            for start, end in _spans(low, _SCAN_CHARS, "\n")
+            for start, end in scan_spans(low, SCAN_CHARS, "\n")
             for m in ERROR_WORDS.finditer(low, start, end)
         )
     else:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from proxy.providers.facts import SCAN_CHARS, scan_spans
+
 _THINK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
 _FENCE = re.compile(r"(```.*?```)", re.DOTALL)
@@ -66,10 +68,21 @@ def paths_in(text: str) -> set[str]:
     return out
 
 
+def _fact_token_matches(text: str) -> list[str]:
+    """`_FACT_TOKEN.findall(text)`, a piece at a time on long texts: no token spans whitespace,
+    and one regex call holds the GIL (a 200 KB log at once stalls the event loop ~20 ms)."""
+    if len(text) <= SCAN_CHARS:
+        return _FACT_TOKEN.findall(text)
+    found: list[str] = []
+    for start, end in scan_spans(text, SCAN_CHARS, " \n"):
+        found.extend(_FACT_TOKEN.findall(text, start, end))
+    return found
+
+
 def fact_tokens(text: str) -> list[str]:
     """Tokens of text that carry a digit or a path (ids, numbers, dates, amounts, files), in order,
     repeats included."""
-    cleaned = (token.strip(".,:;") for token in _FACT_TOKEN.findall(text))
+    cleaned = (token.strip(".,:;") for token in _fact_token_matches(text))
     return [t for t in cleaned if 2 < len(t) <= 64]
 
 

@@ -35,24 +35,44 @@ _SQL = re.compile(
     r"(?:INNER|LEFT|RIGHT|OUTER) JOIN)\b",
     re.S,
 )
-_TRACEBACK = re.compile(
-    r"Traceback \(most recent call last\)|^\s+File \"[^\"]+\", line \d+|"
-    r"^\s+at [\w$.<>]+\(",
-    re.M,
-)
 _CODE_ENDINGS = (":", "{", "}", ";", "(", ")", ",", "[", "]", "=", "\\")
 _SPECIAL_DELETE = str.maketrans("", "", "{}[]<>|\\;:@#$%^&*()=+`~")
 
 
-# Literals every match of _TRACEBACK / _SQL / _FENCE contains: `in` scans far faster than a
-# regex tried at every position, so most blocks never run the patterns.
-_TRACEBACK_HINTS = ("Traceback", 'File "', "at ")
+# A traceback is its header, or an indented line starting a Python (`File "x.py", line 3`) or
+# JS/Java (`at f(`) frame. Frames are matched only where their first word occurs, and fences
+# only looked for where ``` or ~~~ occurs: a regex tried at every position of a 200 KB block
+# holds the GIL for ~10 ms per pattern.
+_TRACEBACK_HEAD = "Traceback (most recent call last)"
+_FILE_FRAME = re.compile(r"File \"[^\"]+\", line \d+")
+_AT_FRAME = re.compile(r"at [\w$.<>]+\(")
 # Every _SQL match starts with one of these words: matching only where they occur keeps each
 # regex call short (one search over a 200 KB block holds the GIL for ~30 ms).
 _SQL_STARTS = (
     "SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "GROUP", "ORDER", "PRIMARY",
     "INNER", "LEFT", "RIGHT", "OUTER",
 )  # fmt: skip
+
+
+def _has_traceback(block: str) -> bool:
+    """Whether the block holds a traceback header or an indented stack frame line."""
+    if _TRACEBACK_HEAD in block:
+        return True
+    for word, rest in (('File "', _FILE_FRAME), ("at ", _AT_FRAME)):
+        at = block.find(word)
+        while at >= 0:
+            if _indented(block, at) and rest.match(block, at):
+                return True
+            at = block.find(word, at + 1)
+    return False
+
+
+def _indented(block: str, at: int) -> bool:
+    """Whether whitespace that starts a line runs up to `at` (what `^\\s+` before it needs)."""
+    start = at
+    while start > 0 and block[start - 1].isspace():
+        start -= 1
+    return start < at and (start == 0 or "\n" in block[start : at - 1])
 
 
 def _has_sql(block: str) -> bool:
@@ -69,7 +89,7 @@ def _is_hard(block: str) -> bool:
     lines = [ln for ln in block.splitlines() if ln.strip()]
     if not lines:
         return False
-    if any(h in block for h in _TRACEBACK_HINTS) and _TRACEBACK.search(block):
+    if _has_traceback(block):
         return True
     if _has_sql(block):
         return True
