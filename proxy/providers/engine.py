@@ -12,7 +12,7 @@ message and the final message are never touched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,6 +32,7 @@ from proxy.providers.engine_forms import (
     Forms,
     FormSettings,
 )
+from proxy.providers.rung_search import search_rungs
 from proxy.providers.units import Unit, droppable, message_text, protection, split_units
 
 _LIMITATIONS = {
@@ -252,48 +253,6 @@ def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
     )
 
 
-def _search(count: Callable[[int], int], n: int, target: int) -> int | None:
-    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb.
-
-    Each rung probed builds the forms of every rung below it, so probes far above the answer
-    summarize what is never used: the search climbs from the bottom, aiming each probe where the
-    tokens saved per rung so far say the target is (a little past it, at most doubling), then
-    narrows the bracket by interpolation, halving it when interpolation stalls."""
-    first = count(0)
-    if first <= target:
-        return 0
-    lo, lo_cost = 0, first
-    s = 1
-    while True:
-        c = count(s)
-        if c <= target:
-            hi, hi_cost = s, c
-            break
-        if s >= n:
-            return None
-        saved = (lo_cost - c) / (s - lo)  # per rung, over the last stretch climbed
-        lo, lo_cost = s, c
-        ahead = int((c - target) / saved * 1.1) + 1 if saved > 0 else s
-        s = min(n, s + max(1, min(ahead, s)))
-    bisect = False
-    while hi - lo > 1:
-        if bisect or lo_cost <= hi_cost:
-            mid = (lo + hi) // 2
-        else:
-            # Just past where the line between the bracket's ends meets the target.
-            mid = lo + int((lo_cost - target) * (hi - lo) / (lo_cost - hi_cost)) + 1
-            mid = min(hi - 1, max(lo + 1, mid))
-        c = count(mid)
-        fits = c <= target
-        # Interpolation that lands on the same side twice is slow: halve next time instead.
-        bisect = not bisect and fits == (mid - lo > hi - mid)
-        if fits:
-            hi, hi_cost = mid, c
-        else:
-            lo, lo_cost = mid, c
-    return hi
-
-
 def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
@@ -339,9 +298,9 @@ def compact(
     hopeless = floor > config.budget or (
         floor * 5 >= config.budget * 4 and cost(rungs) > config.budget
     )
-    chosen = None if hopeless else _search(cost, rungs, config.limit)
+    chosen = None if hopeless else search_rungs(cost, rungs, config.limit)
     if chosen is None and not hopeless and cost(rungs) <= config.budget:
-        chosen = _search(cost, rungs, config.budget)
+        chosen = search_rungs(cost, rungs, config.budget)
     if chosen is None:
         chosen = len(steps)
     out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
