@@ -166,12 +166,18 @@ class _ChatExchange:
         return self.decision.state
 
     async def run(self) -> None:
-        response = await self._send(self.decision)
-        if response.status_code == 400 and self.state.parsed is not None:
-            retried = await self._maybe_retry(response)
-            if retried is None:
-                return
-            response = retried
+        try:
+            response = await self._send(self.decision)
+            if response.status_code == 400 and self.state.parsed is not None:
+                retried = await self._maybe_retry(response)
+                if retried is None:
+                    return
+                response = retried
+        except ProxyError as exc:
+            # Nothing reached the client yet: our own error still carries our headers.
+            self.status, self.error = exc.status, exc.message
+            await send_error(self.send, exc, self._our_headers())
+            return
         await self._relay(response)
 
     async def _send(self, decision: Decision) -> httpx.Response:

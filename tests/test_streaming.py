@@ -69,6 +69,7 @@ async def test_upstream_unreachable_is_an_openai_shaped_502(make_proxy) -> None:
     async with make_proxy(f"http://127.0.0.1:{port}/v1") as url, httpx.AsyncClient() as client:
         r = await client.post(f"{url}/v1/chat/completions", content=STREAM_BODY)
     assert r.status_code == 502
+    assert r.headers["x-compactd-action"] == "passthrough"
     assert set(r.json()["error"]) >= {"message", "type", "code"}
     assert r.json()["error"]["code"] == "upstream_unreachable"
 
@@ -82,6 +83,7 @@ async def test_upstream_read_timeout_is_an_openai_shaped_504(upstream, make_prox
     ):
         r = await client.post(f"{url}/v1/chat/completions", content=STREAM_BODY)
     assert r.status_code == 504
+    assert "x-compactd-tokens-before" in r.headers
     assert r.json()["error"]["code"] == "upstream_timeout"
 
 
