@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import AsyncIterator
 
 import httpx
@@ -76,6 +77,10 @@ def create_app(
             registry=registry,
         )
         router.state.services = services
+        # Start-up objects (model table, registries, encodings' Python side) live for the whole
+        # process: keep them out of every later garbage collection, which otherwise stalls the
+        # event loop for tens of milliseconds while a provider runs in a worker thread.
+        gc.freeze()
         app.handler = Handler(
             upstream=services.upstream,
             compactor=services.compactor,
