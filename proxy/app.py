@@ -95,6 +95,7 @@ def create_app(
             accounting=settings.accounting.enabled,
             request_stream_usage=settings.accounting.request_stream_usage,
             strip_usage_null=settings.accounting.strip_usage_null,
+            retry_context_errors=settings.upstream.retry_context_errors,
         )
         try:
             yield

@@ -68,6 +68,7 @@ class Handler:
     accounting: bool = True
     request_stream_usage: bool = False
     strip_usage_null: bool = True
+    retry_context_errors: bool = True
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -168,7 +169,11 @@ class _ChatExchange:
     async def run(self) -> None:
         try:
             response = await self._send(self.decision)
-            if response.status_code == 400 and self.state.parsed is not None:
+            if (
+                response.status_code == 400
+                and self.state.parsed is not None
+                and self.h.retry_context_errors
+            ):
                 retried = await self._maybe_retry(response)
                 if retried is None:
                     return

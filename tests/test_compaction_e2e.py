@@ -348,3 +348,24 @@ async def test_stats_endpoint_adds_up_a_scripted_sequence(upstream, make_proxy) 
     assert len(sent) == 2
     assert refused.status_code == 401
     assert bad.status_code == 400
+
+
+async def test_context_length_retry_can_be_turned_off(upstream, make_proxy) -> None:
+    fake, base = upstream
+    overflow = {
+        "error": {
+            "message": "maximum context length is 500 tokens",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "context_length_exceeded",
+        }
+    }
+    fake.then(respond(400, overflow))
+    async with make_proxy(base, upstream={"retry_context_errors": False}) as url:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                f"{url}/v1/chat/completions", json={"model": "gpt-4o", "messages": history(5)}
+            )
+    assert r.status_code == 400
+    assert r.json() == overflow  # the upstream's own answer, untouched
+    assert len(fake.received) == 1
