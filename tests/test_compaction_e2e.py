@@ -369,3 +369,20 @@ async def test_context_length_retry_can_be_turned_off(upstream, make_proxy) -> N
     assert r.status_code == 400
     assert r.json() == overflow  # the upstream's own answer, untouched
     assert len(fake.received) == 1
+
+
+async def test_concurrent_requests_of_one_conversation_agree_on_one_checkpoint(
+    upstream, make_proxy
+) -> None:
+    fake, base = upstream
+    body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
+    async with make_proxy(base, **SMALL) as url:
+        async with httpx.AsyncClient() as http:
+            first = await asyncio.gather(
+                *(http.post(f"{url}/v1/chat/completions", content=body) for _ in range(4))
+            )
+            conv = first[0].headers["x-compactd-conversation"]
+            info = (await http.get(f"{url}/compactd/v1/conversations/{conv}")).json()
+    assert {r.headers["x-compactd-action"] for r in first} <= {"compacted", "replayed"}
+    assert len({r.body for r in fake.received}) == 1  # every request forwarded the same bytes
+    assert info["checkpoint_count"] == 1
