@@ -12,9 +12,11 @@ Stages, in order, each stopping as soon as the request is under target:
 
 The stages run first outside the recency window, then with the window shrunk to the last
 `recent_units` units, then with only the hard protection left (system/developer messages, the last
-user message, the final message, `keep_head`), ending with marker-only stubs; so every request
-that can fit at all does. Every rewritten or dropped message goes into `verbatim` under a ref id
-its replacement shows. Same input, same output bytes.
+user message, the final message, `keep_head`), ending with marker-only stubs. When even that is
+over target, the full markers (~25 tokens each) give way to short `[compactd:ref=<id>]` ones, with
+every droppable unit dropped if need be; so every request that can fit at all does. Every
+rewritten or dropped message goes into `verbatim` under a ref id its replacement shows. Same
+input, same output bytes.
 """
 
 from __future__ import annotations

@@ -52,7 +52,8 @@ class TrimPlan:
         self.orig = [config.count_message(m) for m in messages]
         self.tokens = list(self.orig)
         # Request overhead (priming, tool schemas) plus the messages: one pass instead of two.
-        self.total = config.count_tokens([]) + sum(self.orig)
+        self.overhead = config.count_tokens([])
+        self.total = self.overhead + sum(self.orig)
         self.units = split_units(messages)
         self.unit_of = [k for k, u in enumerate(self.units) for _ in u.indices()]
         self.level = self._levels()
@@ -61,6 +62,8 @@ class TrimPlan:
         self.verbs: dict[int, list[str]] = {}
         self.dropped = [False] * len(messages)
         self.fact_chars = opts.drop_fact_chars
+        self.short = False
+        """Past the last resort: short markers (`[compactd:ref=…]`) on stand-ins and stubs."""
         # Digit-heavy text costs up to ~1 token per 2 characters.
         self.placeholder = placeholder_cost(config) + self.fact_chars // 2
         self._referenced: list[bool] | None = None
@@ -108,7 +111,35 @@ class TrimPlan:
                         return self._spend_slack(result)
                 stage(tier)
         self.fact_chars = 0  # last resort: placeholders without their fact lists
-        return self.result()
+        result = self.result()
+        if self.config.count_tokens(result.messages) <= self.config.limit:
+            return result
+        return self._minimal() or result
+
+    def _minimal(self) -> CompactionResult | None:
+        """Short markers, then every droppable unit dropped and every stub bare, stopping as soon
+        as the request fits; None if even that does not fit (the fuller result is kept then)."""
+        # The full marker alone costs ~25 tokens a stand-in: more than the room a tight budget
+        # leaves once the hard-protected messages are in, where `[compactd:ref=…]` still fits.
+        floor = self.overhead + sum(t for i, t in enumerate(self.orig) if self.level[i] == _NEVER)
+        if floor > self.config.limit:
+            return None
+        self.short = True
+        self.placeholder = self.config.count_message(
+            {"role": "assistant", "content": short_marker("f" * 10)}
+        )
+        for i in self.verbs:
+            self.tokens[i] = self.config.count_message(self._rewritten(i))
+        tier = _TIERS[-1]
+        stages: list[Callable[[int], None]] = [self._drop_oldest, self._bare, self._force]
+        result = self.result()
+        for stage in stages:
+            self.total = self.config.count_tokens(result.messages)
+            if not self.over():
+                return result
+            stage(tier)
+            result = self.result()
+        return result if self.config.count_tokens(result.messages) <= self.config.limit else None
 
     def _spend_slack(self, result: CompactionResult) -> CompactionResult:
         """Fill the room left under target with more facts of the dropped runs, if any."""
@@ -141,7 +172,7 @@ class TrimPlan:
         """Rewrite message i if that makes it cheaper; its marker always names the original."""
         base = base if base is not None else self.base.get(i, self.src[i])
         verbs = [*self.verbs.get(i, []), *([verb] if verb not in self.verbs.get(i, []) else [])]
-        candidate = _compose(base, body, self.ref(i), self.orig[i], verbs)
+        candidate = _compose(base, body, self.ref(i), self.orig[i], verbs, short=self.short)
         cost = self.config.count_message(candidate)
         if cost >= self.tokens[i]:
             return False
@@ -235,7 +266,7 @@ class TrimPlan:
             if not self.over():
                 return
 
-    def _bare(self, tier: int) -> None:
+    def _bare(self, tier: int, until_fit: bool = True) -> None:
         """Last resort: reduce what is left (outside the hard protection) to its marker."""
         if tier != _TIERS[-1]:
             return
@@ -243,8 +274,17 @@ class TrimPlan:
             base = {
                 k: v for k, v in self.base.get(i, self.src[i]).items() if k not in REASONING_KEYS
             }
-            if self._attempt(i, "", "elided", base) and not self.over():
+            if self._attempt(i, "", "elided", base) and until_fit and not self.over():
                 return
+
+    def _force(self, tier: int) -> None:
+        """Drop every droppable unit and bare every other rewritable message, whatever the
+        running estimate says (it only estimates the stand-ins)."""
+        for unit in self.units:
+            if unit.kind != "system" and all(self.level[i] <= tier for i in unit.indices()):
+                for i in unit.indices():
+                    self.dropped[i] = True
+        self._bare(tier, until_fit=False)
 
     def result(self) -> CompactionResult:
         """The trimmed messages, with every replaced original in `verbatim`."""
@@ -284,12 +324,24 @@ class TrimPlan:
         """The placeholder for dropped run i..j-1: with the run's facts if that still saves
         tokens, else the bare marker, else None (the run is kept)."""
         run, tokens = self.src[i:j], sum(self.orig[i:j])
+        if self.short:
+            return self._short_stand_in(i, j, tokens)
         if self.fact_chars:
             note = facts(self._facts_between(i, j), self.fact_chars)
             ref, message = placeholder(run, tokens, f"facts: {note}" if note else "")
             if self.config.count_message(message) < tokens:
                 return ref, message
         ref, message = placeholder(run, tokens)
+        return (ref, message) if self.config.count_message(message) < tokens else None
+
+    def _short_stand_in(self, i: int, j: int, tokens: int) -> tuple[str, Message] | None:
+        """The stand-in of dropped run i..j-1 with the short marker only: a plain user/assistant
+        message, or for a single message a rewrite of the same shape (the validator checks a
+        one-for-one replacement's shape unless its marker says "dropped")."""
+        ref, message = placeholder(self.src[i:j], tokens)
+        if j - i == 1:
+            message = {k: v for k, v in self.src[i].items() if k not in REASONING_KEYS}
+        message = with_text(message, short_marker(ref))
         return (ref, message) if self.config.count_message(message) < tokens else None
 
     def _facts_between(self, i: int, j: int) -> list[str]:
@@ -320,7 +372,8 @@ class TrimPlan:
         return self._refs[i]
 
     def _rewritten(self, i: int) -> Message:
-        return _compose(self.base[i], self.body[i], self.ref(i), self.orig[i], self.verbs[i])
+        base, body, verbs = self.base[i], self.body[i], self.verbs[i]
+        return _compose(base, body, self.ref(i), self.orig[i], verbs, short=self.short)
 
     def digest(self) -> str:
         """The input's digest, computed once (result() may run several times per plan)."""
@@ -335,8 +388,15 @@ class TrimPlan:
         return [f"messages {verb} (originals kept by reference)" for verb in sorted(done)]
 
 
-def _compose(base: Message, body: str, ref: str, tokens: int, verbs: list[str]) -> Message:
-    marker = ref_marker(ref, 1, tokens, ", ".join(verbs))
+def short_marker(ref: str) -> str:
+    """The shortest marker `uncompress` and the validator recognise: `[compactd:ref=<id>]`."""
+    return f"[compactd:ref={ref}]"
+
+
+def _compose(
+    base: Message, body: str, ref: str, tokens: int, verbs: list[str], *, short: bool = False
+) -> Message:
+    marker = short_marker(ref) if short else ref_marker(ref, 1, tokens, ", ".join(verbs))
     return with_text(base, f"{marker}\n{body}" if body else marker)
 
 

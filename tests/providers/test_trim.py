@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -235,3 +236,38 @@ def test_facts_prefer_names_then_the_latest_when_space_is_short() -> None:
 def test_paths_are_found_in_prose_and_json() -> None:
     text = 'edit src/app/main.py and ./a/b.txt; {"path": "lib/x.py"} not http://x.com/a/b'
     assert paths_in(text) == {"src/app/main.py", "./a/b.txt", "lib/x.py"}
+
+
+def test_a_request_with_room_only_for_a_short_marker_still_fits() -> None:
+    msgs = [system(), user(words(120)), assistant(words(120)), user("ok"), assistant(words(60))]
+    msgs.append(user("and now?"))
+    # The system message, the last user message and one `[compactd:ref=…]` message: no room
+    # for the full marker (`… 4 messages, N tokens dropped]`), nor any fact list.
+    floor = count_tokens([msgs[0], msgs[-1]])
+    out = trim(msgs, floor + 20)
+    assert count_tokens(out) <= floor + 20
+    assert len(out) == 3
+    assert out[0] == msgs[0]
+    assert out[-1] == msgs[-1]
+    assert out[1]["role"] == "user"
+    assert re.fullmatch(r"\[compactd:ref=[0-9a-f]{10}\]", message_text(out[1]))
+
+
+def test_a_single_message_dropped_with_a_short_marker_keeps_its_shape() -> None:
+    first: Message = {"role": "user", "content": [{"type": "text", "text": words(200)}]}
+    msgs = [system(), first, user("go on")]
+    floor = count_tokens([msgs[0], msgs[2]])
+    out = trim(msgs, floor + 20)
+    assert count_tokens(out) <= floor + 20
+    assert isinstance(out[1]["content"], list)
+    assert message_text(out[1]).startswith("[compactd:ref=")
+    assert "dropped" not in message_text(out[1])
+
+
+def test_when_nothing_can_fit_the_fuller_placeholders_are_kept() -> None:
+    msgs = [system(words(500)), user(words(120)), assistant(words(120)), user("and now?")]
+    config = make_config(limit=100, budget=10**6)
+    result = TrimProvider().compress(msgs, config)
+    assert check_result(msgs, result, config) == []
+    assert "2 messages, " in message_text(result.messages[1])
+    assert "tokens dropped]" in message_text(result.messages[1])
