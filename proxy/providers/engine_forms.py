@@ -22,7 +22,7 @@ from proxy.providers.base import (
 )
 from proxy.providers.dedup import Duplicate
 from proxy.providers.facts import TextFacts, analyze, candidates_of, facts_within, pack_facts
-from proxy.providers.summary import summarize_text
+from proxy.providers.summary import SentenceCache, summarize_text
 from proxy.providers.units import message_text, with_text
 
 SUMMARY, FACTS, DROPPED, FORCED = 1, 2, 3, 4
@@ -87,6 +87,7 @@ class Forms:
     _facts: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     _found: dict[str, TextFacts] = field(default_factory=dict)
     _canonical: dict[int, bytes] = field(default_factory=dict)
+    _sentences: SentenceCache = field(default_factory=SentenceCache)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
@@ -217,7 +218,7 @@ class Forms:
         if found is not None and found.json is not None:
             return None  # a JSON document's summary is itself
         ratio = self.settings.summary_ratio
-        summary = summarize_text(text, ratio, self.settings.max_facts_chars)
+        summary = summarize_text(text, ratio, self.settings.max_facts_chars, self._sentences)
         if summary == text:
             return None
         return self._accept(self._make(i, i + 1, "summarized", summary))

@@ -35,7 +35,7 @@ ERROR_WORDS = re.compile(
 )
 # Every match of ERROR_WORDS / _ERROR_LINE contains one of these (lowered): a text without any
 # skips the patterns.
-_ERROR_HINTS = (
+ERROR_HINTS = (
     "error", "exception", "traceback", "fail", "fatal", "denied", "refused", "not found", "invalid",
 )  # fmt: skip
 _ID_SHAPE = re.compile(r"[\w.@-]+")
@@ -82,24 +82,41 @@ def _fact_matches(text: str) -> Iterator[str]:
         yield from _FACT.findall(text, start, end)
 
 
-def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
-    """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
+def _quoted(matches: Iterable[str]) -> dict[str, bool]:
+    """Each distinct fact of the matches, in order, and whether the author quoted it as code."""
     quoted: dict[str, bool] = {}
-    for v in _fact_matches(text):
+    for v in matches:
         if v[0] == "`":
             quoted[v[1:-1]] = True
         else:
             quoted.setdefault(v.strip(_PUNCT_EDGES), False)
+    return quoted
+
+
+def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
+    """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
     return [
         (_rank(value, q), pos, value)
-        for pos, (value, q) in enumerate(quoted.items())
+        for pos, (value, q) in enumerate(_quoted(_fact_matches(text)).items())
         if len(value) >= _MIN_FACT_LEN
     ]
 
 
 def fact_items(text: str) -> list[str]:
     """Identifiers, paths, URLs, ids, dates and numbers in `text`, unique, in order."""
-    return [value for _, _, value in _ranked_facts(text)]
+    return facts_of_matches(_fact_matches(text))
+
+
+def fact_matches(text: str) -> list[str]:
+    """The raw fact matches of `text` in order (what `facts_of_matches` turns into facts)."""
+    return list(_fact_matches(text))
+
+
+def facts_of_matches(matches: Iterable[str]) -> list[str]:
+    """`fact_items` of a text from its raw matches (a summary caches them per sentence; no match
+    spans a space, so the matches of sentences joined by spaces are theirs in order)."""
+    # Ranking is skipped: only the values are wanted, and ranking costs more than the scan.
+    return [value for value in _quoted(matches) if len(value) >= _MIN_FACT_LEN]
 
 
 def pack_ranked(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> list[str]:
@@ -142,7 +159,7 @@ def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
     # positions unless some character changes length (rare: then search the original).
     if len(low) != len(text):
         matches: Iterable[re.Match[str]] = _ERROR_LINE.finditer(text)
-    elif any(word in low for word in _ERROR_HINTS):
+    elif any(word in low for word in ERROR_HINTS):
         # Line by line on long texts (no match spans a line break): each call holds the GIL.
         matches = (
             m

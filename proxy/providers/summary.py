@@ -9,8 +9,15 @@ facts (see `facts.py`) of the dropped sentences follow on a `facts:` line.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
-from proxy.providers.facts import ERROR_WORDS, fact_items, parse_json
+from proxy.providers.facts import (
+    ERROR_HINTS,
+    ERROR_WORDS,
+    fact_matches,
+    facts_of_matches,
+    parse_json,
+)
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n+")
@@ -131,28 +138,61 @@ def sentences(block: str) -> list[str]:
     return out
 
 
-def _score(sentence: str, first: bool) -> float:
+@dataclass
+class SentenceCache:
+    """Sentence scores and fact matches shared by the summaries of one compaction.
+
+    Agent conversations repeat sentences (boilerplate, status lines), and a compaction
+    summarizes hundreds of messages: each distinct sentence is scored and scanned once."""
+
+    scores: dict[str, float | None] = field(default_factory=dict)
+    matches: dict[str, list[str]] = field(default_factory=dict)
+
+    def score(self, sentence: str, first: bool) -> float:
+        """A sentence's score (a block's first gets a bonus), computed once per sentence."""
+        if sentence in self.scores:
+            base = self.scores[sentence]
+        else:
+            base = self.scores[sentence] = _base_score(sentence)
+        return -10.0 if base is None else base + (1.0 if first else 0.0)
+
+    def facts(self, sentence: str) -> list[str]:
+        """The raw fact matches of a sentence."""
+        found = self.matches.get(sentence)
+        if found is None:
+            found = self.matches[sentence] = fact_matches(sentence)
+        return found
+
+
+def _base_score(sentence: str) -> float | None:
+    """A sentence's score without the first-sentence bonus; None for filler."""
     low = sentence.lower()
     if _FILLER.match(low):
-        return -10.0
+        return None
     score = 2.0 * len(_FACT_HINT.findall(sentence))
-    score += 3.0 if ERROR_WORDS.search(low) else 0.0
+    # Every error-word match holds one of the hints: plain substring tests skip the regex.
+    if any(word in low for word in ERROR_HINTS) and ERROR_WORDS.search(low):
+        score += 3.0
     score += 2.0 if _DECISION.search(low) else 0.0
-    score += 1.0 if first else 0.0
     return score - (1.0 if len(sentence) < 15 else 0.0)
 
 
-def summarize_text(text: str, ratio: float = 0.4, facts_chars: int = 400) -> str:
+def summarize_text(
+    text: str, ratio: float = 0.4, facts_chars: int = 400, cache: SentenceCache | None = None
+) -> str:
     """Hard blocks verbatim and the best prose sentences within `ratio` of the prose; facts of
-    the dropped sentences follow on a `facts:` line. A JSON document is returned unchanged."""
+    the dropped sentences follow on a `facts:` line. A JSON document is returned unchanged.
+
+    `cache` shares sentence work between the summaries of one compaction (same output)."""
     if parse_json(text) is not None:
         return text
+    memo = cache if cache is not None else SentenceCache()
     blocks = _split_blocks(text)
     scored: list[tuple[float, int, str]] = []
     for b, (hard, block) in enumerate(blocks):
         if not hard:
             for s, sentence in enumerate(sentences(block)):
-                scored.append((_score(sentence, s == 0), b * 100_000 + s, sentence))
+                scored.append((memo.score(sentence, s == 0), b * 100_000 + s, sentence))
     prose_chars = sum(len(s) for _, _, s in scored)
     budget = int(prose_chars * ratio)
     kept: set[int] = set()
@@ -173,7 +213,8 @@ def summarize_text(text: str, ratio: float = 0.4, facts_chars: int = 400) -> str
         if chosen:
             out.append(" ".join(chosen))
     body = "\n\n".join(out)
-    facts = _missing(fact_items(" ".join(dropped)), body, facts_chars)
+    # The facts of the dropped sentences joined by spaces (`fact_items`), from cached matches.
+    facts = _missing(facts_of_matches(m for d in dropped for m in memo.facts(d)), body, facts_chars)
     if facts:
         body = f"{body}\nfacts: {', '.join(facts)}" if body else f"facts: {', '.join(facts)}"
     return body

@@ -11,7 +11,7 @@ from proxy.providers.facts import (
     fact_items,
     pack_facts,
 )
-from proxy.providers.summary import summarize_text
+from proxy.providers.summary import SentenceCache, summarize_text
 
 PROSE = (
     "Sure, happy to help with that! "
@@ -101,3 +101,15 @@ def test_summaries_are_deterministic() -> None:
     text = PROSE * 4 + "\n\n```sh\nmake test\n```"
     assert summarize_text(text) == summarize_text(text)
     assert extract_facts(text, 100) == extract_facts(text, 100)
+
+
+def test_a_shared_sentence_cache_changes_no_summary() -> None:
+    texts = [
+        f"{PROSE}\n\nThe error was in src/mod_{i}.py line {i}. {PROSE}\n\n```\nx = {i}\n```"
+        for i in range(4)
+    ] + [PROSE, "Thanks again for your patience with all of this. It failed in `run_{7}`."]
+    cache = SentenceCache()
+    shared = [summarize_text(t, 0.3, 120, cache) for t in texts + texts]
+    assert shared == [summarize_text(t, 0.3, 120) for t in texts + texts]
+    assert cache.scores
+    assert cache.matches
