@@ -169,7 +169,7 @@ class Forms:
         # stubs (a message's fact text is usually its text).
         found = self._found.get(text)
         if found is None:
-            found = self._found[text] = analyze(text)
+            found = self._found[text] = analyze(text, self._sentences.facts)
         return found
 
     def _facts_cap(self, text: str) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
@@ -93,11 +93,46 @@ def _quoted(matches: Iterable[str]) -> dict[str, bool]:
     return quoted
 
 
-def _ranked_facts(text: str) -> list[tuple[int, int, str]]:
+@dataclass
+class FactMemo:
+    """Fact matches per piece of text (a line, a sentence) and ranks per fact, shared by the
+    analyses of one compaction: agent conversations repeat lines, ids and paths."""
+
+    pieces: dict[str, list[str]] = field(default_factory=dict)
+    ranks: dict[tuple[str, bool], int] = field(default_factory=dict)
+
+    def piece(self, piece: str) -> list[str]:
+        """The raw fact matches of one piece of text."""
+        found = self.pieces.get(piece)
+        if found is None:
+            found = self.pieces[piece] = list(_fact_matches(piece))
+        return found
+
+    def matches(self, text: str) -> Iterator[str]:
+        """`_fact_matches(text)` line by line (no match spans a line break); long texts, which
+        hold the GIL the longest, are scanned as before."""
+        if len(text) > SCAN_CHARS:
+            yield from _fact_matches(text)
+            return
+        for line in text.split("\n"):
+            yield from self.piece(line)
+
+    def rank(self, value: str, quoted: bool) -> int:
+        """`_rank(value, quoted)`, computed once per fact."""
+        key = (value, quoted)
+        found = self.ranks.get(key)
+        if found is None:
+            found = self.ranks[key] = _rank(value, quoted)
+        return found
+
+
+def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
+    matches = _fact_matches(text) if memo is None else memo.matches(text)
+    rank = _rank if memo is None else memo.rank
     return [
-        (_rank(value, q), pos, value)
-        for pos, (value, q) in enumerate(_quoted(_fact_matches(text)).items())
+        (rank(value, q), pos, value)
+        for pos, (value, q) in enumerate(_quoted(matches).items())
         if len(value) >= _MIN_FACT_LEN
     ]
 
@@ -107,13 +142,8 @@ def fact_items(text: str) -> list[str]:
     return facts_of_matches(_fact_matches(text))
 
 
-def fact_matches(text: str) -> list[str]:
-    """The raw fact matches of `text` in order (what `facts_of_matches` turns into facts)."""
-    return list(_fact_matches(text))
-
-
 def facts_of_matches(matches: Iterable[str]) -> list[str]:
-    """`fact_items` of a text from its raw matches (a summary caches them per sentence; no match
+    """`fact_items` of a text from its raw matches (a summary memoizes them per sentence; no match
     spans a space, so the matches of sentences joined by spaces are theirs in order)."""
     # Ranking is skipped: only the values are wanted, and ranking costs more than the scan.
     return [value for value in _quoted(matches) if len(value) >= _MIN_FACT_LEN]
@@ -237,12 +267,13 @@ class TextFacts:
     """A JSON document's (key, scalar) -> (rank, position)."""
 
 
-def analyze(text: str) -> TextFacts:
-    """The facts of `text` (its JSON leaves, or its ranked facts and error lines)."""
+def analyze(text: str, memo: FactMemo | None = None) -> TextFacts:
+    """The facts of `text` (its JSON leaves, or its ranked facts and error lines); `memo` shares
+    work between the analyses of one compaction (same result)."""
     value = parse_json(text)
     if value is not None:
         return TextFacts(value, [], [], _json_items(value))
-    return TextFacts(None, _ranked_facts(text), error_lines(text), {})
+    return TextFacts(None, _ranked_facts(text, memo), error_lines(text), {})
 
 
 def candidates_of(found: TextFacts) -> list[tuple[int, str]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from proxy.providers.facts import (
     ERROR_HINTS,
     ERROR_WORDS,
-    fact_matches,
+    FactMemo,
     facts_of_matches,
     parse_json,
 )
@@ -146,7 +146,7 @@ class SentenceCache:
     summarizes hundreds of messages: each distinct sentence is scored and scanned once."""
 
     scores: dict[str, float | None] = field(default_factory=dict)
-    matches: dict[str, list[str]] = field(default_factory=dict)
+    facts: FactMemo = field(default_factory=FactMemo)
 
     def score(self, sentence: str, first: bool) -> float:
         """A sentence's score (a block's first gets a bonus), computed once per sentence."""
@@ -155,13 +155,6 @@ class SentenceCache:
         else:
             base = self.scores[sentence] = _base_score(sentence)
         return -10.0 if base is None else base + (1.0 if first else 0.0)
-
-    def facts(self, sentence: str) -> list[str]:
-        """The raw fact matches of a sentence."""
-        found = self.matches.get(sentence)
-        if found is None:
-            found = self.matches[sentence] = fact_matches(sentence)
-        return found
 
 
 def _base_score(sentence: str) -> float | None:
@@ -214,7 +207,9 @@ def summarize_text(
             out.append(" ".join(chosen))
     body = "\n\n".join(out)
     # The facts of the dropped sentences joined by spaces (`fact_items`), from cached matches.
-    facts = _missing(facts_of_matches(m for d in dropped for m in memo.facts(d)), body, facts_chars)
+    facts = _missing(
+        facts_of_matches(m for d in dropped for m in memo.facts.piece(d)), body, facts_chars
+    )
     if facts:
         body = f"{body}\nfacts: {', '.join(facts)}" if body else f"facts: {', '.join(facts)}"
     return body

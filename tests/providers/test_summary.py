@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from proxy.providers.facts import (
+    FactMemo,
+    analyze,
     error_lines,
     extract_facts,
     fact_candidates,
@@ -112,4 +114,20 @@ def test_a_shared_sentence_cache_changes_no_summary() -> None:
     shared = [summarize_text(t, 0.3, 120, cache) for t in texts + texts]
     assert shared == [summarize_text(t, 0.3, 120) for t in texts + texts]
     assert cache.scores
-    assert cache.matches
+    assert cache.facts.pieces
+
+
+def test_a_shared_fact_memo_changes_no_analysis() -> None:
+    code = "\n".join(
+        f"def handler_{k}(request):\n    return lookup(request, 'user_1')" for k in range(5)
+    )
+    texts = [
+        code,
+        PROSE,
+        f"{PROSE}\n`warm_cache()` failed: KeyError user_1",
+        code,
+        '{"id": "A1B2C"}',
+    ]
+    memo = FactMemo()
+    assert [analyze(t, memo) for t in texts] == [analyze(t) for t in texts]
+    assert memo.pieces
