@@ -99,30 +99,34 @@ class FactMemo:
     analyses of one compaction: agent conversations repeat lines, ids and paths."""
 
     pieces: dict[str, list[str]] = field(default_factory=dict)
-    ranks: dict[tuple[str, bool], int] = field(default_factory=dict)
+    ranks: dict[str, int] = field(default_factory=dict)
 
     def piece(self, piece: str) -> list[str]:
         """The raw fact matches of one piece of text."""
         found = self.pieces.get(piece)
         if found is None:
-            found = self.pieces[piece] = list(_fact_matches(piece))
+            if len(piece) <= SCAN_CHARS:
+                found = self.pieces[piece] = _FACT.findall(piece)
+            else:
+                found = self.pieces[piece] = list(_fact_matches(piece))
         return found
 
-    def matches(self, text: str) -> Iterator[str]:
+    def matches(self, text: str) -> list[str]:
         """`_fact_matches(text)` line by line (no match spans a line break); long texts, which
         hold the GIL the longest, are scanned as before."""
         if len(text) > SCAN_CHARS:
-            yield from _fact_matches(text)
-            return
-        for line in text.split("\n"):
-            yield from self.piece(line)
+            return list(_fact_matches(text))
+        if "\n" not in text:
+            return self.piece(text)
+        return [m for line in text.split("\n") for m in self.piece(line)]
 
     def rank(self, value: str, quoted: bool) -> int:
-        """`_rank(value, quoted)`, computed once per fact."""
-        key = (value, quoted)
-        found = self.ranks.get(key)
+        """`_rank(value, quoted)`, computed once per fact (quoted facts always rank 0)."""
+        if quoted:
+            return 0
+        found = self.ranks.get(value)
         if found is None:
-            found = self.ranks[key] = _rank(value, quoted)
+            found = self.ranks[value] = _rank(value)
         return found
 
 
