@@ -60,6 +60,25 @@ class _Plan:
     compaction: Compaction | None = None
 
 
+def compression_config(
+    policy: PolicySettings, *, counter: TokenCounter, fixed: int, limit: int, budget: int
+) -> CompressionConfig:
+    """What a policy tells its providers (the proxy and `compactd compress` share this).
+
+    `fixed` is what the request costs besides its messages (tool schemas, response format).
+    """
+    return CompressionConfig(
+        limit=limit,
+        budget=budget,
+        count_tokens=lambda msgs: fixed + counter.count_messages(msgs),
+        count_message=counter.count_message,
+        max_tool_result_tokens=policy.max_tool_result_tokens,
+        reasoning_strip_age_threshold=policy.reasoning_strip_age_threshold,
+        keep_head=policy.keep_head,
+        recency_turns=policy.recency_turns,
+    )
+
+
 def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
 
@@ -297,16 +316,12 @@ class Compactor:
         state: ChatState,
     ) -> CompressionConfig:
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        return CompressionConfig(
-            limit=budget.target,
-            budget=budget.budget,
-            count_tokens=lambda msgs: fixed + counter.count_messages(msgs),
-            count_message=counter.count_message,
+        config = compression_config(
+            policy, counter=counter, fixed=fixed, limit=budget.target, budget=budget.budget
+        )
+        return dataclasses.replace(
+            config,
             model=state.model,
-            max_tool_result_tokens=policy.max_tool_result_tokens,
-            reasoning_strip_age_threshold=policy.reasoning_strip_age_threshold,
-            keep_head=policy.keep_head,
-            recency_turns=policy.recency_turns,
             complete=self.completer(state.api_key) if self.completer else None,
             summary_cache=TenantSummaryCache(self.store, state.tenant, ttl),
         )

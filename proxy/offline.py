@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -11,8 +12,8 @@ from typing import IO, Any
 import orjson
 
 from proxy.budget import ModelTable
+from proxy.compaction import compression_config
 from proxy.config import PolicySettings, Settings
-from proxy.providers.base import CompressionConfig
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
@@ -70,17 +71,14 @@ class OfflineCompressor:
             raise LineError("'budget' must be a positive number")
         budget = int(raw_budget * before) if raw_budget <= 1 else int(raw_budget)
         chain = bound_chain(names, instances, self.policy.options)
-        config = CompressionConfig(
+        config = compression_config(
+            self.policy,
+            counter=counter,
+            fixed=fixed,
             limit=max(1, int(budget * self.defaults.target_ratio)),
             budget=budget,
-            count_tokens=lambda msgs: fixed + counter.count_messages(msgs),
-            count_message=counter.count_message,
-            model=model,
-            max_tool_result_tokens=self.policy.max_tool_result_tokens,
-            reasoning_strip_age_threshold=self.policy.reasoning_strip_age_threshold,
-            keep_head=self.policy.keep_head,
-            recency_turns=self.policy.recency_turns,
         )
+        config = dataclasses.replace(config, model=model)
         t0 = time.perf_counter()
         outcome = await run_chain(messages, chain, config)
         ms = (time.perf_counter() - t0) * 1000
