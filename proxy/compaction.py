@@ -26,7 +26,7 @@ from proxy.checkpoint import compaction_for, worth_it
 from proxy.config import PolicySettings, Settings
 from proxy.digest import canonical_message, conversation_id, message_digest, prefix_digests
 from proxy.metrics import Metrics
-from proxy.policy import PolicyDecision, PolicyResolver
+from proxy.policy import PolicyResolver
 from proxy.providers.base import (
     Completer,
     CompressionConfig,
@@ -150,7 +150,10 @@ class Compactor:
             state.action = "bypass"
             return self._finish(body, state)
         try:
-            return await self._decide(body, parsed, headers, decision, state)
+            messages = parsed["messages"]
+            if all(isinstance(m, dict) for m in messages):
+                state.conversation = _conversation(headers.get(CONVERSATION_HEADER), messages)
+            return await self._decide(body, parsed, decision.policy, state)
         except Exception as exc:  # the single fail-open boundary: forward the original request
             reason = _reason(exc)
             log.warning(
@@ -187,11 +190,13 @@ class Compactor:
         assert previous.parsed is not None
         parsed = previous.parsed
         state = dataclasses.replace(previous, started=time.perf_counter(), error=None)
-        decision = self.policies.resolve(
-            key_fingerprint=state.fingerprint, model=state.model, headers={}
-        )
+        # The request keeps the policy and conversation it was given (header matches, the
+        # client's policy choice and conversation id included); only the window changed.
+        policy = self.policies.get(state.policy)
+        if policy is None:
+            return None
         try:
-            return await self._decide(b"", parsed, {}, decision, state, force=True)
+            return await self._decide(b"", parsed, policy, state, force=True)
         except Exception:
             log.warning("overflow retry could not compact", exc_info=True)
             return None
@@ -200,20 +205,17 @@ class Compactor:
         self,
         body: bytes,
         parsed: dict[str, Any],
-        headers: Mapping[str, str],
-        decision: PolicyDecision,
+        policy: PolicySettings,
         state: ChatState,
         *,
         force: bool = False,
     ) -> Decision:
-        policy = decision.policy
         info = self.models.lookup(state.model)
         budget = compute_budget(info, parsed, policy, self.settings.tokens.safety_margin)
         counter = self.tokenizers.for_model(info)
         messages: list[Message] = parsed["messages"]
         if not all(isinstance(m, dict) for m in messages):
             return self._finish(body, state)  # malformed: the upstream gives its own answer
-        state.conversation = _conversation(headers.get(CONVERSATION_HEADER), messages)
         fixed = counter.count_tools(parsed) + counter.count_response_format(parsed)
         if len(body) > COUNT_IN_THREAD_BYTES:
             counted = await asyncio.to_thread(counter.count_messages, messages)

@@ -386,3 +386,48 @@ async def test_concurrent_requests_of_one_conversation_agree_on_one_checkpoint(
     assert {r.headers["x-compactd-action"] for r in first} <= {"compacted", "replayed"}
     assert len({r.body for r in fake.received}) == 1  # every request forwarded the same bytes
     assert info["checkpoint_count"] == 1
+
+
+async def test_context_length_retry_keeps_the_requests_policy_and_conversation(
+    upstream, make_proxy
+) -> None:
+    fake, base = upstream
+    overflow = {
+        "error": {
+            "message": "This model's maximum context length is 500 tokens.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "context_length_exceeded",
+        }
+    }
+    fake.then(respond(400, overflow))
+    team = {
+        "name": "team",
+        "match_header": "x-team",
+        "match_header_values": ["blue"],
+        "budget_tokens": 100000,
+    }
+    headers = {
+        "x-team": "blue",
+        "x-compactd-conversation-id": "my-conv",
+        "authorization": "Bearer sk-alpha",
+    }
+    # The default policy is off: a retry that lost the header match would not compact.
+    async with make_proxy(base, default_policy={"mode": "off"}, policies=[team]) as url:
+        async with httpx.AsyncClient() as http:
+            r = await http.post(
+                f"{url}/v1/chat/completions",
+                json={"model": "gpt-4o", "messages": history(5)},
+                headers=headers,
+            )
+            info = await http.get(
+                f"{url}/compactd/v1/conversations/my-conv",
+                headers={"authorization": "Bearer sk-alpha"},
+            )
+    assert r.status_code == 200
+    assert r.headers["x-compactd-retried"] == "context-length"
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert r.headers["x-compactd-policy"] == "team"
+    assert r.headers["x-compactd-conversation"] == "my-conv"
+    assert info.status_code == 200
+    assert info.json()["checkpoint_count"] == 1
