@@ -10,7 +10,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.errors import NotFoundError, ProxyError, UnauthorizedError, error_body
+from proxy.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    ProxyError,
+    UnauthorizedError,
+    error_body,
+)
 from proxy.providers.uncompress import uncompress_async
 from proxy.services import Services
 from proxy.stats import compute_stats, parse_since, stats_json
@@ -123,9 +129,7 @@ async def uncompress(request: Request) -> Response:
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             raise TypeError  # noqa: TRY301
     except (orjson.JSONDecodeError, KeyError, TypeError):
-        exc = ProxyError('Body must be {"messages": [...], "recursive": bool}.')
-        exc.status, exc.type, exc.code = 400, "invalid_request_error", "invalid_body"
-        return _error(exc)
+        return _error(InvalidRequestError('Body must be {"messages": [...], "recursive": bool}.'))
     if tenant is None:
         return _error(UnauthorizedError("Restore with the key that owns the conversation."))
 
@@ -154,9 +158,7 @@ async def stats(request: Request) -> Response:
             raise ValueError("by must be tenant, policy or model")  # noqa: TRY301
         since = parse_since(request.query_params.get("since", "7d"))
     except ValueError as exc:
-        bad = ProxyError(str(exc))
-        bad.status, bad.type, bad.code = 400, "invalid_request_error", "invalid_query"
-        return _error(bad)
+        return _error(InvalidRequestError(str(exc)))
     rows = await services.store.usage(None, since.isoformat())
     table = compute_stats(rows, by=by, model_table=services.models)  # type: ignore[arg-type]
     return _Json(stats_json(table, by=by, since=since))  # type: ignore[arg-type]

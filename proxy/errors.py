@@ -33,6 +33,14 @@ class BadPathError(ProxyError):
     code = "invalid_path"
 
 
+class InvalidRequestError(ProxyError):
+    """A request to compactd's own API that it cannot act on."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
 class NotFoundError(ProxyError):
     """No such compactd route."""
 
