@@ -32,7 +32,7 @@ from proxy.providers.engine_forms import (
     Forms,
     FormSettings,
 )
-from proxy.providers.rung_search import search_rungs
+from proxy.providers.rung_search import search_from
 from proxy.providers.units import Unit, droppable, message_text, protection, split_units
 
 _LIMITATIONS = {
@@ -237,6 +237,36 @@ class _Plan:
         return out, used, tokens
 
 
+def _estimated_rung(plan: _Plan, target: int) -> int:
+    """The first rung whose estimated cost is within `target` (the last step's if none).
+
+    One climb up the ladder: each step writes its unit's forms once (what the exact search near
+    this rung reuses) and prices them from their length, not by counting tokens."""
+    forms = plan.forms
+    now = [forms.span_cost(unit.start, unit.end) for unit in plan.units]
+    total = plan.base + sum(now)
+    if total <= target:
+        return 0
+    last_dropped, run_chars = -2, 0.0
+    for s, step in enumerate(plan.steps, 1):
+        unit = plan.units[step.unit]
+        if step.level == DROPPED:
+            continues = step.unit == last_dropped + 1
+            new, chars = forms.estimate_drop(unit.start, unit.end, run_chars if continues else None)
+            run_chars = run_chars + chars if continues else chars
+            last_dropped = step.unit
+        else:
+            new = sum(
+                forms.costs[i] if i in plan.fixed else forms.estimate_single(i, step.level)
+                for i in unit.indices()
+            )
+        total += new - now[step.unit]
+        now[step.unit] = new
+        if total <= target:
+            return s
+    return len(plan.steps)
+
+
 def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
     m = form.message
     if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or m.get("tool_call_id"):
@@ -298,9 +328,14 @@ def compact(
     hopeless = floor > config.budget or (
         floor * 5 >= config.budget * 4 and cost(rungs) > config.budget
     )
-    chosen = None if hopeless else search_rungs(cost, rungs, config.limit)
+
+    # The estimates say where the answer is; exact prices near there decide it.
+    def search(target: int) -> int | None:
+        return search_from(cost, rungs, target, _estimated_rung(plan, target))
+
+    chosen = None if hopeless else search(config.limit)
     if chosen is None and not hopeless and cost(rungs) <= config.budget:
-        chosen = search_rungs(cost, rungs, config.budget)
+        chosen = search(config.budget)
     if chosen is None:
         chosen = len(steps)
     out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))

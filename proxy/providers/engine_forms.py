@@ -4,13 +4,21 @@ Levels, from least to most lossy: 1 = summary (or a duplicate reference), 2 = fa
 3 = dropped into a stub that stands for a run of whole units (with their facts), and the forced
 forms: the short reference marker with fewer and fewer facts, down to the marker alone. A form
 is offered only if it costs fewer tokens than what it replaces, so no message ever grows.
+
+A form is first a `Draft` (what it will say) and only becomes a message (reference id, marker,
+exact token count) when a rung that uses it is priced exactly. The search prices most rungs with
+`estimate`, from the draft's length, so the hundreds of forms a long history has are written but
+only those near the answer are counted.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import orjson
 
 from proxy.providers.base import (
     REF_PATTERN,
@@ -21,14 +29,29 @@ from proxy.providers.base import (
     ref_marker,
 )
 from proxy.providers.dedup import Duplicate
-from proxy.providers.facts import TextFacts, analyze, candidates_of, facts_within, pack_facts
-from proxy.providers.summary import SentenceCache, summarize_text
+from proxy.providers.facts import (
+    TextFacts,
+    analyze,
+    candidates_of,
+    facts_within,
+    pack_facts,
+    parse_json,
+)
+from proxy.providers.summary import SentenceCache, split_blocks, summarize_text
 from proxy.providers.units import message_text, with_text
 
 SUMMARY, FACTS, DROPPED, FORCED = 1, 2, 3, 4
 _SNIPPET = 60
 # Fields that cost tokens but carry nothing the summary keeps; the originals hold them.
 _DROP_ON_REWRITE = ("reasoning_content", "reasoning", "thinking")
+# Estimates: a message's own overhead (3 tokens and its role), the tokens per character of a fact
+# list relative to the text it came from, a reference id to price markers with, and the ratio for
+# messages without text.
+_OVERHEAD = 4
+_FACTS_DENSITY = 1.3
+_TYPICAL_REF = "5f0e3c9a1b"
+_DEFAULT_RATIO = 0.3
+_EMPTY: Message = {"role": "user", "content": ""}
 
 
 @dataclass(frozen=True)
@@ -39,6 +62,18 @@ class FormSettings:
     facts_ratio: float
     stub_facts_ratio: float
     max_facts_chars: int
+
+
+@dataclass(frozen=True)
+class Draft:
+    """What a replacement for input messages `start .. end-1` will say; `verb` None for the short
+    marker, `role` set for a stub (always a plain user/assistant message)."""
+
+    start: int
+    end: int
+    verb: str | None
+    body: str
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +88,17 @@ class Form:
     ref: str
     tokens: int
     """What the replacement message costs (counted once, when built)."""
+
+
+def _canonical_bytes(message: Message) -> bytes:
+    try:
+        return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
+    except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits, a lone surrogate
+        return canonical_json(message)
+
+
+def _is_json(text: str) -> bool:
+    return text.lstrip()[:1] in ("[", "{") and parse_json(text) is not None
 
 
 def fact_text(message: Message) -> str:
@@ -79,8 +125,16 @@ class Forms:
     settings: FormSettings
     duplicates: dict[int, Duplicate]
     costs: list[int] = field(init=False)
+    min_saving: int = field(init=False)
     _prefix: list[int] = field(init=False)
     _memo: dict[tuple[int, int, int], Form | None] = field(default_factory=dict)
+    _facts_drafts: dict[int, Draft] = field(default_factory=dict)
+    _summaries: dict[int, Draft | None] = field(default_factory=dict)
+    _split: dict[int, list[tuple[bool, str]] | None] = field(default_factory=dict)
+    _made: dict[Draft, Form] = field(default_factory=dict)
+    _estimates: dict[Draft, int] = field(default_factory=dict)
+    _ratios: dict[tuple[int, int], float] = field(default_factory=dict)
+    _markers: dict[tuple[str | None, bool], int] = field(default_factory=dict)
     _merges: dict[tuple[tuple[int, int, int, str], ...], Form] = field(default_factory=dict)
     _texts: dict[int, str] = field(default_factory=dict)
     _refs: dict[tuple[int, int], str] = field(default_factory=dict)
@@ -91,6 +145,9 @@ class Forms:
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
+        # A rewrite must save at least what a marker costs: smaller savings lose text for
+        # nothing, and skipping them skips writing hundreds of forms for short messages.
+        self.min_saving = _OVERHEAD + self.marker_tokens("summarized", False)
         self._prefix = [0]
         for c in self.costs:
             self._prefix.append(self._prefix[-1] + c)
@@ -103,10 +160,15 @@ class Forms:
         """Tokens input messages start .. end-1 cost."""
         return self._prefix[end] - self._prefix[start]
 
-    def _make(
-        self, start: int, end: int, verb: str | None, body: str, role: str | None = None
-    ) -> Form:
-        """A replacement for messages start .. end-1; without a verb, only the short marker."""
+    def materialize(self, draft: Draft) -> Form:
+        """The draft as a message: reference id, marker, content type kept, exact token count."""
+        form = self._made.get(draft)
+        if form is None:
+            form = self._made[draft] = self._make(draft)
+        return form
+
+    def _make(self, draft: Draft) -> Form:
+        start, end, verb, body, role = draft.start, draft.end, draft.verb, draft.body, draft.role
         originals = list(self.messages[start:end])
         ref = self._refs.get((start, end))
         if ref is None:
@@ -136,25 +198,59 @@ class Forms:
                 message["name"] = first["name"]
         return Form(message, start, end, body, ref, self.config.count_message(message))
 
+    def estimate(self, draft: Draft) -> int:
+        """What the draft's message will cost, from its length: the originals' tokens per
+        character (facts, mostly ids and numbers, are denser) plus the marker's typical cost."""
+        found = self._estimates.get(draft)
+        if found is None:
+            density = _FACTS_DENSITY if draft.body.startswith("facts: ") else 1.0
+            body = len(draft.body) * self.ratio(draft.start, draft.end) * density
+            found = _OVERHEAD + self.marker_tokens(draft.verb, draft.end - draft.start > 1)
+            found += round(body) + (1 if draft.body else 0)
+            self._estimates[draft] = found
+        return found
+
+    def ratio(self, start: int, end: int) -> float:
+        """Content tokens per character of the text of input messages start .. end-1."""
+        key = (start, end)
+        found = self._ratios.get(key)
+        if found is None:
+            chars = sum(len(message_text(self.messages[i])) for i in range(start, end))
+            tokens = self.span_cost(start, end) - _OVERHEAD * (end - start)
+            found = self._ratios[key] = max(tokens, 1) / chars if chars else _DEFAULT_RATIO
+        return found
+
+    def marker_tokens(self, verb: str | None, several: bool) -> int:
+        """Tokens of a typical marker (the reference id and token figure vary a little)."""
+        key = (verb, several)
+        found = self._markers.get(key)
+        if found is None:
+            marker = (
+                f"[compactd:ref={_TYPICAL_REF}]"
+                if verb is None
+                else ref_marker(_TYPICAL_REF, 2 if several else 1, 100, verb)
+            )
+            count = self.config.count_message
+            found = count({"role": "user", "content": marker}) - count(_EMPTY)
+            self._markers[key] = found
+        return found
+
     def source_digest(self) -> str:
-        """`compute_source_digest(messages)`, reusing the per-message JSON the refs cached."""
-        return self.span_digest(0, len(self.messages))
+        """`compute_source_digest(messages)` (one serialization of the whole list)."""
+        return compute_source_digest(self.messages)
 
     def span_digest(self, start: int, end: int) -> str:
-        """`compute_source_digest(messages[start:end])`, serializing each message at most once
-        when the span is mostly serialized already.
+        """A SHA-256 hex digest of messages start .. end-1 (what reference ids are cut from).
 
-        The canonical JSON of a list is its items' joined by commas in brackets, so the source
-        digest and the many overlapping spans a search tries (stubs, merges) share the bytes; a
-        span mostly new is serialized in one call, which is faster than one per message."""
+        Each message is serialized once, with orjson (key-sorted, compact; several times faster
+        than the standard library on long texts) and stdlib JSON for what orjson refuses, so the
+        many overlapping spans a search tries (stubs, merges) share the bytes."""
         cached = self._canonical
-        if end - start > 1 and 2 * sum(i in cached for i in range(start, end)) < end - start:
-            return compute_source_digest(self.messages[start:end])
         digest = hashlib.sha256(b"[")
         for i in range(start, end):
             data = cached.get(i)
             if data is None:
-                data = cached[i] = canonical_json(self.messages[i])
+                data = cached[i] = _canonical_bytes(self.messages[i])
             if i > start:
                 digest.update(b",")
             digest.update(data)
@@ -177,51 +273,132 @@ class Forms:
         return min(self.settings.max_facts_chars, max(48, int(len(text) * ratio)))
 
     def single(self, i: int, level: int) -> Form | None:
-        """Message i at SUMMARY or FACTS level; None if that would not make it smaller."""
+        """Message i at SUMMARY or FACTS level; None if that would not make it smaller.
+
+        At SUMMARY the first of its candidates (a duplicate reference, then the summary) that is
+        smaller; at FACTS the lightest by estimate of those and the fact list that is smaller
+        (so a climb from SUMMARY to FACTS does not make a message grow). Only candidates
+        estimated to save at least `min_saving` are written out."""
         key = (i, i + 1, level)
         if key not in self._memo:
-            self._memo[key] = self._build_single(i, level)
+            form = None
+            ceiling = self.costs[i] - self.min_saving
+            for tokens, draft in self._candidates_at(i, level):
+                if tokens > ceiling:
+                    continue
+                written = draft() if callable(draft) else draft
+                form = None if written is None else self._accept(self.materialize(written))
+                if form is not None:
+                    break
+            self._memo[key] = form
         return self._memo[key]
 
-    def _build_single(self, i: int, level: int) -> Form | None:
-        text = message_text(self.messages[i])
+    def estimate_single(self, i: int, level: int) -> int:
+        """What `single(i, level)` is estimated to cost (the original's cost if nothing smaller)."""
+        for tokens, _draft in self._candidates_at(i, level):
+            if tokens <= self.costs[i] - self.min_saving:
+                return tokens
+        return self.costs[i]
+
+    def _candidates_at(
+        self, i: int, level: int
+    ) -> list[tuple[int, Draft | Callable[[], Draft | None]]]:
+        """(estimated tokens, draft or what writes it) for message i at a level, in the order
+        they are tried: at SUMMARY by preference, at FACTS lightest first. The summary is priced
+        before it is written (writing it is most of a summary's cost)."""
+        if self.costs[i] < 2 * self.min_saving:
+            return []  # every form costs at least min_saving
+        found: list[tuple[int, Draft | Callable[[], Draft | None]]] = [
+            (self.estimate(d), d) for d in self._duplicate_drafts(i)
+        ]
+        predicted = self._summary_estimate(i)
+        if predicted is not None:
+            found.append((predicted, functools.partial(self.summary_draft, i)))
         if level == FACTS:
+            facts = self.facts_draft(i)
+            found.append((self.estimate(facts), facts))
+            found.sort(key=lambda c: c[0])
+        return found
+
+    def facts_draft(self, i: int) -> Draft:
+        """Message i reduced to its facts."""
+        found = self._facts_drafts.get(i)
+        if found is None:
+            text = message_text(self.messages[i])
             facts = facts_within(self._analysis(text), self._facts_cap(text))
-            best = self._accept(
-                self._make(i, i + 1, "reduced to facts", f"facts: {facts}" if facts else "")
-            )
-            if best is None:
-                return self.single(i, SUMMARY)
-            # The ladder puts every message at SUMMARY before FACTS, so the summary is usually
-            # built already; building it here too keeps the form independent of probe order.
-            lighter = self.single(i, SUMMARY)
-            return lighter if lighter is not None and lighter.tokens <= best.tokens else best
+            body = f"facts: {facts}" if facts else ""
+            found = self._facts_drafts[i] = Draft(i, i + 1, "reduced to facts", body)
+        return found
+
+    def _summarizable(self, i: int) -> str | None:
+        """Message i's text if a summary or a duplicate reference may replace it."""
+        text = message_text(self.messages[i])
         if not text.strip() or REF_PATTERN.search(text):
             # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
             return None
+        return text
+
+    def _duplicate_drafts(self, i: int) -> list[Draft]:
         dup = self.duplicates.get(i)
-        if dup is not None:
-            role = self.messages[dup.target].get("role")
-            if dup.similarity >= 1.0:
-                body = f'Same text as a later {role} message: "{_snippet(text)}"'
-                return self._accept(self._make(i, i + 1, "deduplicated", body))
-            cap = int(len(text) * self.settings.summary_ratio)
-            only = "\n".join(dup.only_here)[:cap]
-            body = (
-                f"{round(dup.similarity * 100)}% the same lines as a later {role} message "
-                f'("{_snippet(message_text(self.messages[dup.target]))}"); lines only here:\n{only}'
-            )
-            form = self._accept(self._make(i, i + 1, "deduplicated", body))
-            if form is not None:
-                return form
-        found = self._found.get(text)
-        if found is not None and found.json is not None:
-            return None  # a JSON document's summary is itself
-        ratio = self.settings.summary_ratio
-        summary = summarize_text(text, ratio, self.settings.max_facts_chars, self._sentences)
-        if summary == text:
+        text = self._summarizable(i) if dup is not None else None
+        if dup is None or text is None:
+            return []
+        role = self.messages[dup.target].get("role")
+        if dup.similarity >= 1.0:
+            body = f'Same text as a later {role} message: "{_snippet(text)}"'
+            return [Draft(i, i + 1, "deduplicated", body)]
+        cap = int(len(text) * self.settings.summary_ratio)
+        only = "\n".join(dup.only_here)[:cap]
+        body = (
+            f"{round(dup.similarity * 100)}% the same lines as a later {role} message "
+            f'("{_snippet(message_text(self.messages[dup.target]))}"); lines only here:\n{only}'
+        )
+        return [Draft(i, i + 1, "deduplicated", body)]
+
+    def _blocks(self, i: int) -> list[tuple[bool, str]] | None:
+        """Message i's hard and prose blocks; None when it has no summary (not summarizable,
+        an exact duplicate, or a JSON document, whose summary is itself)."""
+        if i not in self._split:
+            text = self._summarizable(i)
+            dup = self.duplicates.get(i)
+            exact_duplicate = dup is not None and dup.similarity >= 1.0
+            if text is None or exact_duplicate or _is_json(text):
+                self._split[i] = None
+            else:
+                self._split[i] = split_blocks(text)
+        return self._split[i]
+
+    def _summary_estimate(self, i: int) -> int | None:
+        """The summary's estimated tokens, from its blocks: hard ones kept, `summary_ratio` of
+        the prose (the facts of the dropped sentences take about what filler frees)."""
+        blocks = self._blocks(i)
+        prose = sum(len(b) for hard, b in blocks or () if not hard)
+        if not prose:
             return None
-        return self._accept(self._make(i, i + 1, "summarized", summary))
+        assert blocks is not None
+        hard = sum(len(b) + 2 for is_hard, b in blocks if is_hard)
+        chars = hard + prose * self.settings.summary_ratio
+        marker = self.marker_tokens("summarized", False)
+        return _OVERHEAD + marker + round(chars * self.ratio(i, i + 1)) + 1
+
+    def summary_draft(self, i: int) -> Draft | None:
+        """Message i's extractive summary (hard content kept); None if it changes nothing."""
+        if i not in self._summaries:
+            blocks = self._blocks(i)
+            draft = None
+            if blocks is not None:
+                text = message_text(self.messages[i])
+                summary = summarize_text(
+                    text,
+                    self.settings.summary_ratio,
+                    self.settings.max_facts_chars,
+                    self._sentences,
+                    blocks,
+                )
+                if summary != text:
+                    draft = Draft(i, i + 1, "summarized", summary)
+            self._summaries[i] = draft
+        return self._summaries[i]
 
     def merged(self, parts: Sequence[Form]) -> Form:
         """One message for consecutive same-role rewritten messages (a single marker)."""
@@ -229,9 +406,13 @@ class Forms:
         form = self._merges.get(key)
         if form is None:
             body = "\n\n".join(p.body for p in parts if p.body)
-            form = self._make(parts[0].start, parts[-1].end, "summarized", body)
-            self._merges[key] = form
+            draft = Draft(parts[0].start, parts[-1].end, "summarized", body)
+            form = self._merges[key] = self.materialize(draft)
         return form
+
+    def fact_chars(self, i: int) -> int:
+        """Characters of message i's fact text (what a stub's fact budget is a share of)."""
+        return len(self._fact_text(i))
 
     def _fact_text(self, i: int) -> str:
         if i not in self._texts:
@@ -242,6 +423,17 @@ class Forms:
         if i not in self._facts:
             self._facts[i] = candidates_of(self._analysis(self._fact_text(i)))
         return self._facts[i]
+
+    def estimate_drop(self, start: int, end: int, run_chars: float | None) -> tuple[int, float]:
+        """Estimated tokens messages start .. end-1 add when dropped into a stub whose facts take
+        `run_chars` so far (None: they start a new stub), and the fact characters they add."""
+        chars = self.settings.stub_facts_ratio * sum(self.fact_chars(i) for i in range(start, end))
+        ratio = self.ratio(start, end) * _FACTS_DENSITY
+        if run_chars is None:
+            facts = min(max(40.0, chars), self.settings.max_facts_chars)
+            return _OVERHEAD + self.marker_tokens("dropped", True) + round(facts * ratio) + 1, chars
+        room = self.settings.max_facts_chars - run_chars
+        return round(max(0.0, min(chars, room)) * ratio), chars
 
     def stub(self, start: int, end: int, force_cap: int | None = None) -> Form | None:
         """A run of whole units dropped, replaced by one user/assistant message with its facts.
@@ -263,7 +455,7 @@ class Forms:
                 facts = pack_facts(candidates, cap)
                 body = f"facts: {facts}" if facts else ""
             verb = None if force_cap is not None else "dropped"
-            self._memo[key] = self._accept(self._make(start, end, verb, body, role))
+            self._memo[key] = self._accept(self.materialize(Draft(start, end, verb, body, role)))
         return self._memo[key]
 
     def forced(self, i: int, force_cap: int) -> Form | None:
@@ -275,7 +467,8 @@ class Forms:
                 text = message_text(self.messages[i])
                 cap = min(self._facts_cap(text), force_cap)
                 facts = facts_within(self._analysis(text), cap)
-            form = self._accept(self._make(i, i + 1, None, f"facts: {facts}" if facts else ""))
+            draft = Draft(i, i + 1, None, f"facts: {facts}" if facts else "")
+            form = self._accept(self.materialize(draft))
             if form is None and force_cap > 0:
                 form = self.forced(i, 0)
             self._memo[key] = form

@@ -45,3 +45,37 @@ def search_rungs(count: Callable[[int], int], n: int, target: int) -> int | None
         else:
             lo, lo_cost = mid, c
     return hi
+
+
+def search_from(count: Callable[[int], int], n: int, target: int, start: int) -> int | None:
+    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb,
+    probing outward from `start` (where an estimate puts the answer): galloping down while rungs
+    fit or up while they do not, then bisecting the bracket. Few probes when the estimate is
+    close, each of them near the answer."""
+    if count(0) <= target:
+        return 0
+    start = min(max(start, 1), n)
+    step = 1
+    if count(start) <= target:
+        hi = start
+        while True:
+            lo = max(0, hi - step)
+            if lo == 0 or count(lo) > target:
+                break
+            hi, step = lo, step * 2
+    else:
+        lo = start
+        while True:
+            if lo >= n:
+                return None
+            hi = min(n, lo + step)
+            if count(hi) <= target:
+                break
+            lo, step = hi, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if count(mid) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi

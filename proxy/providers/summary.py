@@ -109,7 +109,7 @@ def _is_hard(block: str) -> bool:
     return len(block) >= 20 and special / len(block) > 0.15
 
 
-def _split_blocks(text: str) -> list[tuple[bool, str]]:
+def split_blocks(text: str) -> list[tuple[bool, str]]:
     """(is_hard, text) blocks in order: fences and hard paragraphs, and prose paragraphs."""
     blocks: list[tuple[bool, str]] = []
     pos = 0
@@ -171,16 +171,22 @@ def _base_score(sentence: str) -> float | None:
 
 
 def summarize_text(
-    text: str, ratio: float = 0.4, facts_chars: int = 400, cache: SentenceCache | None = None
+    text: str,
+    ratio: float = 0.4,
+    facts_chars: int = 400,
+    cache: SentenceCache | None = None,
+    blocks: list[tuple[bool, str]] | None = None,
 ) -> str:
     """Hard blocks verbatim and the best prose sentences within `ratio` of the prose; facts of
     the dropped sentences follow on a `facts:` line. A JSON document is returned unchanged.
 
-    `cache` shares sentence work between the summaries of one compaction (same output)."""
+    `cache` shares sentence work between the summaries of one compaction and `blocks` is
+    `split_blocks(text)` when the caller has it (same output)."""
     if parse_json(text) is not None:
         return text
     memo = cache if cache is not None else SentenceCache()
-    blocks = _split_blocks(text)
+    if blocks is None:
+        blocks = split_blocks(text)
     scored: list[tuple[float, int, str]] = []
     for b, (hard, block) in enumerate(blocks):
         if not hard:
