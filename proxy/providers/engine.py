@@ -32,7 +32,7 @@ from proxy.providers.engine_forms import (
     Forms,
     FormSettings,
 )
-from proxy.providers.rung_search import search_from
+from proxy.providers.rung_search import search_guided
 from proxy.providers.units import Unit, droppable, message_text, protection, split_units
 
 _LIMITATIONS = {
@@ -237,34 +237,55 @@ class _Plan:
         return out, used, tokens
 
 
-def _estimated_rung(plan: _Plan, target: int) -> int:
-    """The first rung whose estimated cost is within `target` (the last step's if none).
+class _Estimates:
+    """Estimated request tokens rung by rung, climbed lazily.
 
-    One climb up the ladder: each step writes its unit's forms once (what the exact search near
-    this rung reuses) and prices them from their length, not by counting tokens."""
-    forms = plan.forms
-    now = [forms.span_cost(unit.start, unit.end) for unit in plan.units]
-    total = plan.base + sum(now)
-    if total <= target:
-        return 0
-    last_dropped, run_chars = -2, 0.0
-    for s, step in enumerate(plan.steps, 1):
+    Each step writes its unit's forms once (what the exact search then reuses) and prices them
+    from their length, not by counting tokens; merges are not priced."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.now = [plan.forms.span_cost(unit.start, unit.end) for unit in plan.units]
+        self.totals = [plan.base + sum(self.now)]
+        self.last_dropped, self.run_chars = -2, 0.0
+
+    def at(self, s: int) -> int | None:
+        """Estimated cost of rung s (None above the last step: forced rungs are not estimated)."""
+        if s > len(self.plan.steps):
+            return None
+        while len(self.totals) <= s:
+            self._climb()
+        return self.totals[s]
+
+    def first_within(self, target: int) -> int:
+        """The first rung whose estimated cost is within target (the last step's if none)."""
+        s = 0
+        while True:
+            total = self.at(s)
+            if total is None:
+                return len(self.plan.steps)
+            if total <= target:
+                return s
+            s += 1
+
+    def _climb(self) -> None:
+        plan, forms = self.plan, self.plan.forms
+        step = plan.steps[len(self.totals) - 1]
         unit = plan.units[step.unit]
         if step.level == DROPPED:
-            continues = step.unit == last_dropped + 1
-            new, chars = forms.estimate_drop(unit.start, unit.end, run_chars if continues else None)
-            run_chars = run_chars + chars if continues else chars
-            last_dropped = step.unit
+            continues = step.unit == self.last_dropped + 1
+            new, chars = forms.estimate_drop(
+                unit.start, unit.end, self.run_chars if continues else None
+            )
+            self.run_chars = self.run_chars + chars if continues else chars
+            self.last_dropped = step.unit
         else:
             new = sum(
                 forms.costs[i] if i in plan.fixed else forms.estimate_single(i, step.level)
                 for i in unit.indices()
             )
-        total += new - now[step.unit]
-        now[step.unit] = new
-        if total <= target:
-            return s
-    return len(plan.steps)
+        self.totals.append(self.totals[-1] + new - self.now[step.unit])
+        self.now[step.unit] = new
 
 
 def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
@@ -330,8 +351,10 @@ def compact(
     )
 
     # The estimates say where the answer is; exact prices near there decide it.
+    estimates = _Estimates(plan)
+
     def search(target: int) -> int | None:
-        return search_from(cost, rungs, target, _estimated_rung(plan, target))
+        return search_guided(cost, rungs, target, estimates.first_within, estimates.at)
 
     chosen = None if hopeless else search(config.limit)
     if chosen is None and not hopeless and cost(rungs) <= config.budget:

@@ -76,6 +76,10 @@ class Draft:
     role: str | None = None
 
 
+Candidate = Draft | Callable[[], Draft | None]
+"""A draft, or what writes it when it is wanted (a summary is priced before it is written)."""
+
+
 @dataclass(frozen=True)
 class Form:
     """A replacement for input messages `start .. end-1`."""
@@ -129,6 +133,7 @@ class Forms:
     _prefix: list[int] = field(init=False)
     _memo: dict[tuple[int, int, int], Form | None] = field(default_factory=dict)
     _facts_drafts: dict[int, Draft] = field(default_factory=dict)
+    _tried: dict[tuple[int, int], list[tuple[int, Candidate]]] = field(default_factory=dict)
     _summaries: dict[int, Draft | None] = field(default_factory=dict)
     _split: dict[int, list[tuple[bool, str]] | None] = field(default_factory=dict)
     _made: dict[Draft, Form] = field(default_factory=dict)
@@ -300,24 +305,25 @@ class Forms:
                 return tokens
         return self.costs[i]
 
-    def _candidates_at(
-        self, i: int, level: int
-    ) -> list[tuple[int, Draft | Callable[[], Draft | None]]]:
+    def _candidates_at(self, i: int, level: int) -> list[tuple[int, Candidate]]:
         """(estimated tokens, draft or what writes it) for message i at a level, in the order
         they are tried: at SUMMARY by preference, at FACTS lightest first. The summary is priced
         before it is written (writing it is most of a summary's cost)."""
-        if self.costs[i] < 2 * self.min_saving:
-            return []  # every form costs at least min_saving
-        found: list[tuple[int, Draft | Callable[[], Draft | None]]] = [
-            (self.estimate(d), d) for d in self._duplicate_drafts(i)
-        ]
-        predicted = self._summary_estimate(i)
-        if predicted is not None:
-            found.append((predicted, functools.partial(self.summary_draft, i)))
-        if level == FACTS:
-            facts = self.facts_draft(i)
-            found.append((self.estimate(facts), facts))
-            found.sort(key=lambda c: c[0])
+        key = (i, level)
+        found = self._tried.get(key)
+        if found is not None:
+            return found
+        found = []
+        if self.costs[i] >= 2 * self.min_saving:  # else every form costs at least min_saving
+            found = [(self.estimate(d), d) for d in self._duplicate_drafts(i)]
+            predicted = self._summary_estimate(i)
+            if predicted is not None:
+                found.append((predicted, functools.partial(self.summary_draft, i)))
+            if level == FACTS:
+                facts = self.facts_draft(i)
+                found.append((self.estimate(facts), facts))
+                found.sort(key=lambda c: c[0])
+        self._tried[key] = found
         return found
 
     def facts_draft(self, i: int) -> Draft:

@@ -1,10 +1,13 @@
-"""The engine's ladder search: the least lossy rung that fits, found with few probes."""
+"""The engine's ladder search: the least lossy rung that fits, found with few exact probes."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
-from proxy.providers.rung_search import search_rungs
+import pytest
+
+from proxy.providers.rung_search import search_guided
 
 
 def _ladder(n: int, seed: int) -> list[int]:
@@ -17,40 +20,70 @@ def _ladder(n: int, seed: int) -> list[int]:
     return costs
 
 
-def test_finds_the_smallest_fitting_rung_for_every_target() -> None:
+def _estimates(costs: list[int], kind: str, seed: int) -> list[int]:
+    rnd = random.Random(seed)
+    if kind == "exact":
+        return list(costs)
+    if kind == "biased":  # every form priced 8 % high, as when facts are denser than guessed
+        return [round(costs[0] - (costs[0] - c) * 0.92) for c in costs]
+    if kind == "noisy":
+        return [c + rnd.randint(-300, 300) for c in costs]
+    return [costs[0]] * len(costs)  # useless: says nothing fits
+
+
+def _first_within(estimates: list[int]) -> Callable[[int], int]:
+    def guess(target: int) -> int:
+        return next((s for s, e in enumerate(estimates) if e <= target), len(estimates) - 1)
+
+    return guess
+
+
+def _search(costs: list[int], estimates: list[int], target: int, probed: list[int]) -> int | None:
+    def count(s: int) -> int:
+        probed.append(s)
+        return costs[s]
+
+    def estimated(s: int) -> int | None:
+        return estimates[s] if s < len(estimates) else None
+
+    return search_guided(count, len(costs) - 1, target, _first_within(estimates), estimated)
+
+
+@pytest.mark.parametrize("kind", ["exact", "biased", "noisy", "useless"])
+def test_finds_the_smallest_fitting_rung_for_every_target(kind: str) -> None:
     for seed in range(5):
         costs = _ladder(300, seed)
+        estimates = _estimates(costs, kind, seed)
         for target in range(costs[-1], costs[0] + 1, 997):
             expected = next(s for s, c in enumerate(costs) if c <= target)
-            assert search_rungs(costs.__getitem__, len(costs) - 1, target) == expected
+            assert _search(costs, estimates, target, []) == expected
 
 
 def test_returns_zero_when_the_request_already_fits() -> None:
     probed: list[int] = []
-
-    def count(s: int) -> int:
-        probed.append(s)
-        return 10
-
-    assert search_rungs(count, 50, 10) == 0
+    assert _search([10] * 50, [10] * 50, 10, probed) == 0
     assert probed == [0]
 
 
 def test_returns_none_when_even_the_top_rung_misses() -> None:
     costs = _ladder(100, 1)
-    assert search_rungs(costs.__getitem__, 100, costs[-1] - 1) is None
+    assert _search(costs, costs, costs[-1] - 1, []) is None
 
 
-def test_never_probes_far_past_the_answer() -> None:
-    # Probes above the answer build forms the result never uses: the climb aims at the target
-    # instead of doubling past it.
-    costs = list(range(10_000, 0, -1))
+def test_forced_rungs_without_estimates_are_climbed_exactly() -> None:
+    # The last rungs (forced convergence) have no estimate: the climb reaches them anyway.
+    costs = _ladder(100, 2)
+    estimates = costs[:91]
+    assert _search(costs, estimates, costs[95], []) == 95
+
+
+def test_a_close_estimate_needs_few_probes_all_near_the_answer() -> None:
+    costs = _ladder(2_000, 3)
+    estimates = _estimates(costs, "biased", 3)
+    target = costs[1_500]
     probed: list[int] = []
-
-    def count(s: int) -> int:
-        probed.append(s)
-        return costs[s]
-
-    answer = search_rungs(count, len(costs) - 1, 10_000 - 3_000)
-    assert answer == 3_000
-    assert max(probed) <= answer * 1.2
+    answer = _search(costs, estimates, target, probed)
+    assert answer == 1_500
+    # A blind gallop from rung 0 and bisection would take about 22.
+    assert len(set(probed)) <= 8
+    assert all(abs(s - answer) <= 60 for s in probed if s)
