@@ -44,6 +44,10 @@ class Encoder(Protocol):
     def encode_ordinary(self, text: str) -> list[int]: ...
 
 
+_SHORT = 32
+_SHORT_ENTRIES = 4096
+
+
 class TokenCounter:
     """Counts chat requests with one encoding; per-message counts live in a bounded LRU."""
 
@@ -52,13 +56,22 @@ class TokenCounter:
         self._encode = encoding.encode_ordinary
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._cache_size = cache_size
+        self._short: dict[str, int] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     def count_text(self, text: str) -> int:
         """Tokens of plain text; special-token strings are counted as ordinary text."""
-        return len(self._encode(text))
+        if len(text) > _SHORT:
+            return len(self._encode(text))
+        # Roles, names and tool names recur in every message: remember a bounded few.
+        found = self._short.get(text)
+        if found is None:
+            found = len(self._encode(text))
+            if len(self._short) < _SHORT_ENTRIES:
+                self._short[text] = found
+        return found
 
     def _cached(self, key: int | None) -> int | None:
         if key is None:

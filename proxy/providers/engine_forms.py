@@ -13,9 +13,8 @@ only those near the answer are counted.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import orjson
@@ -76,8 +75,9 @@ class Draft:
     role: str | None = None
 
 
-Candidate = Draft | Callable[[], Draft | None]
-"""A draft, or what writes it when it is wanted (a summary is priced before it is written)."""
+Candidate = Draft | None
+"""A draft, or None for the message's summary, written only when it is wanted (a summary is
+priced before it is written)."""
 
 
 @dataclass(frozen=True)
@@ -291,7 +291,7 @@ class Forms:
             for tokens, draft in self._candidates_at(i, level):
                 if tokens > ceiling:
                     continue
-                written = draft() if callable(draft) else draft
+                written = self.summary_draft(i) if draft is None else draft
                 form = None if written is None else self._accept(self.materialize(written))
                 if form is not None:
                     break
@@ -306,7 +306,7 @@ class Forms:
         return self.costs[i]
 
     def _candidates_at(self, i: int, level: int) -> list[tuple[int, Candidate]]:
-        """(estimated tokens, draft or what writes it) for message i at a level, in the order
+        """(estimated tokens, draft or None for the summary) for message i at a level, in the order
         they are tried: at SUMMARY by preference, at FACTS lightest first. The summary is priced
         before it is written (writing it is most of a summary's cost)."""
         key = (i, level)
@@ -318,7 +318,7 @@ class Forms:
             found = [(self.estimate(d), d) for d in self._duplicate_drafts(i)]
             predicted = self._summary_estimate(i)
             if predicted is not None:
-                found.append((predicted, functools.partial(self.summary_draft, i)))
+                found.append((predicted, None))
             if level == FACTS:
                 facts = self.facts_draft(i)
                 found.append((self.estimate(facts), facts))

@@ -9,6 +9,7 @@ facts (see `facts.py`) of the dropped sentences follow on a `facts:` line.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from proxy.providers.facts import (
@@ -59,6 +60,7 @@ _SQL_STARTS = (
     "SELECT", "INSERT", "UPDATE", "DELETE", "CREATE", "ALTER", "GROUP", "ORDER", "PRIMARY",
     "INNER", "LEFT", "RIGHT", "OUTER",
 )  # fmt: skip
+_SQL_START = re.compile("|".join(_SQL_STARTS))
 
 
 def _has_traceback(block: str) -> bool:
@@ -83,12 +85,13 @@ def _indented(block: str, at: int) -> bool:
 
 
 def _has_sql(block: str) -> bool:
-    for word in _SQL_STARTS:
-        at = block.find(word)
-        while at >= 0:
-            if _SQL.match(block, at):
-                return True
-            at = block.find(word, at + 1)
+    # One scan for any start word (uppercase letters are rare in prose, so it skips fast)
+    # instead of one per word.
+    found = _SQL_START.search(block)
+    while found is not None:
+        if _SQL.match(block, found.start()):
+            return True
+        found = _SQL_START.search(block, found.start() + 1)
     return False
 
 
@@ -96,28 +99,77 @@ def _is_hard(block: str) -> bool:
     lines = [ln for ln in block.splitlines() if ln.strip()]
     if not lines:
         return False
-    if _has_traceback(block):
-        return True
-    if _has_sql(block):
-        return True
+    # The cheap tests first: most hard blocks are code, found without scanning for SQL words.
     if len(lines) >= 2:
         # Unfenced code (a file read, a diff): mostly indented lines or lines ending like code.
         code = sum(1 for ln in lines if ln[0] in " \t" or ln.rstrip().endswith(_CODE_ENDINGS))
         if code * 5 >= len(lines) * 3:
             return True
     special = len(block) - len(block.translate(_SPECIAL_DELETE))
-    return len(block) >= 20 and special / len(block) > 0.15
+    if len(block) >= 20 and special / len(block) > 0.15:
+        return True
+    return _has_traceback(block) or _has_sql(block)
+
+
+def _fence_spans(text: str) -> Iterator[tuple[int, int]]:
+    """(start, end) of each fenced block, as `_FENCE.finditer` finds them: an opening line of
+    at most 3 spaces or tabs, 3 or more backticks or tildes and anything else; the block ends
+    with the first later line holding the same fence alone (indented at most 3), or the text.
+
+    Found with str.find: the pattern's lazy body tried a line start at every character of long
+    code blocks."""
+    pos, n = 0, len(text)
+    while pos < n:
+        hits = [i for i in (text.find("```", pos), text.find("~~~", pos)) if i >= 0]
+        if not hits:
+            return
+        at = min(hits)
+        start = text.rfind("\n", 0, at) + 1
+        newline = text.find("\n", at)
+        indent = text[start:at]
+        if start < pos or len(indent) > 3 or indent.strip(" \t"):
+            pos = at + 1
+            continue
+        if newline < 0:
+            return  # an opening line needs a line after it
+        mark = text[at]
+        stop = at
+        while stop < n and text[stop] == mark:
+            stop += 1
+        fence = text[at:stop]
+        end = _closing_line(text, fence, newline + 1)
+        yield start, end
+        pos = end if end > start else start + 1
+
+
+def _closing_line(text: str, fence: str, body: int) -> int:
+    """The end of the first line from `body` on that holds `fence` alone (indent at most 3),
+    without its line break; the end of the text if there is none."""
+    at = text.find(fence, body)
+    while at >= 0:
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        end = len(text) if end < 0 else end
+        indent = text[start:at]
+        if (
+            start >= body
+            and len(indent) <= 3
+            and not indent.strip(" \t")
+            and not text[at + len(fence) : end].strip(" \t")
+        ):
+            return end
+        at = text.find(fence, at + 1)
+    return len(text)
 
 
 def split_blocks(text: str) -> list[tuple[bool, str]]:
     """(is_hard, text) blocks in order: fences and hard paragraphs, and prose paragraphs."""
     blocks: list[tuple[bool, str]] = []
     pos = 0
-    fenced = "```" in text or "~~~" in text
-    for match in _FENCE.finditer(text) if fenced else ():
-        blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos : match.start()]))
-        blocks.append((True, match.group(0)))
-        pos = match.end()
+    for start, end in _fence_spans(text):
+        blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos:start]))
+        blocks.append((True, text[start:end]))
+        pos = end
     blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos:]))
     return [(hard, b.strip("\n")) for hard, b in blocks if b.strip()]
 
