@@ -205,14 +205,28 @@ def test_messages_with_content_parts_are_cached_too() -> None:
 def test_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
     encoder = CountingEncoder(load_encoding("o200k_base"))
     counter = TokenCounter(encoder, cache_size=2)
-    a, b, c = ({"role": "user", "content": t} for t in ("a", "b", "c"))
+    texts = [f"message {name}: long enough not to count as a short string" for name in "abc"]
+    a, b, c = ({"role": "user", "content": t} for t in texts)
     for message in (a, b, a, c):  # c evicts b, the least recently used
         counter.count_message(message)
     encoder.calls.clear()
     counter.count_message(a)
     assert encoder.calls == []
     counter.count_message(b)
-    assert encoder.calls == ["user", "b"]
+    assert encoder.calls == [texts[1]]  # the role's count is remembered as a short string
+
+
+def test_short_strings_are_encoded_once_and_their_memory_is_bounded() -> None:
+    encoder = CountingEncoder(load_encoding("o200k_base"))
+    counter = TokenCounter(encoder, cache_size=0)
+    first = counter.count_text("assistant")
+    assert counter.count_text("assistant") == first == 1
+    assert encoder.calls == ["assistant"]
+    for n in range(10_000):
+        counter.count_text(f"name-{n}")
+    assert len(counter._short) <= 4096
+    assert counter.count_text("x" * 40) == counter.count_text("x" * 40)
+    assert encoder.calls.count("x" * 40) == 2  # long strings are never kept
 
 
 def test_zero_cache_size_still_counts_correctly() -> None:
