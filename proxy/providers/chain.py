@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.providers import canonical
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     ContextProvider,
     Message,
-    compute_source_digest,
 )
 from proxy.providers.validate import check_result
 
@@ -130,7 +130,7 @@ def _final(
     """The chain's result against the original input: what changed ends at `covered_through`."""
     return CompactionResult(
         messages=messages,
-        source_digest=compute_source_digest(original),
+        source_digest=canonical.source_digest(original),
         covered_through=len(original) - 1 - common_suffix(original, messages),
         verbatim=verbatim,
         limitations=limitations,

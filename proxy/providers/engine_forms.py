@@ -17,16 +17,13 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import orjson
-
 from proxy.providers.base import (
     REF_PATTERN,
     CompressionConfig,
     Message,
-    canonical_json,
-    compute_source_digest,
     ref_marker,
 )
+from proxy.providers.canonical import canonical_bytes, source_digest
 from proxy.providers.dedup import Duplicate
 from proxy.providers.facts import (
     TextFacts,
@@ -92,13 +89,6 @@ class Form:
     ref: str
     tokens: int
     """What the replacement message costs (counted once, when built)."""
-
-
-def _canonical_bytes(message: Message) -> bytes:
-    try:
-        return orjson.dumps(message, option=orjson.OPT_SORT_KEYS)
-    except (TypeError, orjson.JSONEncodeError):  # e.g. an int beyond 64 bits, a lone surrogate
-        return canonical_json(message)
 
 
 def _is_json(text: str) -> bool:
@@ -241,21 +231,20 @@ class Forms:
         return found
 
     def source_digest(self) -> str:
-        """`compute_source_digest(messages)` (one serialization of the whole list)."""
-        return compute_source_digest(self.messages)
+        """`compute_source_digest(messages)`."""
+        return source_digest(self.messages)
 
     def span_digest(self, start: int, end: int) -> str:
-        """A SHA-256 hex digest of messages start .. end-1 (what reference ids are cut from).
+        """`compute_source_digest(messages[start:end])`, serializing each message once.
 
-        Each message is serialized once, with orjson (key-sorted, compact; several times faster
-        than the standard library on long texts) and stdlib JSON for what orjson refuses, so the
-        many overlapping spans a search tries (stubs, merges) share the bytes."""
+        The canonical JSON of a list is its items' joined by commas in brackets, so the many
+        overlapping spans a search tries (stubs, merges) share the bytes."""
         cached = self._canonical
         digest = hashlib.sha256(b"[")
         for i in range(start, end):
             data = cached.get(i)
             if data is None:
-                data = cached[i] = _canonical_bytes(self.messages[i])
+                data = cached[i] = canonical_bytes(self.messages[i])
             if i > start:
                 digest.update(b",")
             digest.update(data)

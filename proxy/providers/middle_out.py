@@ -8,12 +8,12 @@ message, final message) stay, and each dropped run becomes one placeholder carry
 
 from __future__ import annotations
 
+from proxy.providers import canonical
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     ContextProvider,
     Message,
-    compute_source_digest,
 )
 from proxy.providers.units import (
     Unit,
@@ -81,7 +81,7 @@ def _build(
         i = j
     return CompactionResult(
         messages=out,
-        source_digest=compute_source_digest(messages),
+        source_digest=canonical.source_digest(messages),
         covered_through=last,
         verbatim=verbatim,
         limitations=["middle messages dropped (originals kept by reference)"] if verbatim else [],

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from proxy.providers import canonical
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     ContextProvider,
     Message,
-    compute_source_digest,
 )
 
 
@@ -23,5 +23,5 @@ class NoneProvider(ContextProvider):
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
         """The input, as it is."""
         return CompactionResult(
-            messages=list(messages), source_digest=compute_source_digest(messages)
+            messages=list(messages), source_digest=canonical.source_digest(messages)
         )

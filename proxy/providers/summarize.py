@@ -18,13 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from proxy.providers import canonical
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     ContextProvider,
     Message,
-    compute_source_digest,
-    make_ref_id,
     ref_marker,
 )
 from proxy.providers.engine import EngineOptions, compact
@@ -165,7 +164,7 @@ class SummarizeProvider(ContextProvider):
         span: range,
     ) -> CompactionResult | None:
         originals = messages[span.start : span.stop]
-        digest = compute_source_digest(originals)
+        digest = canonical.source_digest(originals)
         span_tokens = sum(config.count_message(m) for m in originals)
         cache = config.summary_cache
         summary = await cache.get(digest) if cache is not None else None
@@ -243,7 +242,7 @@ def build_result(
 ) -> CompactionResult | None:
     """The request with `span` replaced by one message carrying the summary and its marker."""
     originals = messages[span.start : span.stop]
-    ref = make_ref_id(originals)
+    ref = canonical.ref_id(originals)
     tokens = sum(config.count_message(m) for m in originals)
     marker = ref_marker(ref, len(originals), tokens, "summarized")
     first = originals[0]
@@ -260,7 +259,7 @@ def build_result(
         return None
     return CompactionResult(
         messages=[*messages[: span.start], replacement, *messages[span.stop :]],
-        source_digest=compute_source_digest(messages),
+        source_digest=canonical.source_digest(messages),
         covered_through=span.stop - 1,
         verbatim={ref: list(originals)},
         limitations=["oldest turns replaced by an LLM summary"],

@@ -9,12 +9,11 @@ import itertools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from proxy.providers import canonical
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     Message,
-    compute_source_digest,
-    make_ref_id,
     ref_marker,
 )
 from proxy.providers.prose import (
@@ -368,7 +367,7 @@ class TrimPlan:
     def ref(self, i: int) -> str:
         """The ref id of input message i (hashing is the costly part of a rewrite: once each)."""
         if i not in self._refs:
-            self._refs[i] = make_ref_id([self.src[i]])
+            self._refs[i] = canonical.ref_id([self.src[i]])
         return self._refs[i]
 
     def _rewritten(self, i: int) -> Message:
@@ -378,7 +377,7 @@ class TrimPlan:
     def digest(self) -> str:
         """The input's digest, computed once (result() may run several times per plan)."""
         if self._digest is None:
-            self._digest = compute_source_digest(self.src)
+            self._digest = canonical.source_digest(self.src)
         return self._digest
 
     def _limitations(self) -> list[str]:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.providers.base import REF_PATTERN, CompressionConfig, Message, make_ref_id, ref_marker
+from proxy.providers import canonical
+from proxy.providers.base import REF_PATTERN, CompressionConfig, Message, ref_marker
 
 UnitKind = Literal["system", "user", "assistant", "orphan"]
 
@@ -201,7 +202,7 @@ def refs_in(message: Message) -> list[str]:
 def placeholder(run: Sequence[Message], tokens: int, note: str = "") -> tuple[str, Message]:
     """(ref id, the one message standing for a dropped run of whole units, with an optional note
     after its marker)."""
-    ref = make_ref_id(run)
+    ref = canonical.ref_id(run)
     # The run's first role (user or assistant): the placeholder relates to what precedes it
     # exactly as the run did, so turn order stays as valid as the client's own. Never `tool`
     # (it would need a call) nor `system` (it would read as an instruction).
