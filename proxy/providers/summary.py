@@ -100,15 +100,27 @@ def _is_hard(block: str) -> bool:
     if not lines:
         return False
     # The cheap tests first: most hard blocks are code, found without scanning for SQL words.
-    if len(lines) >= 2:
-        # Unfenced code (a file read, a diff): mostly indented lines or lines ending like code.
-        code = sum(1 for ln in lines if ln[0] in " \t" or ln.rstrip().endswith(_CODE_ENDINGS))
-        if code * 5 >= len(lines) * 3:
-            return True
+    if len(lines) >= 2 and _mostly_code(lines):
+        return True
     special = len(block) - len(block.translate(_SPECIAL_DELETE))
     if len(block) >= 20 and special / len(block) > 0.15:
         return True
     return _has_traceback(block) or _has_sql(block)
+
+
+def _mostly_code(lines: list[str]) -> bool:
+    """Whether at least 60 % of the lines are indented or end like code (unfenced code: a file
+    read, a diff), deciding as soon as the rest of the lines cannot change the answer."""
+    needed = -(-len(lines) * 3 // 5)  # ceil(0.6 n)
+    code = 0
+    for seen, ln in enumerate(lines, 1):
+        if ln[0] in " \t" or ln.rstrip().endswith(_CODE_ENDINGS):
+            code += 1
+            if code >= needed:
+                return True
+        elif code + len(lines) - seen < needed:
+            return False
+    return False
 
 
 def _fence_spans(text: str) -> Iterator[tuple[int, int]]:
