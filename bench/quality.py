@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import gc
 import inspect
+import random
 import re
 import statistics
 import time
@@ -361,6 +362,65 @@ def big_conversation_ms(provs: list[ContextProvider]) -> list[str]:
     return lines
 
 
+def log_text(lines: int = 40_000, seed: int = 1) -> str:
+    """A ~3 MB application log (paths, ids, errors, numbers) as one message would carry it."""
+    rnd = random.Random(seed)
+    words = ["ERROR", "failed", "src/app/module_3.py", "user_42", "the", "request", "timeout"]
+    words += ["at", "line", "12", "KeyError:", "'x'", "ok"]
+    return "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(lines))
+
+
+def event_loop_gaps(provs: list[ContextProvider]) -> list[str]:
+    """The longest the event loop waits while a provider compresses in a worker thread (as the
+    proxy runs sync providers), on the 100k aider history with a 3 MB log message added.
+
+    A ticker sleeps 1 ms at a time on the loop; a gap well past the interpreter's 5 ms switch
+    interval means one call held the GIL that long."""
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
+    messages = concatenated(load_aider(None), 100_000, counter)
+    messages = [*messages[:5], {"role": "user", "content": log_text()}, *messages[5:]]
+    total = counter.count_request({"messages": messages})
+    config = CompressionConfig(
+        limit=total // 2,
+        budget=total // 2,
+        count_tokens=lambda ms: counter.count_request({"messages": list(ms)}),
+        count_message=counter.count_message,
+    )
+    gc.collect()
+    gc.freeze()
+    lines = [f"event loop while compressing ({len(messages)} messages, {total:,} tokens, 50 %):"]
+
+    async def measure(prov: ContextProvider) -> str:
+        gaps: list[float] = []
+        running = True
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while running:
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        task = asyncio.create_task(ticker())
+        start = time.perf_counter()
+        await asyncio.to_thread(prov.compress, list(messages), config)
+        wall = time.perf_counter() - start
+        running = False
+        await task
+        gaps.sort()
+        return (
+            f"- {prov.name}: {wall * 1000:.0f} ms; longest loop gap {gaps[-1] * 1000:.1f} ms, "
+            f"p99 {gaps[int(len(gaps) * 0.99)] * 1000:.1f} ms"
+        )
+
+    for prov in provs:
+        if inspect.iscoroutinefunction(prov.compress) or prov.name in ("none", "drop-oldest"):
+            continue
+        lines.append(asyncio.run(measure(prov)))
+    return lines
+
+
 def main() -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -371,6 +431,7 @@ def main() -> None:
     provs = providers(args.providers.split(","))
     if args.big_only:
         print("\n".join(big_conversation_ms(provs)))
+        print("\n".join(event_loop_gaps(provs)))
         return
     cases = load_tau(args.limit) + load_aider(args.limit)
     rows = asyncio.run(run(cases, provs))

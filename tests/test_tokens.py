@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import random
 import struct
 from typing import Any
 
@@ -12,7 +13,7 @@ import tiktoken
 from proxy.budget import ModelTable
 from proxy.encodings import EncodingUnavailableError, load_encoding
 from proxy.media import IMAGE_UNKNOWN, data_url_size, image_tokens
-from proxy.tokens import TokenCounter, Tokenizers
+from proxy.tokens import TokenCounter, Tokenizers, pieces
 
 # The OpenAI cookbook "How to count tokens with tiktoken"
 # (openai/openai-cookbook, examples/How_to_count_tokens_with_tiktoken.ipynb): its example messages
@@ -404,3 +405,33 @@ def test_tokenizers_hand_out_one_counter_per_encoding(
     assert tokenizers.for_model(table.lookup("gpt-4")).encoding_name == "cl100k_base"
     with pytest.raises(EncodingUnavailableError, match="p50k_base"):
         tokenizers.counter("p50k_base")
+
+
+_TRICKY = [
+    " a", " Z", "  b", "\t c", " 1", " /", "a", "Z", "1", "/", ";", "\n", "\n\n", " ", "\t",
+    "\r\n", "é", "\u2019", "'s", "x/y", "\n/", ";\n", "  \n", "(", "…", "😀", "def f(x):", '{"k": 1}',
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["o200k_base", "cl100k_base"])
+def test_pieces_of_a_long_text_count_the_same_tokens_as_the_whole(name: str) -> None:
+    # Long texts are counted a piece at a time (tiktoken holds the GIL while it builds a result
+    # list); the cuts must never change the count.
+    encoding = load_encoding(name)
+    rnd = random.Random(7)
+    for _ in range(300):
+        text = "".join(rnd.choice(_TRICKY) for _ in range(rnd.randint(1, 3000)))
+        for size in (40, 300, 5000):
+            parts = list(pieces(text, size))
+            assert "".join(parts) == text
+            counted = sum(len(encoding.encode_ordinary(p)) for p in parts)
+            assert counted == len(encoding.encode_ordinary(text))
+
+
+def test_a_long_text_is_cut_near_the_piece_size_and_counted_whole() -> None:
+    text = "word " * 40_000 + "\nnext line " * 10_000
+    parts = list(pieces(text, 1 << 16))
+    assert len(parts) > 3
+    assert all(len(p) <= (1 << 16) + 20 for p in parts)
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=0)
+    assert counter.count_text(text) == len(load_encoding("o200k_base").encode_ordinary(text))

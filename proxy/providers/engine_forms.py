@@ -106,7 +106,10 @@ def fact_text(message: Message) -> str:
 
 
 def _snippet(text: str) -> str:
-    flat = " ".join(text.split())
+    # A prefix flattens to a prefix of the whole text's flattening: flatten only what is needed.
+    flat = " ".join(text[: _SNIPPET * 8].split())
+    if len(flat) <= _SNIPPET and len(text) > _SNIPPET * 8:
+        flat = " ".join(text.split())
     return flat if len(flat) <= _SNIPPET else flat[:_SNIPPET].rstrip() + "…"
 
 

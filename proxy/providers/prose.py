@@ -61,10 +61,13 @@ def paths_in(text: str) -> set[str]:
     if "/" not in text:
         return set()
     out = set()
-    for token in _TOKEN_SPLIT.split(text):
-        candidate = token.rstrip(".:") if "/" in token else ""
-        if candidate and _PATH_TOKEN.fullmatch(candidate):
-            out.add(candidate)
+    # A piece at a time (cut after a space or line break, which the split drops anyway): one
+    # split of a 3 MB log holds the GIL for ~60 ms.
+    for start, end in scan_spans(text, SCAN_CHARS, " \n"):
+        for token in _TOKEN_SPLIT.split(text[start:end]):
+            candidate = token.rstrip(".:") if "/" in token else ""
+            if candidate and _PATH_TOKEN.fullmatch(candidate):
+                out.add(candidate)
     return out
 
 
