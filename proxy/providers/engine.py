@@ -4,10 +4,12 @@ Every unit (a user message, or an assistant message with all its tool results) t
 climbs one ladder, oldest units first and the recency window last: summarized (hard content kept,
 exact or fuzzy duplicates replaced by a readable reference), then reduced to its facts, then
 dropped into a stub that keeps the run's facts; the last rungs (`force_converge`) leave short
-reference markers with fewer and fewer facts, then the markers alone. A galloping binary search
-over the ladder finds the least lossy rung that fits the target. Messages of different roles,
-`name`s or `tool_call_id`s are never merged; system/developer messages, the head, the last user
-message and the final message are never touched.
+reference markers with fewer and fewer facts, then the markers alone. The least lossy rung that
+fits the target is found in two passes: one climb prices rungs from the length of what their
+forms say, then a few exact probes near the estimate settle it (only the forms of those rungs
+are counted with tiktoken). Messages of different roles, `name`s or `tool_call_id`s are never
+merged; system/developer messages, the head, the last user message and the final message are
+never touched.
 """
 
 from __future__ import annotations
