@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import httpx
 import openai
@@ -166,3 +167,14 @@ async def test_file_upload_is_streamed_not_buffered(upstream, make_proxy) -> Non
     assert r.status_code == 200
     assert fake.last.body == part1 + part2
     assert fake.last.header("content-length") == str(total)
+
+
+async def test_start_up_shortens_the_thread_switch_interval(upstream, make_proxy) -> None:
+    # Providers run in worker threads: the event loop must get the GIL back within ~2 ms, not
+    # Python's default 5 ms, or every compaction stretches other requests' latency.
+    from proxy.app import SWITCH_INTERVAL
+
+    _fake, base = upstream
+    sys.setswitchinterval(0.005)
+    async with make_proxy(base):
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL, abs=1e-6)
