@@ -29,6 +29,7 @@ import inspect
 import random
 import re
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from typing import Any
 
 import orjson
 
+from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.engine import EngineProvider
@@ -374,8 +376,8 @@ def event_loop_gaps(provs: list[ContextProvider]) -> list[str]:
     """The longest the event loop waits while a provider compresses in a worker thread (as the
     proxy runs sync providers), on the 100k aider history with a 3 MB log message added.
 
-    A ticker sleeps 1 ms at a time on the loop; a gap well past the interpreter's 5 ms switch
-    interval means one call held the GIL that long."""
+    A ticker sleeps 1 ms at a time on the loop; a gap well past the thread switch interval the
+    proxy sets (2 ms) means one call held the GIL that long."""
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
     messages = concatenated(load_aider(None), 100_000, counter)
     messages = [*messages[:5], {"role": "user", "content": log_text()}, *messages[5:]]
@@ -388,6 +390,7 @@ def event_loop_gaps(provs: list[ContextProvider]) -> list[str]:
     )
     gc.collect()
     gc.freeze()
+    sys.setswitchinterval(SWITCH_INTERVAL)  # as the proxy sets it at start-up
     lines = [f"event loop while compressing ({len(messages)} messages, {total:,} tokens, 50 %):"]
 
     async def measure(prov: ContextProvider) -> str:
