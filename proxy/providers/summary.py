@@ -22,7 +22,6 @@ from proxy.providers.facts import (
     scan_spans,
 )
 
-_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n+")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _LIST_MARKER = re.compile(r"^(?:[-*+]|\(?\w{1,3}[.)])$")
@@ -128,9 +127,10 @@ def _mostly_code(lines: list[str]) -> bool:
 
 
 def _fence_spans(text: str) -> Iterator[tuple[int, int]]:
-    """(start, end) of each fenced block, as `_FENCE.finditer` finds them: an opening line of
-    at most 3 spaces or tabs, 3 or more backticks or tildes and anything else; the block ends
-    with the first later line holding the same fence alone (indented at most 3), or the text.
+    """(start, end) of each fenced block: an opening line of at most 3 spaces or tabs, 3 or more
+    backticks or tildes and anything else; the block ends with the first later line holding the
+    same fence alone (indented at most 3), or the text. (The tests check it against the regex
+    this replaces.)
 
     Found with str.find: the pattern's lazy body tried a line start at every character of long
     code blocks."""

@@ -1,0 +1,115 @@
+"""The fast text scans find exactly what the plain patterns they replace find.
+
+Each scan avoids a long regex call (per-character cost, or a long GIL hold on a big text); these
+properties pin them to the simple reference that defines them.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.providers import facts, prose, summary
+from proxy.providers.engine_forms import _SNIPPET, _snippet
+
+_FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
+
+
+def _texts(pieces: list[str], max_size: int = 40) -> st.SearchStrategy[str]:
+    return st.lists(st.sampled_from(pieces), max_size=max_size).map("".join)
+
+
+_FENCE_PIECES = ["```", "````", "~~~", "``", "\n", " ", "\t", "    ", "x", "py", "\n\n", "`", "~"]
+_FACT_PIECES = [
+    "a", "B", "é", "É", "1", "_", "/", "@", "`", ".", ",", ";", ":", "!", "?", "(", ")", '"',
+    "'", " ", "\n", "\t", "\u00a0", "\u2003", "\u2028", "\x1c", "-", "+", "%", "~", "$", "€",
+    "=", "&", "ab", "Cd", "x.y", "\u0663", "\u01c5", "\ufb01",
+]  # fmt: skip
+_ERROR_PIECES = [
+    "error", "Error", "KeyError", "failed", "not found", "invalid", "x", "\n", " ", "fail",
+    "fatal", "exceptions", "traceback", "\u0130", "deniedx", "refused.", "_", ".",
+]  # fmt: skip
+_PATH_PIECES = ["a/b", "src/x.py", " ", "\n", "(", ")", "'", '"', ",", ";", "=", "./x", "~/y", "a"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts(_FENCE_PIECES))
+def test_fence_spans_are_the_fence_pattern_matches(text: str) -> None:
+    expected = [(m.start(), m.end()) for m in _FENCE.finditer(text)]
+    assert list(summary._fence_spans(text)) == expected
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts(_FACT_PIECES))
+def test_fact_scan_finds_what_the_fact_pattern_finds(text: str) -> None:
+    assert facts._fact_matches(text) == facts._FACT.findall(text)
+
+
+def test_fact_scan_of_a_long_text_in_pieces_is_the_whole_scan() -> None:
+    text = "see src/app/module_3.py at line 12: KeyError 'user_42' in fooBar.\n" * 2000
+    assert len(text) > facts.SCAN_CHARS
+    assert facts._fact_matches(text) == facts._FACT.findall(text)
+
+
+def _error_lines_reference(text: str, limit: int = 2) -> list[str]:
+    # One pattern run over the whole (lowered) text, as error_lines did before it looked only
+    # where a hint word occurs.
+    low = text.lower()
+    pattern, subject = (
+        (facts.ERROR_WORDS, low) if len(low) == len(text) else (facts._ERROR_LINE, text)
+    )
+    lines: dict[str, None] = {}
+    for match in pattern.finditer(subject):
+        start = text.rfind("\n", 0, match.start()) + 1
+        end = text.find("\n", match.end())
+        lines[text[start : end if end >= 0 else len(text)].strip()] = None
+    return [ln[:120] for ln in list(lines)[-limit:]]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts(_ERROR_PIECES), st.integers(min_value=1, max_value=5))
+def test_error_lines_are_the_lines_the_error_pattern_matches(text: str, limit: int) -> None:
+    assert facts.error_lines(text, limit) == _error_lines_reference(text, limit)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_texts(_PATH_PIECES, max_size=400))
+def test_paths_in_pieces_are_the_paths_of_the_whole_text(text: str) -> None:
+    text = (text + "\n") * 200  # long enough to be split in pieces
+    whole = {
+        c
+        for token in prose._TOKEN_SPLIT.split(text)
+        if (c := token.rstrip(".:") if "/" in token else "") and prose._PATH_TOKEN.fullmatch(c)
+    }
+    assert prose.paths_in(text) == whole
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.lists(st.sampled_from(["a", "bb", " ", "\n", "   ", "word", "x" * 70, " " * 500])).map(
+        "".join
+    )
+)
+def test_snippet_flattens_only_what_it_shows(text: str) -> None:
+    flat = " ".join(text.split())
+    expected = flat if len(flat) <= _SNIPPET else flat[:_SNIPPET].rstrip() + "…"
+    assert _snippet(text) == expected
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["  x", "\ty", "foo;", "bar", "baz:", "word", "x)", "a ="]), min_size=2
+    )
+)
+def test_code_line_count_stops_early_with_the_same_answer(lines: list[str]) -> None:
+    code = sum(1 for ln in lines if ln[0] in " \t" or ln.rstrip().endswith(summary._CODE_ENDINGS))
+    assert summary._mostly_code(lines) == (code * 5 >= len(lines) * 3)
+
+
+def test_paths_of_a_long_log_are_found_across_its_pieces() -> None:
+    text = "open ./src/app/module_3.py failed; see (~/logs/run.txt) and a/b,c/d\n" * 2000
+    assert len(text) > 2 * facts.SCAN_CHARS
+    assert prose.paths_in(text) == {"./src/app/module_3.py", "~/logs/run.txt", "a/b", "c/d"}
