@@ -6,6 +6,17 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs every property and state-machine test on the same examples (no flaky seeds); a deeper,
+# randomized run is `HYPOTHESIS_PROFILE=explore pytest`. Seeds that ever failed stay as @example.
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", deadline=None, print_blob=True)
+settings.register_profile("dev", deadline=None, print_blob=True)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE")
+    or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev")
+)
 
 
 @pytest.fixture(scope="session", autouse=True)
