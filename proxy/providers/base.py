@@ -1,18 +1,45 @@
 """The plugin API: what a compression provider is given and what it must return.
 
-Standard library only, so a third-party provider depends on nothing but this module. Messages are
-plain OpenAI chat message dicts; providers must not mutate the lists or dicts they are given.
+Standard library only, so a third-party provider depends on nothing but this module (and the
+marker forms it re-exports from `proxy.providers.markers`). Messages are plain OpenAI chat message
+dicts; providers must not mutate the lists or dicts they are given.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from proxy.providers.markers import (
+    DROPPED_PATTERN,
+    REF_PATTERN,
+    dropped_marker,
+    ref_marker,
+    short_marker,
+)
+
+__all__ = [
+    "DROPPED_PATTERN",
+    "REF_PATTERN",
+    "CompactionResult",
+    "Completer",
+    "CompressionConfig",
+    "ContextProvider",
+    "Message",
+    "MessageCounter",
+    "RequestCounter",
+    "SummaryCache",
+    "canonical_json",
+    "compute_source_digest",
+    "dropped_marker",
+    "make_ref_id",
+    "ref_marker",
+    "short_marker",
+]
 
 Message = dict[str, Any]
 """One OpenAI chat message (`role`, `content`, optional `tool_calls`, `tool_call_id`, `name` …)."""
@@ -25,9 +52,6 @@ MessageCounter = Callable[[Message], int]
 
 Completer = Callable[[list[Message], str, float], Awaitable[str]]
 """Calls the upstream chat model: (messages, model, timeout seconds) -> the reply's text."""
-
-REF_PATTERN = re.compile(r"\[compactd:ref=([0-9a-f]{6,32})\b")
-"""Finds the reference ids that compacted messages carry in their text."""
 
 
 class SummaryCache(Protocol):
@@ -116,10 +140,3 @@ def compute_source_digest(messages: Sequence[Message]) -> str:
 def make_ref_id(originals: Sequence[Message]) -> str:
     """Deterministic short reference id for a group of original messages."""
     return compute_source_digest(originals)[:10]
-
-
-def ref_marker(ref_id: str, n_messages: int, tokens: int, verb: str = "summarized") -> str:
-    """The visible reference a compacted message carries, e.g.
-    `[compactd:ref=c7f3a9d2e1 … 3 messages, 2,104 tokens summarized]`."""
-    noun = "message" if n_messages == 1 else "messages"
-    return f"[compactd:ref={ref_id} … {n_messages} {noun}, {tokens:,} tokens {verb}]"

@@ -17,12 +17,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from proxy.providers.base import (
-    REF_PATTERN,
-    CompressionConfig,
-    Message,
-    ref_marker,
-)
+from proxy.providers.base import CompressionConfig, Message
 from proxy.providers.canonical import canonical_bytes, source_digest
 from proxy.providers.dedup import Duplicate
 from proxy.providers.facts import (
@@ -33,6 +28,7 @@ from proxy.providers.facts import (
     pack_facts,
     parse_json,
 )
+from proxy.providers.markers import REF_PATTERN, dropped_marker, ref_marker, short_marker
 from proxy.providers.summary import SentenceCache, split_blocks, summarize_text
 from proxy.providers.units import message_text, with_text
 
@@ -172,9 +168,11 @@ class Forms:
         if ref is None:
             ref = self._refs[(start, end)] = self.span_digest(start, end)[:10]
         # Forced forms carry the shortest marker the validator and `uncompress` recognise: the
-        # long one alone costs ~25 tokens, more than the slack a tight budget leaves.
+        # long one alone costs ~25 tokens, more than the slack a tight budget leaves. A forced
+        # stub (role set) is a plain stand-in, so its marker must say "dropped": a one-message
+        # stub with the short marker would be checked as a rewrite that changed its role.
         if verb is None:
-            marker = f"[compactd:ref={ref}]"
+            marker = short_marker(ref) if role is None else dropped_marker(ref)
         else:
             marker = ref_marker(ref, end - start, self.span_cost(start, end), verb)
         text = f"{marker}\n{body}" if body else marker
@@ -224,7 +222,7 @@ class Forms:
         found = self._markers.get(key)
         if found is None:
             marker = (
-                f"[compactd:ref={_TYPICAL_REF}]"
+                short_marker(_TYPICAL_REF)
                 if verb is None
                 else ref_marker(_TYPICAL_REF, 2 if several else 1, 100, verb)
             )

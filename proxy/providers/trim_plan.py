@@ -14,8 +14,8 @@ from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     Message,
-    ref_marker,
 )
+from proxy.providers.markers import ref_marker, short_marker
 from proxy.providers.prose import (
     condense,
     fact_tokens,
@@ -385,11 +385,6 @@ class TrimPlan:
         if any(self.dropped):
             done.add("dropped")
         return [f"messages {verb} (originals kept by reference)" for verb in sorted(done)]
-
-
-def short_marker(ref: str) -> str:
-    """The shortest marker `uncompress` and the validator recognise: `[compactd:ref=<id>]`."""
-    return f"[compactd:ref={ref}]"
 
 
 def _compose(

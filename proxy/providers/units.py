@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.providers import canonical
-from proxy.providers.base import REF_PATTERN, CompressionConfig, Message, ref_marker
+from proxy.providers.base import CompressionConfig, Message
+from proxy.providers.markers import ref_marker, refs_in_text
 
 UnitKind = Literal["system", "user", "assistant", "orphan"]
 
@@ -196,7 +197,7 @@ def with_text(message: Message, text: str) -> Message:
 
 def refs_in(message: Message) -> list[str]:
     """Reference ids a message carries in its text, in order of first appearance."""
-    return list(dict.fromkeys(REF_PATTERN.findall(message_text(message))))
+    return refs_in_text(message_text(message))
 
 
 def placeholder(run: Sequence[Message], tokens: int, note: str = "") -> tuple[str, Message]:

@@ -7,15 +7,14 @@ message is either the next input message unchanged, or a replacement whose refer
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.providers.base import CompactionResult, CompressionConfig, Message
+from proxy.providers.markers import is_stand_in
 from proxy.providers.units import hard_protected, message_text, refs_in, tool_call_ids
 
 MAX_REF_DEPTH = 10
-_DROPPED = re.compile(r"\[compactd:ref=[0-9a-f]{6,32}\b[^\]\n]*\bdropped\]")
 _MEDIA_TYPES = frozenset({"image_url", "input_audio", "file", "audio"})
 
 
@@ -131,7 +130,7 @@ def _check_replacement(
         problems.append(f"{where} grew from {before} to {after} tokens")
     # A replacement whose marker says "dropped" stands in for whole messages: nothing of them
     # is kept in place, so only its own validity matters, not their shape.
-    stand_in = _DROPPED.search(message_text(new)) is not None
+    stand_in = is_stand_in(message_text(new))
     if rep.end - rep.start == 1 and not stand_in:
         problems.extend(_same_shape(original[rep.start], new, where))
     elif new.get("role") not in ("user", "assistant") or new.get("tool_calls"):

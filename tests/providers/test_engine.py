@@ -9,6 +9,7 @@ from hypothesis import given
 
 from proxy.providers.base import REF_PATTERN, CompactionResult, CompressionConfig, Message
 from proxy.providers.engine import EngineOptions, EngineProvider
+from proxy.providers.markers import is_stand_in
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
@@ -204,3 +205,16 @@ def test_engine_fits_every_generated_case_that_can_fit(
     result = EngineProvider().compress(msgs, config)
     assert isinstance(result, CompactionResult)
     assert config.count_tokens(result.messages) <= config.limit
+
+
+def test_a_forced_stub_for_an_orphan_tool_result_is_a_valid_stand_in() -> None:
+    # Regression: the forced stub of a lone orphan `tool` message was an assistant message with
+    # the short marker, which the validator reads as a rewrite that changed its role.
+    messages = [user("hi"), tool("ghost", words(300, "r")), user("ok")]
+    config = make_config(35, keep_head=1, recency_turns=0)
+    result = EngineProvider().compress(messages, config)
+    assert isinstance(result, CompactionResult)
+    assert check_result(messages, result, config, check_budget=False) == []
+    assert result.messages[1]["role"] == "assistant"
+    assert is_stand_in(message_text(result.messages[1]))
+    assert uncompress(result.messages, result.verbatim).messages == messages
