@@ -1,19 +1,31 @@
 """Compaction quality on real conversations: ratio, fit, validity, key facts kept, and speed.
 
-    .venv/bin/python bench/quality.py [--limit N] [--providers trim,engine,...]
+    .venv/bin/python bench/quality.py [--limit N] [--providers trim,engine,...] [--corpora ...]
 
 Corpora are read in place from ../shared/corpora (never copied): tau-bench airline (with its 14
-tool schemas) and aider sessions (console output kept). Budgets are 50 % and 25 % of each
-conversation's own tokens (o200k_base, tools included). Every provider is compared with the naive
-baseline `drop-oldest` (drop the oldest non-system messages until it fits, like LiteLLM's
-`trim_messages`: it may orphan tool results). `summarize` runs with a deterministic fake completer
-that answers with the extractive summary of what it was asked to summarize, cut to the word limit
-its prompt sets (no network; a real model's summaries read better but keep fewer exact facts).
+tool schemas), aider sessions (console output kept), and the kinds bench/corpora.py converts:
+coding-agent trajectories (`swe-agent`), multi-session chats with questions about earlier
+sessions (`memorybank`, `memory-tests`) and long open-domain chats (`chitchat`). Budgets are
+50 % and 25 % of each conversation's own tokens (o200k_base, tools included). Every provider is
+compared with the naive baseline `drop-oldest` (drop the oldest non-system messages until it
+fits, like LiteLLM's `trim_messages`: it may orphan tool results). `summarize` runs with a
+deterministic fake completer that answers with the extractive summary of what it was asked to
+summarize, cut to the word limit its prompt sets (no network; a real model's summaries read
+better but keep fewer exact facts).
 
-Key facts: tau-bench — the scalar arguments of the ground-truth actions (`meta.task.actions`) that
-contain a digit (ids, flight numbers, amounts, dates) and appear in the conversation after the
-system prompt; aider — file paths and `backticked` identifiers in the user/assistant messages. A
-fact is kept when it still appears in the compacted messages' text or tool-call arguments.
+Fact probes, one rule for every corpus: candidates that occur outside the protected messages
+(system/developer, the last user message, the final message) and in none of them. Candidates:
+tau-bench — the scalar arguments with a digit of the ground-truth actions; aider — file paths
+and `backticked` names; swe-agent — the files, hunk functions and removed lines of the agent's
+final patch; memory-tests — the names and numbers of each test's required memories and answer;
+memorybank and chitchat (no annotated answers) — the quoted strings, numbers and names of the
+history. A fact is kept when it still appears in the compacted messages' text or tool-call
+arguments. Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the
+id) is never looked at while tuning.
+
+A case can fit when system/developer + tools + the last user message (and a final message that
+is not a tool result) fit with room for a marker; "after/target" is the mean of tokens after
+over the budget on those cases.
 
 Times are CPU time of the `compress` call in this thread (`time.thread_time`), so they do not
 depend on what else the machine runs; per-message token counts are warm, as in the proxy, which
@@ -25,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import hashlib
 import inspect
 import random
 import re
@@ -68,6 +81,10 @@ class Case:
     messages: list[Message]
     tools: list[Any] | None
     facts: list[str]
+    split: str = ""
+
+    def __post_init__(self) -> None:
+        self.split = self.split or split_of(self.id)
 
 
 @dataclass
@@ -78,8 +95,11 @@ class Row:
     fit: list[bool] = field(default_factory=list)
     fit_possible: list[bool] = field(default_factory=list)
     valid: list[bool] = field(default_factory=list)
-    kept: int = 0
-    facts: int = 0
+    used: list[float] = field(default_factory=list)
+    """after / target for the cases that can fit (how much of the budget a result uses)."""
+    kept: dict[str, int] = field(default_factory=dict)
+    """Facts kept per split ("dev", "held-out")."""
+    facts: dict[str, int] = field(default_factory=dict)
     ms: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -107,15 +127,68 @@ def searchable(messages: Sequence[Message], skip_system: bool = True) -> str:
     return "\n".join(parts)
 
 
+def split_of(case_id: str) -> str:
+    """ "held-out" for a fifth of the ids (as bench/corpora.py splits the new corpora)."""
+    return "held-out" if hashlib.sha256(case_id.encode()).digest()[0] % 5 == 0 else "dev"
+
+
+def probes(messages: Sequence[Message], candidates: Iterable[str]) -> list[str]:
+    """The probe rule of every corpus: candidates that occur outside the protected messages
+    (system/developer, the last user message, the final message) and in none of them, so a
+    provider that kept only what it must would lose them all."""
+    keep = hard_protected(messages)
+    inside = searchable([messages[i] for i in sorted(keep)], skip_system=False)
+    outside = searchable([m for i, m in enumerate(messages) if i not in keep])
+    return sorted({c for c in candidates if c and c in outside and c not in inside})
+
+
+# Specific items of chat text (for corpora without annotated answers): quoted strings, words
+# holding digits (amounts, dates, times), and capitalized words that do not start a sentence
+# (names, places, titles), with a capitalized word or two after them. Independent of the
+# providers' own fact patterns, so a provider is not scored by its own rule.
+_QUOTED = re.compile(r"[\"“]([^\"”\n]{3,60})[\"”]")
+_NUMBERED = re.compile(r"(?<![\w.])\$?\d[\w.,:/%-]*\w|(?<![\w.])\$?\d\b")
+_NAME = re.compile(r"[A-Z][\w'-]+(?: (?:of |the |de )?[A-Z][\w'-]+){0,2}")
+# A name does not start a sentence: it follows a lower-case word (or a comma) and a space.
+_AFTER_WORD = frozenset(f"{c} " for c in "abcdefghijklmnopqrstuvwxyz,;")
+_CAPS_WORDS = "I I'm I've I'll I'd OK Ok AI Yes No Oh Hi Hello Thanks The A An It This That Mr Mrs"
+_COMMON_CAPS = frozenset(_CAPS_WORDS.split())
+
+
+def specific_items(text: str) -> set[str]:
+    """Quoted strings, numbers and names of a chat text."""
+    found = {q.strip() for q in _QUOTED.findall(text)}
+    found |= {n for n in _NUMBERED.findall(text) if len(n) >= 2}
+    found |= {
+        m.group()
+        for m in _NAME.finditer(text)
+        if text[m.start() - 2 : m.start()] in _AFTER_WORD
+        and m.group().split()[0] not in _COMMON_CAPS
+    }
+    return {f for f in found if len(f) >= 2}
+
+
+def answer_items(answers: Iterable[str]) -> set[str]:
+    """The names and numbers of free-text answers (`Moved from NYC to San Francisco`)."""
+    text = " ".join(answers)
+    found = {n for n in _NUMBERED.findall(text) if len(n) >= 2}
+    found |= {
+        w.strip(".,;:!?()'\"")
+        for w in text.split()
+        if w[:1].isupper() and w.strip(".,;:!?()'\"") not in _COMMON_CAPS
+    }
+    found |= {q.strip() for q in _QUOTED.findall(text)}
+    return {f for f in found if len(f) >= 2}
+
+
 def load_tau(limit: int | None) -> list[Case]:
-    """tau-bench airline runs with their tool schemas and ground-truth facts."""
+    """tau-bench airline runs with their tool schemas; facts from the ground-truth actions."""
     tools = orjson.loads((TAU / "airline_tools.json").read_bytes())
     cases = []
     for line in (TAU / "messages_openai.jsonl").read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
-        text = searchable(row["messages"])
         wanted = {s for a in row["meta"]["task"]["actions"] for s in _scalars(a.get("kwargs"))}
-        facts = sorted(s for s in wanted if any(c.isdigit() for c in s) and s in text)
+        facts = probes(row["messages"], (s for s in wanted if any(c.isdigit() for c in s)))
         cases.append(Case("tau-bench", row["id"], row["messages"], tools, facts))
     return cases
 
@@ -129,11 +202,59 @@ def load_aider(limit: int | None) -> list[Case]:
         if len(messages) < 4:
             continue
         text = searchable([m for m in messages if m.get("name") != "aider_console"])
-        facts = sorted(set(_PATH.findall(text)) | set(_TICKED.findall(text)))
+        facts = probes(messages, set(_PATH.findall(text)) | set(_TICKED.findall(text)))
         cases.append(Case("aider", row["id"], messages, None, facts))
         if limit and len(cases) >= limit:
             break
     return cases
+
+
+# The corpora bench/corpora.py writes: (label, folder, how its probe candidates are found).
+NEW_CORPORA: dict[str, tuple[str, str]] = {
+    "swe-agent": ("mini_swe_agent_trajs", "answers"),
+    "memorybank": ("memorybank_chats", "history"),
+    "memory-tests": ("memory_benchmark_sessions", "answer-items"),
+    "chitchat": ("chitchat_long", "history"),
+}
+
+
+def load_new(label: str, limit: int | None) -> list[Case]:
+    """One of the corpora of bench/corpora.py (skipped, with a note, if it is not there)."""
+    folder, rule = NEW_CORPORA[label]
+    path = CORPORA / folder / "conversations.jsonl"
+    if not path.exists():
+        print(f"({label}: {path} missing; run bench/corpora.py)", file=sys.stderr)
+        return []
+    cases = []
+    for line in path.read_bytes().splitlines()[:limit]:
+        row = orjson.loads(line)
+        messages = row["messages"]
+        if rule == "answers":
+            candidates: Iterable[str] = row["answers"]
+        elif rule == "answer-items":
+            candidates = answer_items(row["answers"])
+        else:
+            candidates = specific_items(searchable(messages))
+        case = Case(label, row["id"], messages, row.get("tools"), probes(messages, candidates))
+        case.split = row["split"]
+        cases.append(case)
+    return cases
+
+
+CORPUS_NAMES = ("tau-bench", "aider", *NEW_CORPORA)
+
+
+def load(corpora: Sequence[str], limit: int | None) -> list[Case]:
+    """The cases of the named corpora, in that order."""
+    out: list[Case] = []
+    for name in corpora:
+        if name == "tau-bench":
+            out += load_tau(limit)
+        elif name == "aider":
+            out += load_aider(limit)
+        else:
+            out += load_new(name, limit)
+    return out
 
 
 class DropOldest(ContextProvider):
@@ -174,11 +295,17 @@ def providers(names: Sequence[str]) -> list[ContextProvider]:
 
 
 def can_fit(case: Case, count: Callable[[Sequence[Message]], int], budget: int) -> bool:
-    """Whether system/developer + tools + last user + final message fit the budget at all, with
-    room for the one reference marker (`[compactd:ref=…]`) any reversible result needs."""
-    keep = hard_protected(case.messages)
-    marker = MARKER_TOKENS if len(keep) < len(case.messages) else 0
-    return count([case.messages[i] for i in sorted(keep)]) + marker <= budget
+    """Whether the request is feasible: system/developer + tools + the last user message (and a
+    final message that is not a tool result) fit the budget, with room for the one reference
+    marker (`[compactd:ref=…]`) any reversible result needs. Final tool results do not count:
+    as the last resort they may be cut head and tail."""
+    messages = case.messages
+    trailing = len(messages)
+    while trailing > 0 and messages[trailing - 1].get("role") == "tool":
+        trailing -= 1
+    keep = {i for i in hard_protected(messages) if i < trailing}
+    marker = MARKER_TOKENS * (1 + (trailing < len(messages))) if len(keep) < len(messages) else 0
+    return count([messages[i] for i in sorted(keep)]) + marker <= budget
 
 
 def valid(
@@ -220,12 +347,15 @@ async def run(cases: list[Case], provs: list[ContextProvider]) -> dict[tuple[str
                 row.ratios.append(after / total)
                 row.fit.append(after <= budget)
                 row.fit_possible.append(possible)
+                if possible:
+                    row.used.append(after / budget)
                 problems = valid(case, result, config, prov.name == "drop-oldest")
                 row.valid.append(not problems)
                 row.problems.extend(f"{case.id}@{fraction}: {p}" for p in problems[:1])
                 text = searchable(result.messages)
-                row.kept += sum(1 for f in case.facts if f in text)
-                row.facts += len(case.facts)
+                kept = sum(1 for f in case.facts if f in text)
+                row.kept[case.split] = row.kept.get(case.split, 0) + kept
+                row.facts[case.split] = row.facts.get(case.split, 0) + len(case.facts)
     return rows
 
 
@@ -234,21 +364,29 @@ def pct(values: Sequence[bool]) -> str:
     return f"{100 * sum(values) / len(values):.0f} %" if values else "-"
 
 
+def share(kept: int, total: int) -> str:
+    """kept / total as a percentage ("-" when there is nothing to keep)."""
+    return f"{100 * kept / total:.0f} %" if total else "-"
+
+
 def table(rows: dict[tuple[str, float, str], Row]) -> str:
-    """The markdown table."""
+    """The markdown table: one row per corpus, budget and provider; facts kept per split."""
     head = (
-        "| corpus | budget | provider | mean ratio | fit | fit (when possible) | valid "
-        "| key facts | p50 ms | p95 ms |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| corpus | budget | provider | after/target | fit (when possible) | valid "
+        "| facts kept (dev) | facts kept (held-out) | p50 ms | p95 ms |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for (corpus, fraction, name), r in rows.items():
         possible = [f for f, p in zip(r.fit, r.fit_possible, strict=True) if p]
         ms = sorted(r.ms)
+        used = f"{statistics.mean(r.used):.2f}" if r.used else "-"
+        fit = f"{sum(possible)}/{len(possible)}"
+        dev = share(r.kept.get("dev", 0), r.facts.get("dev", 0))
+        held = share(r.kept.get("held-out", 0), r.facts.get("held-out", 0))
         lines.append(
-            f"| {corpus} | {fraction:.0%} | {name} | {statistics.mean(r.ratios):.2f} "
-            f"| {pct(r.fit)} | {pct(possible)} ({len(possible)}) | {pct(r.valid)} "
-            f"| {100 * r.kept / max(r.facts, 1):.0f} % | {ms[len(ms) // 2]:.2f} "
-            f"| {ms[int(len(ms) * 0.95)]:.2f} |"
+            f"| {corpus} | {fraction:.0%} | {name} | {used} | {fit} | {pct(r.valid)} "
+            f"| {dev} | {held} | {ms[len(ms) // 2]:.2f} | {ms[int(len(ms) * 0.95)]:.2f} |"
         )
     return "\n".join(lines)
 
@@ -429,21 +567,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=None, help="conversations per corpus")
     parser.add_argument("--providers", default="drop-oldest,none,trim,middle-out,engine,summarize")
+    parser.add_argument("--corpora", default=",".join(CORPUS_NAMES), help="which corpora")
     parser.add_argument("--big-only", action="store_true", help="only the 100k-token timing")
+    parser.add_argument("--no-big", action="store_true", help="skip the 100k-token timing")
     args = parser.parse_args()
     provs = providers(args.providers.split(","))
     if args.big_only:
         print("\n".join(big_conversation_ms(provs)))
         print("\n".join(event_loop_gaps(provs)))
         return
-    cases = load_tau(args.limit) + load_aider(args.limit)
+    cases = load(args.corpora.split(","), args.limit)
     rows = asyncio.run(run(cases, provs))
     print(table(rows))
     print()
     for (corpus, fraction, name), r in rows.items():
         for p in r.problems[:3]:
             print(f"invalid {corpus} {fraction:.0%} {name}: {p}")
-    print("\n".join(big_conversation_ms(provs)))
+    if not args.no_big:
+        print("\n".join(big_conversation_ms(provs)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""bench/corpora conversions and bench/quality's probe rule, on small in-repo conversations."""
+
+from __future__ import annotations
+
+import json
+
+from bench.corpora import agent_messages, patch_answers, split_of
+from bench.quality import Case, answer_items, can_fit, probes, specific_items
+from proxy.providers.validate import pairing_problems
+
+PATCH = """diff --git a/pkg/mod.py b/pkg/mod.py
+--- a/pkg/mod.py
++++ b/pkg/mod.py
+@@ -10,7 +10,7 @@ def compute_total(items):
+-    return sum(i.price for i in items)
++    return sum(i.price * i.qty for i in items)
+"""
+
+
+def test_agent_steps_become_tool_calls_and_the_run_ends_before_submission() -> None:
+    raw = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "THOUGHT: look\n\n```bash\nls -la\n```"},
+        {"role": "user", "content": "<returncode>0</returncode><output>a.py</output>"},
+        {"role": "assistant", "content": "no block here"},
+        {"role": "user", "content": "Please always provide exactly one bash block."},
+        {
+            "role": "assistant",
+            "content": "```bash\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```",
+        },
+        {"role": "user", "content": "diff --git ..."},
+    ]
+    out = agent_messages(raw)
+    assert [m["role"] for m in out] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    call = out[2]["tool_calls"][0]
+    assert out[2]["content"] == "THOUGHT: look"
+    assert json.loads(call["function"]["arguments"]) == {"command": "ls -la"}
+    assert out[3]["tool_call_id"] == call["id"]
+    assert not pairing_problems(out)
+
+
+def test_patch_answers_are_files_functions_and_removed_lines() -> None:
+    assert patch_answers(PATCH) == [
+        "pkg/mod.py",
+        "compute_total",
+        "return sum(i.price for i in items)",
+    ]
+
+
+def test_split_is_stable_and_holds_out_about_a_fifth() -> None:
+    ids = [f"case-{i}" for i in range(1000)]
+    held = sum(split_of(i) == "held-out" for i in ids)
+    assert 150 < held < 250
+    assert [split_of(i) for i in ids] == [split_of(i) for i in ids]
+
+
+def test_probes_are_facts_found_only_outside_the_protected_messages() -> None:
+    turns = [
+        ("system", "Agent for Paris."),
+        ("user", "I flew to Lisbon on 2024-05-02 with Ana."),
+        ("assistant", "Noted, Lisbon and Ana."),
+        ("user", "Where did I fly, and with whom was it? Ana?"),
+    ]
+    messages = [{"role": role, "content": text} for role, text in turns]
+    # Paris is in the system prompt and Ana in the last user message: neither can be lost.
+    assert probes(messages, ["Paris", "Lisbon", "2024-05-02", "Ana", "Tokyo"]) == [
+        "2024-05-02",
+        "Lisbon",
+    ]
+
+
+def test_specific_items_are_quotes_numbers_and_names_not_sentence_starts() -> None:
+    text = 'Yesterday we watched "Taxi Driver" at Green Meadow Park, then ran 5km at 7:30.'
+    assert specific_items(text) == {"Taxi Driver", "Green Meadow Park", "5km", "7:30"}
+    assert answer_items(["Moved from NYC to San Francisco", "Processes 2TB daily"]) == {
+        "Moved",
+        "NYC",
+        "San",
+        "Francisco",
+        "Processes",
+        "2TB",
+    }
+
+
+def test_a_request_is_feasible_without_its_final_tool_results() -> None:
+    big = "x " * 2000
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "task"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": big},
+    ]
+    case = Case("t", "id", messages, None, [])
+
+    def count(ms: object) -> int:
+        return len(json.dumps(ms)) // 4
+
+    assert can_fit(case, count, 100)
+    assert not can_fit(case, count, 5)
