@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hmac
+import logging
 from typing import Any
 
 import orjson
@@ -14,6 +16,7 @@ from proxy.errors import (
     InvalidRequestError,
     NotFoundError,
     ProxyError,
+    StoreUnavailableError,
     UnauthorizedError,
     error_body,
 )
@@ -21,7 +24,9 @@ from proxy.providers.uncompress import uncompress_async
 from proxy.services import Services
 from proxy.stats import compute_stats, parse_since, stats_json
 from proxy.store.base import StoreError
-from proxy.tenant import bearer_key, tenant_id
+from proxy.tenant import credential
+
+log = logging.getLogger("compactd.api")
 
 
 class _Json(Response):
@@ -43,12 +48,38 @@ def _services(request: Request) -> Services:
 
 
 def _caller(request: Request, services: Services) -> str | None:
-    """The caller's tenant; None for the admin key (sees every tenant)."""
-    key = bearer_key(request.headers.get("authorization"))
+    """The caller's tenant; None for the admin key (sees every tenant).
+
+    Raises 401 for a request without a credential, unless the shared anonymous tenant is on.
+    """
+    found = credential(request.headers, services.tenancy.headers)
     admin = services.settings.server.admin_key
-    if admin and key == admin:
+    if admin and found is not None and hmac.compare_digest(found.encode(), admin.encode()):
         return None
-    return tenant_id(services.secret, key)
+    tenant = services.tenancy.identify(request.headers).tenant
+    if tenant is None:
+        raise UnauthorizedError(
+            "Send the API key whose conversations you want (Authorization, api-key or x-api-key)."
+        )
+    return tenant
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    del request
+    assert isinstance(exc, ProxyError)
+    return _error(exc)
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """The store is down or slow: an OpenAI-shaped 503 the client can retry, not a plain 500."""
+    log.warning("store unavailable for %s: %s", request.url.path, type(exc).__name__)
+    response = _error(StoreUnavailableError("The store is unavailable; retry shortly."))
+    response.headers["retry-after"] = "1"
+    return response
+
+
+EXCEPTION_HANDLERS = {ProxyError: _proxy_error, StoreError: _store_error}
+"""For the router: compactd's own errors and store failures as OpenAI-shaped responses."""
 
 
 async def healthz(request: Request) -> Response:

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.api import ROUTES
+from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.config import Settings
 from proxy.errors import NotFoundError, error_body
 from proxy.gate import Gate
@@ -95,7 +95,7 @@ def create_app(
             store=services.store,
             metrics=services.metrics,
             gate=Gate(
-                secret=services.secret,
+                tenancy=services.tenancy,
                 upstream_key=settings.upstream.api_key,
                 allowed=frozenset(settings.upstream.allowed_keys),
             ),
@@ -120,6 +120,10 @@ def create_app(
             error_body(err.message, err.type, err.code), 404, media_type="application/json"
         )
 
-    router = Starlette(routes=ROUTES, lifespan=lifespan, exception_handlers={404: not_found})
+    router = Starlette(
+        routes=ROUTES,
+        lifespan=lifespan,
+        exception_handlers={404: not_found, **EXCEPTION_HANDLERS},
+    )
     app = CompactdApp(router)
     return app

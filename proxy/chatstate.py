@@ -12,7 +12,8 @@ class ChatState:
 
     started: float
     action: str = "passthrough"
-    tenant: str = "anonymous"
+    tenant: str | None = None
+    """None: the client sent no credential, so nothing of this request is stored."""
     fingerprint: str | None = None
     api_key: str | None = None
     model: str = ""
@@ -25,6 +26,7 @@ class ChatState:
     parsed: dict[str, Any] | None = None
     shadow_action: str = ""
     unstored: bool = False
+    no_credential: bool = False
     retried: bool = False
 
     def headers(self) -> dict[str, str]:
@@ -37,7 +39,7 @@ class ChatState:
             "policy": self.policy,
             "conversation": self.conversation,
             "shadow-action": self.shadow_action,
-            "store": "unstored" if self.unstored else "",
+            "store": "unstored" if self.unstored else "no-credential" if self.no_credential else "",
             "error": self.error or "",
         }
 

@@ -119,7 +119,7 @@ def _key_id(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     secret = load_or_create_secret(settings.server.secret, data_dir(settings))
-    print(key_fingerprint(secret, args.key))
+    print(key_fingerprint(secret, _credential(args.key)))
     return 0
 
 
@@ -147,7 +147,15 @@ def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
     from proxy.config import data_dir  # noqa: PLC0415
     from proxy.tenant import load_or_create_secret, tenant_id  # noqa: PLC0415
 
-    return tenant_id(load_or_create_secret(settings.server.secret, data_dir(settings)), args.key)
+    secret = load_or_create_secret(settings.server.secret, data_dir(settings))
+    return tenant_id(secret, _credential(args.key))
+
+
+def _credential(text: str) -> str | None:
+    """A key as typed (`sk-…`, `Bearer sk-…`, `Basic …`): the credential a request would carry."""
+    from proxy.tenant import credential  # noqa: PLC0415
+
+    return credential({"authorization": text})
 
 
 def _conversations(args: argparse.Namespace) -> int:

@@ -37,7 +37,7 @@ from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.store.base import Compaction, Store, StoreError, valid_id
 from proxy.store.summary_cache import TenantSummaryCache
-from proxy.tenant import bearer_key, key_fingerprint, tenant_id
+from proxy.tenant import Tenancy
 from proxy.tokens import TokenCounter, Tokenizers
 
 log = logging.getLogger("compactd.compaction")
@@ -107,7 +107,7 @@ class Compactor:
         providers: Mapping[str, ContextProvider],
         store: Store,
         metrics: Metrics,
-        secret: bytes,
+        tenancy: Tenancy,
         completer: CompleterFactory | None = None,
     ) -> None:
         self.settings = settings
@@ -116,7 +116,7 @@ class Compactor:
         self.policies = policies
         self.store = store
         self.metrics = metrics
-        self.secret = secret
+        self.tenancy = tenancy
         self.completer = completer
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
@@ -126,9 +126,9 @@ class Compactor:
         """What to forward for this chat request. Never raises: failures forward the original."""
         state = ChatState(started=time.perf_counter())
         headers = _headers(scope)
-        state.api_key = bearer_key(headers.get("authorization"))
-        state.fingerprint = key_fingerprint(self.secret, state.api_key)
-        state.tenant = tenant_id(self.secret, state.api_key)
+        identity = self.tenancy.identify(headers)
+        state.api_key, state.fingerprint = identity.api_key, identity.fingerprint
+        state.tenant = identity.tenant
         try:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -224,6 +224,10 @@ class Compactor:
         state.tokens_before = state.tokens_after = fixed + counted
         if policy.mode == "off" or (state.tokens_before <= budget.trigger and not force):
             return self._finish(body, state)
+        if state.tenant is None:
+            # No credential, no tenant to keep originals under: never compacted, never stored.
+            state.no_credential = True
+            return self._finish(body, state)
         plan = await self._plan(
             messages=messages,
             counter=counter,
@@ -258,13 +262,13 @@ class Compactor:
         policy: PolicySettings,
         state: ChatState,
     ) -> _Plan:
+        tenant = state.tenant
+        assert tenant is not None  # _decide never plans without one
         digests = [message_digest(m) for m in messages]
         prefixes = prefix_digests(digests)
         t0 = time.perf_counter()
         try:
-            checkpoint = await self.store.find_checkpoint(
-                state.tenant, state.conversation, prefixes
-            )
+            checkpoint = await self.store.find_checkpoint(tenant, state.conversation, prefixes)
         except StoreError:
             if self.settings.store.on_store_error != "compact-unstored":
                 raise
@@ -301,7 +305,7 @@ class Compactor:
             checkpoint=checkpoint,
             result=result,
             outcome=outcome,
-            tenant=state.tenant,
+            tenant=tenant,
             conversation=state.conversation,
         )
         return _Plan(
@@ -317,6 +321,7 @@ class Compactor:
         policy: PolicySettings,
         state: ChatState,
     ) -> CompressionConfig:
+        assert state.tenant is not None  # _decide never plans without one
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
         config = compression_config(
             policy, counter=counter, fixed=fixed, limit=budget.target, budget=budget.budget

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import types
 from collections.abc import Mapping
@@ -20,6 +21,9 @@ DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 Mode = Literal["enforce", "shadow", "off"]
 StoreErrorMode = Literal["forward-original", "compact-unstored"]
 Transport = Literal["aiohttp", "httpx"]
+
+
+_HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
 class ConfigError(ValueError):
@@ -41,9 +45,18 @@ class ServerSettings:
     data_dir: str = ""
     secret: str = ""
     admin_key: str = ""
+    credential_headers: tuple[str, ...] = ("authorization", "api-key", "x-api-key")
+    shared_anonymous_tenant: bool = False
 
     def validate(self, p: str) -> None:
         _check(0 < self.port < 65536, f"{p}.port", "must be 1..65535")
+        _check(bool(self.credential_headers), f"{p}.credential_headers", "must not be empty")
+        for name in self.credential_headers:
+            _check(
+                _HEADER_NAME.fullmatch(name) is not None,
+                f"{p}.credential_headers",
+                f"{name!r} is not a lower-case header name",
+            )
         _check(self.workers >= 1, f"{p}.workers", "must be >= 1")
         _check(self.max_body_bytes > 0, f"{p}.max_body_bytes", "must be > 0")
         levels = ("debug", "info", "warning", "error")

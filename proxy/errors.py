@@ -57,6 +57,14 @@ class UnauthorizedError(ProxyError):
     code = "invalid_api_key"
 
 
+class StoreUnavailableError(ProxyError):
+    """The store did not answer one of compactd's own API calls."""
+
+    status = 503
+    type = "server_error"
+    code = "store_unavailable"
+
+
 class UpstreamUnreachableError(ProxyError):
     """The upstream refused or dropped the connection before answering."""
 

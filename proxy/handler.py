@@ -30,6 +30,7 @@ from proxy.headers import RawHeaders, compactd_headers, header, request_headers,
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.store.base import Store, UsageRecord
+from proxy.tenant import ANONYMOUS
 from proxy.usage import SSEUsageTap, Usage, include_usage_bytes, usage_from_json
 
 log = logging.getLogger("compactd.handler")
@@ -276,7 +277,7 @@ class _ChatExchange:
         )
         if self.h.accounting and st.parsed is not None:
             record = UsageRecord(
-                tenant=st.tenant,
+                tenant=st.tenant or ANONYMOUS,
                 policy=st.policy or "none",
                 model=st.model or "unknown",
                 day=time.strftime("%Y-%m-%d", time.gmtime()),

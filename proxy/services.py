@@ -22,7 +22,7 @@ from proxy.providers.base import Completer, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
 from proxy.store.base import Store
 from proxy.store.factory import open_store
-from proxy.tenant import load_or_create_secret
+from proxy.tenant import Tenancy, load_or_create_secret
 from proxy.tokens import Tokenizers
 
 log = logging.getLogger("compactd.services")
@@ -38,6 +38,7 @@ class Services:
 
     settings: Settings
     secret: bytes
+    tenancy: Tenancy
     upstream: Upstream
     store: Store
     tokenizers: Tokenizers
@@ -99,6 +100,11 @@ async def build_services(
     """Create every resource; a bad provider, model table or store URL stops start-up here."""
     directory = data_dir(settings)
     secret = load_or_create_secret(settings.server.secret, directory)
+    tenancy = Tenancy(
+        secret=secret,
+        headers=settings.server.credential_headers,
+        shared_anonymous=settings.server.shared_anonymous_tenant,
+    )
     up = settings.upstream
     timeouts = Timeouts(
         connect=up.connect_timeout,
@@ -129,12 +135,13 @@ async def build_services(
         providers=providers,
         store=store,
         metrics=metrics,
-        secret=secret,
+        tenancy=tenancy,
         completer=completer_factory(upstream, up.api_key),
     )
     return Services(
         settings=settings,
         secret=secret,
+        tenancy=tenancy,
         upstream=upstream,
         store=store,
         tokenizers=tokenizers,

@@ -1,4 +1,12 @@
-"""Who a request belongs to: an HMAC of its bearer key under the server secret, never the key."""
+"""Who a request belongs to: an HMAC of its credential under the server secret, never the key.
+
+A credential is whatever the client authenticates with: the key of `Authorization: Bearer <key>`,
+the whole value of any other `Authorization` scheme (`Basic …`, `Token …`), or the value of
+`api-key` (Azure) or `x-api-key` (Anthropic); the first configured header that carries one wins.
+A request without a credential has no tenant: nothing of it is stored and compactd's own API
+refuses it, unless the operator turns on the shared anonymous tenant (one bucket for every
+client without a credential, each able to read and purge what the others stored).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,15 @@ import hmac
 import os
 import secrets
 import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 ANONYMOUS = "anonymous"
 TENANT_HEX_CHARS = 24
 FINGERPRINT_HEX_CHARS = 12
 SECRET_FILE = "secret"  # noqa: S105 - a file name, not a secret
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
 
 
 def load_or_create_secret(settings_secret: str, data_dir: Path) -> bytes:
@@ -24,7 +35,7 @@ def load_or_create_secret(settings_secret: str, data_dir: Path) -> bytes:
         return _read_secret(path)
     except FileNotFoundError:
         pass
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     fresh = secrets.token_hex(32)
     try:
         # O_EXCL: when several workers start at once, exactly one writes and the rest read it.
@@ -48,19 +59,20 @@ def _read_secret(path: Path) -> bytes:
     raise ValueError(f"{path} is empty; delete it or set COMPACTD_SECRET")
 
 
-def _mac(secret: bytes, api_key: str) -> str:
+def _mac(secret: bytes, api_key: str) -> str:  # a credential of any kind
     return hmac.new(secret, api_key.encode(), hashlib.sha256).hexdigest()
 
 
 def tenant_id(secret: bytes, api_key: str | None) -> str:
-    """The tenant of a bearer key: truncated HMAC-SHA256 hex; no key -> "anonymous"."""
+    """The tenant of a credential: truncated HMAC-SHA256 hex; none -> "anonymous"."""
     if not api_key:
         return ANONYMOUS
     return _mac(secret, api_key)[:TENANT_HEX_CHARS]
 
 
 def key_fingerprint(secret: bytes, api_key: str | None) -> str:
-    """Short public id of a key (first 12 hex of the same HMAC), for policies and `key-id`."""
+    """Short public id of a credential (first 12 hex of the same HMAC), for policies and
+    `key-id`."""
     if not api_key:
         return ANONYMOUS
     return _mac(secret, api_key)[:FINGERPRINT_HEX_CHARS]
@@ -75,3 +87,72 @@ def bearer_key(authorization_header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not key:
         return None
     return key
+
+
+def credential(headers: Mapping[str, str], names: Iterable[str] = CREDENTIAL_HEADERS) -> str | None:
+    """The client's credential: the first of `names` (lower case) that carries one, else None.
+
+    `Authorization: Bearer <key>` gives the key, so a key sent as `api-key` or `x-api-key` is
+    the same tenant; any other `Authorization` scheme gives its whole value (`Basic dXNlcg==`).
+    `headers` maps lower-case names to values (starlette's `Headers` or a plain dict).
+    """
+    for name in names:
+        value = headers.get(name)
+        if not value:
+            continue
+        value = value.strip()
+        if name == "authorization":
+            scheme, _, rest = value.partition(" ")
+            if scheme.lower() == "bearer":
+                value = rest.strip()
+        if value:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who sent a request, as far as compactd stores and scopes things."""
+
+    tenant: str | None
+    """Where its data lives; None: no credential (and no shared anonymous tenant), store nothing."""
+    fingerprint: str
+    """The credential's public id (policies' match_keys, logs); "anonymous" without one."""
+    api_key: str | None
+    """The bearer key, for calls made on the client's behalf (summaries); never logged."""
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """The server secret and the rules that turn a request's headers into an Identity."""
+
+    secret: bytes
+    headers: tuple[str, ...] = CREDENTIAL_HEADERS
+    shared_anonymous: bool = False
+
+    def identify(self, headers: Mapping[str, str]) -> Identity:
+        """The identity behind a request's headers (lower-case names)."""
+        found = credential(headers, self.headers)
+        if found is None:
+            tenant = ANONYMOUS if self.shared_anonymous else None
+            return Identity(tenant=tenant, fingerprint=ANONYMOUS, api_key=None)
+        return Identity(
+            tenant=tenant_id(self.secret, found),
+            fingerprint=key_fingerprint(self.secret, found),
+            api_key=bearer_key(headers.get("authorization")),
+        )
+
+    def without_credentials(
+        self, headers: Iterable[tuple[bytes, bytes]]
+    ) -> list[tuple[bytes, bytes]]:
+        """Raw headers minus every credential header (upstream-key mode swaps them)."""
+        drop = {name.encode() for name in (*self.headers, *CREDENTIAL_HEADERS)}
+        return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+def raw_header_map(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Raw ASGI headers as {lower-case name: first value}, decoded as latin-1."""
+    out: dict[str, str] = {}
+    for k, v in headers:
+        out.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+    return out

@@ -15,6 +15,8 @@ from tests.store.redis_server import RedisServer
 from tests.upstream import respond, sse_chunks, stream
 
 SMALL = {"default_policy": {"budget_tokens": 600}}
+# Requests without a credential are never compacted: every client here has a key.
+ALPHA = {"authorization": "Bearer sk-alpha"}
 
 
 def history(turns: int) -> list[dict[str, Any]]:
@@ -59,7 +61,7 @@ async def test_over_budget_request_is_compacted_and_restorable(upstream, make_pr
         assert int(h["x-compactd-tokens-after"]) <= 600
         assert sent[0] == original[0]  # system message untouched
         assert sent[-1] == original[-1]  # last user message untouched
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(
                 f"{url}/compactd/v1/uncompress",
                 json={"messages": sent, "recursive": True},
@@ -106,7 +108,7 @@ async def test_tenants_are_isolated_through_api_and_replay(upstream, make_proxy)
         ha = await chat(alpha, msgs)
         conv = ha["x-compactd-conversation"]
         sent_alpha = fake.last.json()["messages"]
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             mine = await http.get(
                 f"{url}/compactd/v1/conversations/{conv}",
                 headers={"authorization": "Bearer sk-alpha"},
@@ -154,7 +156,7 @@ async def test_store_down_forwards_original_bytes_and_recovers(
     body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
     try:
         async with make_proxy(base, store={"url": redis.url, "timeout_ms": 300}, **SMALL) as url:
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(headers=ALPHA) as http:
                 redis.stop(signal.SIGKILL)
                 down = await http.post(f"{url}/v1/chat/completions", content=body)
                 forwarded_while_down = fake.last.body
@@ -174,7 +176,7 @@ async def test_shadow_mode_forwards_original_bytes_and_reports(upstream, make_pr
     fake, base = upstream
     body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
     async with make_proxy(base, default_policy={"budget_tokens": 600, "mode": "shadow"}) as url:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(f"{url}/v1/chat/completions", content=body)
     assert fake.last.body == body
     assert r.headers["x-compactd-action"] == "shadow"
@@ -190,7 +192,7 @@ async def test_bypass_is_honoured_only_when_the_policy_allows_it(
     body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
     policy = {"budget_tokens": 600, "allow_bypass": allowed}
     async with make_proxy(base, default_policy=policy) as url:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(
                 f"{url}/v1/chat/completions", content=body, headers={"x-compactd-bypass": "1"}
             )
@@ -271,7 +273,7 @@ async def test_usage_is_read_from_json_and_sse_and_metrics_move(upstream, make_p
         ):
             pass
         await client.close()
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             metrics = (await http.get(f"{url}/metrics")).text
     assert (
         'compactd_requests_total{action="passthrough",model="gpt-4o",policy="default"} 2.0'
@@ -290,7 +292,7 @@ async def test_injected_stream_usage_is_read_and_stripped_byte_exactly(
     fake.then(stream(events))
     body = b'{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}'
     async with make_proxy(base, accounting={"request_stream_usage": True}) as url:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(f"{url}/v1/chat/completions", content=body)
             metrics = (await http.get(f"{url}/metrics")).text
     assert fake.last.json()["stream_options"] == {"include_usage": True}
@@ -311,7 +313,7 @@ async def test_compact_unstored_policy_forwards_compacted_and_says_so(
     try:
         async with make_proxy(base, store=store, **SMALL) as url:
             redis.stop(signal.SIGKILL)
-            async with httpx.AsyncClient() as http:
+            async with httpx.AsyncClient(headers=ALPHA) as http:
                 r = await http.post(f"{url}/v1/chat/completions", content=body)
     finally:
         redis.stop(signal.SIGKILL)
@@ -328,7 +330,7 @@ async def test_stats_endpoint_adds_up_a_scripted_sequence(upstream, make_proxy) 
         await chat(client, history(1))  # passthrough
         await chat(client, history(6))  # compacted
         await client.close()
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             for _ in range(100):  # accounting is written off the request path
                 stats = (await http.get(f"{url}/compactd/v1/stats?by=policy", headers=admin)).json()
                 if stats["total"]["requests"] == 2:
@@ -362,7 +364,7 @@ async def test_context_length_retry_can_be_turned_off(upstream, make_proxy) -> N
     }
     fake.then(respond(400, overflow))
     async with make_proxy(base, upstream={"retry_context_errors": False}) as url:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(
                 f"{url}/v1/chat/completions", json={"model": "gpt-4o", "messages": history(5)}
             )
@@ -377,7 +379,7 @@ async def test_concurrent_requests_of_one_conversation_agree_on_one_checkpoint(
     fake, base = upstream
     body = json.dumps({"model": "gpt-4o", "messages": history(6)}).encode()
     async with make_proxy(base, **SMALL) as url:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             first = await asyncio.gather(
                 *(http.post(f"{url}/v1/chat/completions", content=body) for _ in range(4))
             )
@@ -414,7 +416,7 @@ async def test_context_length_retry_keeps_the_requests_policy_and_conversation(
     }
     # The default policy is off: a retry that lost the header match would not compact.
     async with make_proxy(base, default_policy={"mode": "off"}, policies=[team]) as url:
-        async with httpx.AsyncClient() as http:
+        async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(
                 f"{url}/v1/chat/completions",
                 json={"model": "gpt-4o", "messages": history(5)},

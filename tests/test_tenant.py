@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.tenant import bearer_key, key_fingerprint, load_or_create_secret, tenant_id
+from proxy.tenant import (
+    Tenancy,
+    bearer_key,
+    credential,
+    key_fingerprint,
+    load_or_create_secret,
+    tenant_id,
+)
 
 
 def test_the_configured_secret_wins_over_the_file(tmp_path: Path) -> None:
@@ -64,3 +71,68 @@ def test_no_key_is_the_anonymous_tenant() -> None:
 )
 def test_bearer_key_reads_only_bearer_authorization(header: str | None, key: str | None) -> None:
     assert bearer_key(header) == key
+
+
+@pytest.mark.parametrize(
+    ("headers", "found"),
+    [
+        ({"authorization": "Bearer sk-1"}, "sk-1"),
+        ({"authorization": "bearer   sk-2 "}, "sk-2"),
+        ({"authorization": "Basic dXNlcjpwdw=="}, "Basic dXNlcjpwdw=="),
+        ({"authorization": "Token abc"}, "Token abc"),
+        ({"authorization": "sk-bare"}, "sk-bare"),
+        ({"api-key": "azure-key"}, "azure-key"),
+        ({"x-api-key": "sk-ant-1"}, "sk-ant-1"),
+        ({"authorization": "Bearer ", "x-api-key": "sk-ant-2"}, "sk-ant-2"),
+        ({"authorization": "Bearer first", "x-api-key": "second"}, "first"),
+        ({"authorization": "  "}, None),
+        ({}, None),
+    ],
+)
+def test_every_credential_form_is_found(headers: dict[str, str], found: str | None) -> None:
+    assert credential(headers) == found
+
+
+def test_the_same_key_is_the_same_tenant_in_every_header() -> None:
+    tenancy = Tenancy(b"s")
+    tenants = {
+        tenancy.identify(h).tenant
+        for h in ({"authorization": "Bearer k"}, {"api-key": "k"}, {"x-api-key": "k"})
+    }
+
+    assert tenants == {tenant_id(b"s", "k")}
+
+
+def test_other_schemes_and_raw_values_are_tenants_of_their_own() -> None:
+    tenancy = Tenancy(b"s")
+    ids = [
+        tenancy.identify({"authorization": v}).tenant
+        for v in ("Basic dXNlcg==", "Basic b3RoZXI=", "Token dXNlcg==", "Bearer dXNlcg==")
+    ]
+
+    assert None not in ids
+    assert len(set(ids)) == 4
+
+
+def test_no_credential_has_no_tenant_unless_the_shared_tenant_is_on() -> None:
+    assert Tenancy(b"s").identify({}).tenant is None
+    assert Tenancy(b"s").identify({}).fingerprint == "anonymous"
+    assert Tenancy(b"s", shared_anonymous=True).identify({}).tenant == "anonymous"
+
+
+def test_only_configured_headers_are_read() -> None:
+    tenancy = Tenancy(b"s", headers=("x-team-key",))
+
+    assert tenancy.identify({"authorization": "Bearer k"}).tenant is None
+    assert tenancy.identify({"x-team-key": "k"}).tenant == tenant_id(b"s", "k")
+
+
+def test_upstream_key_mode_strips_every_credential_header() -> None:
+    raw = [
+        (b"Authorization", b"Bearer a"),
+        (b"api-key", b"b"),
+        (b"X-Api-Key", b"c"),
+        (b"x-o", b"d"),
+    ]
+
+    assert Tenancy(b"s").without_credentials(raw) == [(b"x-o", b"d")]

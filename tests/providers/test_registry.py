@@ -179,7 +179,11 @@ async def test_a_pip_installed_provider_runs_inside_the_proxy(upstream, make_pro
         "budget_tokens": count_tokens(msgs) * 6 // 10,
         "options": {"short-tools": {"keep_chars": 100}},
     }
-    async with make_proxy(base, default_policy=policy) as url, httpx.AsyncClient() as http:
+    key = {"authorization": "Bearer sk-plugin"}
+    async with (
+        make_proxy(base, default_policy=policy) as url,
+        httpx.AsyncClient(headers=key) as http,
+    ):
         r = await http.post(
             f"{url}/v1/chat/completions", json={"model": "gpt-4o", "messages": msgs}
         )

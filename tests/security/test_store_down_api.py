@@ -1,0 +1,62 @@
+"""Issue 11, item 11: with the store down, compactd's own API answers OpenAI-shaped 503s."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+from pathlib import Path
+
+import httpx
+
+from tests.store.redis_server import RedisServer
+
+KEY = {"authorization": "Bearer sk-owner"}
+HANG_GUARD = 30  # seconds: only stops a hung test; no assertion on elapsed time
+
+
+def _is_503(r: httpx.Response) -> bool:
+    return r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+
+
+async def test_every_api_endpoint_answers_503_while_redis_is_down(
+    upstream, make_proxy, private_redis: RedisServer
+) -> None:
+    _, base = upstream
+    admin = {"authorization": "Bearer admin-secret"}
+    server = {"admin_key": "admin-secret"}
+    async with make_proxy(base, store={"url": private_redis.url}, server=server) as url:
+        private_redis.stop(signal.SIGKILL)
+        async with httpx.AsyncClient(headers=KEY) as http, asyncio.timeout(HANG_GUARD):
+            calls = [
+                await http.get(f"{url}/compactd/v1/conversations"),
+                await http.get(f"{url}/compactd/v1/conversations/c1"),
+                await http.delete(f"{url}/compactd/v1/conversations/c1"),
+                await http.post(
+                    f"{url}/compactd/v1/uncompress",
+                    json={"messages": [{"role": "user", "content": "[compactd:ref=0123abcdef]"}]},
+                ),
+                await http.get(f"{url}/compactd/v1/stats", headers=admin),
+            ]
+            ready = await http.get(f"{url}/readyz")
+    assert [r.status_code for r in calls] == [503] * len(calls)
+    assert all(_is_503(r) for r in calls)
+    assert all(r.headers["retry-after"] for r in calls)
+    assert ready.json()["store"] == "unavailable"
+
+
+async def test_a_locked_sqlite_store_answers_503_not_500(
+    upstream, make_proxy, tmp_path: Path
+) -> None:
+    _, base = upstream
+    path = tmp_path / "locked.db"
+    async with make_proxy(base, store={"url": f"sqlite:///{path}", "timeout_ms": 50}) as url:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        try:
+            async with httpx.AsyncClient(headers=KEY) as http, asyncio.timeout(HANG_GUARD):
+                purge = await http.delete(f"{url}/compactd/v1/conversations/c1")
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+    assert _is_503(purge)
