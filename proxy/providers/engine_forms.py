@@ -25,7 +25,7 @@ from proxy.providers.facts import (
     analyze,
     candidates_of,
     facts_within,
-    pack_facts,
+    pack_salient,
     parse_json,
 )
 from proxy.providers.markers import REF_PATTERN, dropped_marker, ref_marker, short_marker
@@ -447,8 +447,8 @@ class Forms:
                 cap = min(cap, force_cap)
             body = ""
             if cap > 0:
-                candidates = [c for i in range(start, end) for c in self._candidates(i)]
-                facts = pack_facts(candidates, cap)
+                groups = [self._candidates(i) for i in range(start, end)]
+                facts = pack_salient(groups, cap)
                 body = f"facts: {facts}" if facts else ""
             verb = None if force_cap is not None else "dropped"
             self._memo[key] = self._accept(self.materialize(Draft(start, end, verb, body, role)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +91,55 @@ def _fact_matches(text: str) -> list[str]:
     return _scan(text)
 
 
+# Names: capitalized words that do not start a sentence (the word before ends in a lower-case
+# letter, a digit or a comma), with the capitalized words right after them: places, people,
+# titles, products (`Green Meadow Park`, `NYC`). Quoted phrases: what the author put in double
+# quotes (`"The Great Gatsby"`).
+_NAME_EDGES = ".,;:!?()\"'“”\u2018\u2019"
+_SENTENCE_ENDS = (".", "!", "?", ":", '"', "”")
+_NOT_NAMES = frozenset({"I", "I'm", "I've", "I'll", "I'd", "OK", "Ok"})
+_MAX_NAME_WORDS = 4
+_QUOTED_PHRASE = re.compile(r"[\"“]([^\"“”\n]{3,80})[\"”]")
+
+
+def _capitalized(word: str) -> bool:
+    return len(word) > 1 and word.isalpha() and (word.istitle() or word.isupper())
+
+
+def name_matches(text: str) -> list[str]:
+    """Quoted phrases, then names, of a text, in order (both rank as names). Linear: a pass
+    over the whitespace-separated tokens, and a quote search a piece at a time on long texts."""
+    found: list[str] = []
+    if '"' in text or "“" in text:
+        # Cut after spaces too: a multi-megabyte line must not be one regex call.
+        for start, end in scan_spans(text, SCAN_CHARS, " \n"):
+            for quoted in _QUOTED_PHRASE.findall(text, start, end):
+                phrase = quoted.strip()
+                if " " in phrase and _LETTER.search(phrase):
+                    found.append(phrase)
+    name: list[str] = []
+    may_start = False
+    for token in text.split():
+        word = token.strip(_NAME_EDGES)
+        if word.endswith("'s"):
+            word = word[:-2]
+        if _capitalized(word) and word not in _NOT_NAMES and (name or may_start):
+            name.append(word)
+            ends = token.rstrip("'s").endswith(tuple(_NAME_EDGES))
+            if ends or len(name) == _MAX_NAME_WORDS:
+                found.append(" ".join(name))
+                name = []
+        elif name:
+            found.append(" ".join(name))
+            name = []
+        may_start = not token.endswith(_SENTENCE_ENDS) and (
+            token[-1:].islower() or token[-1:].isdigit() or token[-1:] in ",;"
+        )
+    if name:
+        found.append(" ".join(name))
+    return found
+
+
 def _scan(text: str) -> list[str]:
     found: list[str] = []
     findall = _FACT.findall
@@ -125,14 +174,14 @@ class FactMemo:
         """The raw fact matches of one piece of text."""
         found = self.pieces.get(piece)
         if found is None:
-            found = self.pieces[piece] = _fact_matches(piece)
+            found = self.pieces[piece] = all_matches(piece)
         return found
 
     def matches(self, text: str) -> list[str]:
         """`_fact_matches(text)`, memoized line by line (no match spans a line break) except on
         long texts, whose lines rarely repeat."""
         if len(text) > SCAN_CHARS:
-            return _fact_matches(text)
+            return all_matches(text)
         if "\n" not in text:
             return self.piece(text)
         return [m for line in text.split("\n") for m in self.piece(line)]
@@ -147,9 +196,17 @@ class FactMemo:
         return found
 
 
+def all_matches(text: str) -> list[str]:
+    """Line by line, the fact pattern's matches, then the line's quoted phrases and names (see
+    `name_matches`); a name never spans a line break."""
+    if "\n" not in text:
+        return _fact_matches(text) + name_matches(text)
+    return [m for line in text.split("\n") for m in (*_fact_matches(line), *name_matches(line))]
+
+
 def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
-    matches = _fact_matches(text) if memo is None else memo.matches(text)
+    matches = all_matches(text) if memo is None else memo.matches(text)
     rank = _rank if memo is None else memo.rank
     return [
         (rank(value, q), pos, value)
@@ -159,8 +216,8 @@ def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, in
 
 
 def fact_items(text: str) -> list[str]:
-    """Identifiers, paths, URLs, ids, dates and numbers in `text`, unique, in order."""
-    return facts_of_matches(_fact_matches(text))
+    """Identifiers, paths, URLs, ids, dates, numbers and names in `text`, unique, in order."""
+    return facts_of_matches(all_matches(text))
 
 
 def facts_of_matches(matches: Iterable[str]) -> list[str]:
@@ -332,6 +389,70 @@ def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
         if fact not in unique:
             unique[fact] = (rank, pos, fact)
     return ", ".join(pack_ranked(unique.values(), max_chars, ", "))
+
+
+_DIGIT_RUN = re.compile(r"\d+")
+# Structural tags rank after everything else.
+_STRUCTURAL_RANK = 9
+_STRUCTURAL_KEEP = 2
+
+
+def fact_shape(fact: str) -> str:
+    """What near-identical facts share: digit runs as 0, letters lowered (`D1:12` -> `d0:0`)."""
+    return _DIGIT_RUN.sub("0", fact.lower())
+
+
+def pack_salient(groups: Sequence[Sequence[tuple[int, str]]], max_chars: int) -> str:
+    """`pack_facts` over the candidates of several messages, preferring what is specific.
+
+    A shape that tags nearly every message one at a time (turn ids `D1:1`, `D1:2` …, one
+    timestamp per line) is structure, not content: its facts rank last and at most two of them
+    are listed. Facts contained in an already chosen one are left out. (A fact that many of the
+    messages repeat is not ranked down: it is often what they are about, and when they are all
+    folded it is kept nowhere else.)"""
+    n = len(groups)
+    shape_in: dict[str, int] = {}
+    shape_most: dict[str, int] = {}
+    for group in groups:
+        facts = {fact for _rank, fact in group}
+        shapes: dict[str, int] = {}
+        for fact in facts:
+            shape = fact_shape(fact)
+            shapes[shape] = shapes.get(shape, 0) + 1
+        for shape, k in shapes.items():
+            shape_in[shape] = shape_in.get(shape, 0) + 1
+            shape_most[shape] = max(shape_most.get(shape, 0), k)
+    structural = {
+        shape
+        for shape, k in shape_in.items()
+        if k >= max(5, n * 3 // 5) and shape_most[shape] <= 2 and any(c.isdigit() for c in shape)
+    }
+    unique: dict[str, tuple[int, int, str]] = {}
+    kept_structural: dict[str, int] = {}
+    pos = 0
+    for group in groups:
+        for base, fact in group:
+            pos += 1
+            if fact in unique:
+                continue
+            shape = fact_shape(fact) if structural else ""
+            rank = base
+            if shape in structural:
+                if kept_structural.get(shape, 0) >= _STRUCTURAL_KEEP:
+                    continue
+                kept_structural[shape] = kept_structural.get(shape, 0) + 1
+                rank = _STRUCTURAL_RANK
+            unique[fact] = (rank, pos, fact)
+    chosen = pack_ranked(unique.values(), max_chars, ", ")
+    return ", ".join(_without_contained(chosen))
+
+
+def _without_contained(facts: list[str]) -> list[str]:
+    """The facts that no longer chosen fact contains (`Prejudice` beside `Pride and Prejudice`)."""
+    longer = [f for f in facts if " " in f]
+    if not longer:
+        return facts
+    return [f for f in facts if not any(f != g and f in g for g in longer)]
 
 
 def parse_json(text: str) -> Any | None:

@@ -1,0 +1,55 @@
+"""Fact lists keep what is specific: names and quoted titles, not tags that every message repeats."""
+
+from __future__ import annotations
+
+from proxy.providers.facts import fact_items, fact_shape, name_matches, pack_salient
+
+
+def test_names_are_capitalized_words_that_do_not_start_a_sentence() -> None:
+    text = 'Yesterday we went to Green Meadow Park with Emily. Then I read "The Great Gatsby".'
+    # The quoted title is found as a quote and as a name; the fact list has it once.
+    assert name_matches(text).count("The Great Gatsby") == 2
+    assert fact_items(text) == ["The Great Gatsby", "Green Meadow Park", "Emily"]
+
+
+def test_pronouns_and_sentence_starts_are_not_names() -> None:
+    assert name_matches("I think so. Maybe I'm wrong, I'll check! Sure.") == []
+
+
+def test_acronyms_after_a_word_are_names() -> None:
+    assert name_matches("moved from NYC to San Francisco") == ["NYC", "San Francisco"]
+
+
+def test_a_multi_megabyte_line_is_scanned_a_piece_at_a_time() -> None:
+    # Pieces are cut at spaces (one regex call over 6 MB would hold the GIL for long): the few
+    # quotes a cut splits are missed, nothing else.
+    text = ('see "a b" and x ' * 400_000).strip()
+    assert 399_000 < len(name_matches(text)) <= 400_000
+
+
+def test_near_identical_tags_share_a_shape() -> None:
+    assert fact_shape("D1:2") == fact_shape("D3:14") == "d0:0"
+
+
+def test_tags_on_every_message_give_way_to_the_names_they_tag() -> None:
+    groups = [[(1, f"D1:{k}")] for k in range(1, 20)]
+    groups[7].append((1, "Lisbon"))
+    groups[12].append((1, "Caroline"))
+    packed = pack_salient(groups, 40).split(", ")
+    assert "Lisbon" in packed
+    assert "Caroline" in packed
+    assert sum(p.startswith("D1:") for p in packed) <= 2
+
+
+def test_ids_listed_many_at_once_are_content_not_tags() -> None:
+    # Flight numbers come in bunches per search result: none is dropped as a structural tag.
+    groups = [
+        [(0, f"HAT{k:03d}"), (0, f"HAT{k + 100:03d}"), (0, f"HAT{k + 200:03d}")] for k in range(8)
+    ]
+    assert len(pack_salient(groups, 1000).split(", ")) == 24
+
+
+def test_a_fact_inside_a_longer_chosen_one_is_left_out() -> None:
+    assert pack_salient([[(1, "Pride and Prejudice"), (1, "Prejudice")]], 100) == (
+        "Pride and Prejudice"
+    )
