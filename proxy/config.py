@@ -84,6 +84,16 @@ class UpstreamSettings:
         _check(self.transport in ("aiohttp", "httpx"), f"{p}.transport", "aiohttp or httpx")
 
 
+_STORE_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "sqlite://",
+)
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     url: str = ""
@@ -91,13 +101,19 @@ class StoreSettings:
     retention_days: int = 30
     on_store_error: StoreErrorMode = "forward-original"
     pool_size: int = 50
+    min_replicas_ack: int = 0
 
     def validate(self, p: str) -> None:
         _check(
-            self.url == ""
-            or self.url.startswith(("redis://", "rediss://", "unix://", "sqlite://")),
+            self.url == "" or self.url.startswith(_STORE_SCHEMES),
             f"{p}.url",
-            "must be redis://, rediss://, unix:// or sqlite:///path",
+            "must be redis://, rediss://, unix://, redis+cluster://h1:p1,h2:p2 or sqlite:///path",
+        )
+        _check(self.min_replicas_ack >= 0, f"{p}.min_replicas_ack", "must be >= 0")
+        _check(
+            self.min_replicas_ack == 0 or self.url.startswith(("redis", "unix")),
+            f"{p}.min_replicas_ack",
+            "needs a Redis store.url (SQLite has no replicas)",
         )
         _check(self.timeout_ms > 0, f"{p}.timeout_ms", "must be > 0")
         _check(self.retention_days > 0, f"{p}.retention_days", "must be > 0")

@@ -1,4 +1,5 @@
-"""Opens the store the settings name: Redis for a redis/unix URL, else the embedded SQLite file."""
+"""Opens the store the settings name: Redis (one server or a cluster) for a redis URL, else the
+embedded SQLite file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from proxy.config import StoreSettings
 from proxy.store.base import Store
 from proxy.store.redis import RedisStore
+from proxy.store.redis_client import is_redis_url
 from proxy.store.sqlite import SqliteStore
 
 DEFAULT_SQLITE_FILE = "compactd.db"
@@ -24,9 +26,12 @@ def sqlite_path(url: str, data_dir: Path) -> Path:
 async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
     """The configured store, opened (pool created; schema ready)."""
     url = settings.url
-    if url.startswith(("redis://", "rediss://", "unix://")):
+    if is_redis_url(url):
         return await RedisStore.open(
-            url, timeout_ms=settings.timeout_ms, pool_size=settings.pool_size
+            url,
+            timeout_ms=settings.timeout_ms,
+            pool_size=settings.pool_size,
+            min_replicas_ack=settings.min_replicas_ack,
         )
     if url and not url.startswith("sqlite://"):
         raise ValueError(f"store.url: unsupported scheme in {url!r}")

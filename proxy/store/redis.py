@@ -1,4 +1,5 @@
-"""The Redis store: redis-py asyncio over a blocking connection pool, one MULTI/EXEC per write.
+"""The Redis store: redis-py asyncio on one server (a blocking connection pool) or a Redis
+Cluster; a compaction is its index pointers, then one atomic script (see redis_save).
 
 Every call runs in its own task behind `asyncio.shield`, bounded by the configured timeout: a
 request cancelled by a client disconnect never interrupts a command half-way, which is how a
@@ -8,17 +9,13 @@ pooled connection got out of step and leaked chats across users in 2023 (CVE-202
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.store import codec, redis_find, redis_usage
+from proxy.store import codec, redis_find, redis_save, redis_usage
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
@@ -29,57 +26,62 @@ from proxy.store.base import (
     UsageRecord,
     check_ids,
 )
+from proxy.store.redis_client import Client, open_client
 from proxy.store.redis_keys import KeyLayout
 from proxy.store.redis_ops import (
     admin_tenants,
-    expire_at_least,
     fetch_conversation,
     list_pairs,
     purge,
-    text,
+    resolve_refs,
 )
 
 T = TypeVar("T")
 
-# Kept in the checkpoint index (whose other fields are hex digests) so that the find script
-# also learns the retention to refresh; redis_find.FIND_SCRIPT names the same field.
-TTL_FIELD = b"~ttl"
-
 
 class RedisStore:
-    """The Store protocol over Redis (standalone, or one shard per conversation on Cluster)."""
+    """The Store protocol over Redis (one server, or a cluster: one slot per conversation)."""
 
-    def __init__(self, client: Redis, *, timeout: float, keys: KeyLayout) -> None:
+    def __init__(
+        self, client: Client, *, timeout: float, keys: KeyLayout, min_replicas_ack: int = 0
+    ) -> None:
         self._client = client
         self._timeout = timeout
         self._keys = keys
+        self._min_acks = min_replicas_ack
         self._find_script = client.register_script(redis_find.FIND_SCRIPT)
         # Strong references to shielded calls still running after their caller gave up.
         self._inflight: set[asyncio.Task[Any]] = set()
 
     @classmethod
     async def open(
-        cls, url: str, *, timeout_ms: int = 200, pool_size: int = 50, prefix: str = "compactd:"
+        cls,
+        url: str,
+        *,
+        timeout_ms: int = 200,
+        pool_size: int = 50,
+        prefix: str = "compactd:",
+        min_replicas_ack: int = 0,
     ) -> RedisStore:
-        """Create the pool and pre-open a few connections (a burst then finds them ready)."""
+        """Create the client and pre-open a few connections (a burst then finds them ready).
+
+        `min_replicas_ack`: a compaction is acknowledged only once that many replicas have it
+        (WAIT, within the timeout); otherwise the write fails and the request fails open."""
         timeout = timeout_ms / 1000
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            # One immediate retry on a broken connection only: after a Redis restart every pooled
-            # connection is dead, and the first use of each would otherwise fail a request. Not on
-            # timeouts: a slow Redis must fail open at the deadline, not twice as late.
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        client = open_client(url, timeout=timeout, pool_size=pool_size)
+        store = cls(
+            client, timeout=timeout, keys=KeyLayout(prefix), min_replicas_ack=min_replicas_ack
         )
-        store = cls(Redis.from_pool(pool), timeout=timeout, keys=KeyLayout(prefix))
         warm = [store.ping() for _ in range(min(pool_size, 4))]
         await asyncio.gather(*warm, return_exceptions=True)
         return store
 
-    async def _io(self, op: Callable[[Redis], Awaitable[T]], *, slow: bool = False) -> T:
+    @property
+    def cluster(self) -> bool:
+        """Whether this store talks to a Redis Cluster."""
+        return isinstance(self._client, RedisCluster)
+
+    async def _io(self, op: Callable[[Client], Awaitable[T]], *, slow: bool = False) -> T:
         """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
         timeout), errors as StoreError."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
@@ -103,98 +105,53 @@ class RedisStore:
         self, tenant: str, conversation: str, prefix_digests: list[str]
     ) -> Checkpoint | None:
         """Longest matching checkpoint in one round trip (a script); refreshes retention when used
-        (at most about once a minute per conversation, plus one round trip for the index)."""
+        (at most about once a minute per conversation: two more round trips, indexes first)."""
         k = self._keys.conversation(tenant, conversation)
         if not prefix_digests:
             return None
 
-        async def op(r: Redis) -> bytes | None:
-            body, refreshed_to = await redis_find.find(r, self._find_script, k, prefix_digests)
-            if refreshed_to:
-                # The tenant's listing index lives in another slot: a second, rare round trip.
-                index = self._keys.tenant_conversations(tenant)
-                async with r.pipeline(transaction=False) as p:
-                    p.zadd(index, {conversation: time.time()})
-                    expire_at_least(p, index, refreshed_to)
-                    await p.execute()
+        async def op(r: Client) -> bytes | None:
+            body, due_ttl, refs = await redis_find.find(r, self._find_script, k, prefix_digests)
+            if due_ttl:
+                await redis_save.refresh(
+                    r,
+                    self._keys,
+                    tenant=tenant,
+                    conversation=conversation,
+                    ref_ids=refs,
+                    ttl=due_ttl,
+                )
             return body
 
         raw = await self._io(op)
         return None if raw is None else codec.load_checkpoint(raw, tenant)
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
-        """One MULTI/EXEC for the conversation's keys, then the cross-slot indexes."""
-        cp = compaction.checkpoint
-        tenant, conv = cp.tenant, cp.conversation
-        k = self._keys.conversation(tenant, conv)
-        originals = {d: codec.dump_original(tenant, m) for d, m in compaction.originals.items()}
-        refs = {ref: codec.dump_ref(tenant, ds) for ref, ds in compaction.refs.items()}
-        body = codec.dump_checkpoint(cp)
-        now = time.time()
-
-        async def op(r: Redis) -> bytes:
-            async with r.pipeline(transaction=True) as p:
-                if originals:
-                    p.hset(k.originals, mapping=originals)  # type: ignore[arg-type]
-                if refs:
-                    p.hset(k.refs, mapping=refs)  # type: ignore[arg-type]
-                p.hsetnx(k.checkpoints, cp.source_digest, body)
-                p.hset(
-                    k.index, mapping={cp.source_digest: cp.covered_through, TTL_FIELD: ttl_seconds}
-                )
-                p.hsetnx(k.meta, "created_at", now)
-                meta: dict[str | bytes, str | float | int] = {
-                    "tenant": tenant,
-                    "conversation": conv,
-                    "updated_at": now,
-                    "ttl": ttl_seconds,
-                }
-                p.hset(k.meta, mapping=meta)  # type: ignore[arg-type]
-                for key in k.data():
-                    p.expire(key, ttl_seconds)
-                p.hget(k.checkpoints, cp.source_digest)
-                stored: bytes = (await p.execute())[-1]
-            async with r.pipeline(transaction=False) as p:
-                p.zadd(self._keys.tenant_conversations(tenant), {conv: now})
-                expire_at_least(p, self._keys.tenant_conversations(tenant), ttl_seconds)
-                p.zadd(self._keys.all_conversations(), {f"{conv}\t{tenant}": 0})
-                expire_at_least(p, self._keys.all_conversations(), ttl_seconds)
-                if refs:
-                    p.hset(self._keys.tenant_refs(tenant), mapping=dict.fromkeys(refs, conv))
-                    expire_at_least(p, self._keys.tenant_refs(tenant), ttl_seconds)
-                await p.execute()
-            return stored
-
-        return codec.load_checkpoint(await self._io(op), tenant)
+        """The indexes, then originals, refs and checkpoint in one script (see redis_save);
+        with min_replicas_ack, each of the two steps waits for that many replicas (for at most
+        a third of the timeout each, so a missing replica is reported as such)."""
+        tenant = compaction.checkpoint.tenant
+        check_ids(tenant, compaction.checkpoint.conversation)
+        wait_ms = max(1, int(self._timeout * 1000) // 3)
+        stored = await self._io(
+            lambda r: redis_save.save(
+                r,
+                self._keys,
+                compaction,
+                ttl_seconds,
+                min_acks=self._min_acks,
+                wait_ms=wait_ms,
+            )
+        )
+        return codec.load_checkpoint(stored, tenant)
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
-        """Reference id -> originals: ref index, then refs, then originals (three round trips)."""
+        """Reference id -> originals (three round trips: the ref index, refs, originals)."""
         if not ref_ids:
             return {}
-
-        async def op(r: Redis) -> list[tuple[str, bytes, list[bytes | None]]]:
-            convs = await r.hmget(self._keys.tenant_refs(tenant), ref_ids)
-            owners = [(ref, text(c)) for ref, c in zip(ref_ids, convs, strict=True) if c]
-            async with r.pipeline(transaction=False) as p:
-                for ref, conv in owners:
-                    p.hget(self._keys.conversation(tenant, conv).refs, ref)
-                ref_rows = await p.execute()
-            found = [(ref, conv, raw) for (ref, conv), raw in zip(owners, ref_rows, strict=True)]
-            found = [(ref, conv, raw) for ref, conv, raw in found if raw is not None]
-            async with r.pipeline(transaction=False) as p:
-                for _, conv, raw in found:
-                    p.hmget(
-                        self._keys.conversation(tenant, conv).originals, codec.load_ref(raw, tenant)
-                    )
-                originals = await p.execute()
-            return [(ref, raw, o) for (ref, _, raw), o in zip(found, originals, strict=True)]
-
-        out: dict[str, list[Message]] = {}
-        for ref, raw, rows in await self._io(op, slow=True):
-            codec.load_ref(raw, tenant)
-            if rows and all(row is not None for row in rows):
-                out[ref] = [codec.load_original(row, tenant) for row in rows if row is not None]
-        return out
+        return await self._io(
+            lambda r: resolve_refs(r, self._keys, tenant, list(ref_ids)), slow=True
+        )
 
     async def get_conversation(
         self, tenant: str | None, conversation: str
@@ -247,33 +204,43 @@ class RedisStore:
         await self._io(lambda r: r.ping())
 
     async def check_config(self) -> list[str]:
-        """Warn about no persistence or an evicting maxmemory-policy; tolerate disabled CONFIG."""
+        """Warn about no persistence, an evicting maxmemory-policy or fewer replicas than
+        min_replicas_ack, on every master of a cluster; tolerate a disabled CONFIG."""
+        if not isinstance(self._client, RedisCluster):
+            return await self._check_node({}, "redis")
+        warnings: list[str] = []
+        for node in self._client.get_primaries():
+            for w in await self._check_node({"target_nodes": node}, f"redis {node.name}"):
+                if w not in warnings:
+                    warnings.append(w)
+        return warnings
+
+    async def _check_node(self, target: dict[str, Any], name: str) -> list[str]:
         try:
-            cfg = await self._io(lambda r: r.config_get("appendonly", "save", "maxmemory-policy"))
+            cfg = await self._io(
+                lambda r: r.config_get("appendonly", "save", "maxmemory-policy", **target)
+            )
         except StoreError as exc:
             if not isinstance(exc.__cause__, ResponseError):
                 raise
-            return await self._io(self._check_info)
+            return await self._io(lambda r: _check_info(r, target, name))
         warnings = []
         if cfg.get("appendonly") != "yes" and not cfg.get("save"):
             warnings.append(
-                "redis has no persistence (appendonly no, save ''): a restart loses every "
+                f"{name} has no persistence (appendonly no, save ''): a restart loses every "
                 "stored original; run with appendonly yes, appendfsync everysec"
             )
         policy = cfg.get("maxmemory-policy") or "noeviction"
         if policy != "noeviction":
-            warnings.append(_eviction_warning(policy))
-        return warnings
-
-    async def _check_info(self, r: Redis) -> list[str]:
-        info = await r.info("persistence")
-        memory = await r.info("memory")
-        warnings = ["redis CONFIG is disabled; RDB snapshot settings could not be checked"]
-        if not int(info.get("aof_enabled", 0)):
-            warnings.append("redis runs without AOF (appendonly no): recent originals may be lost")
-        policy = str(memory.get("maxmemory_policy", "noeviction"))
-        if policy != "noeviction":
-            warnings.append(_eviction_warning(policy))
+            warnings.append(_eviction_warning(name, policy))
+        if self._min_acks:
+            info = await self._io(lambda r: r.info("replication", **target))
+            replicas = int(info.get("connected_slaves", 0))
+            if replicas < self._min_acks:
+                warnings.append(
+                    f"{name} has {replicas} connected replicas but store.min_replicas_ack is "
+                    f"{self._min_acks}: compactions fail open until enough replicas connect"
+                )
         return warnings
 
     async def close(self) -> None:
@@ -283,8 +250,20 @@ class RedisStore:
         await self._client.aclose()
 
 
-def _eviction_warning(policy: str) -> str:
+async def _check_info(r: Client, target: dict[str, Any], name: str) -> list[str]:
+    info = await r.info("persistence", **target)
+    memory = await r.info("memory", **target)
+    warnings = [f"{name} CONFIG is disabled; RDB snapshot settings could not be checked"]
+    if not int(info.get("aof_enabled", 0)):
+        warnings.append(f"{name} runs without AOF (appendonly no): recent originals may be lost")
+    policy = str(memory.get("maxmemory_policy", "noeviction"))
+    if policy != "noeviction":
+        warnings.append(_eviction_warning(name, policy))
+    return warnings
+
+
+def _eviction_warning(name: str, policy: str) -> str:
     return (
-        f"redis maxmemory-policy is {policy}: under memory pressure Redis deletes stored "
+        f"{name} maxmemory-policy is {policy}: under memory pressure Redis deletes stored "
         "originals; set maxmemory-policy noeviction"
     )

@@ -1,9 +1,12 @@
 """Where things live in Redis.
 
 Every key of one conversation shares the hash tag `{t:<tenant>:c:<conv>}`, so a compaction's
-MULTI/EXEC touches one slot and works unchanged on Redis Cluster. Indexes that span
-conversations (per tenant, for the admin, ref id -> conversation) have tags of their own and are
-written after the transaction: they are only for finding things, never the data itself.
+write (one Lua script) and find_checkpoint's script touch one slot, on one server or a Redis
+Cluster alike. Indexes that span conversations share the tenant's tag `{t:<tenant>}` (its
+listing and its ref index: one slot, one node per tenant) or the admin's: they are only for
+finding things, never the data itself, and are written before the data they point at and kept
+at least as long (see redis_save), so nothing acknowledged is ever unreachable through them.
+Tenant-wide reads (listing, usage, refs) follow these indexes: no SCAN on any path.
 """
 
 from __future__ import annotations
@@ -56,8 +59,13 @@ class KeyLayout:
         return f"{self.prefix}{{t:{tenant}}}:convs"
 
     def tenant_refs(self, tenant: str) -> str:
-        """hash: reference id -> conversation that stores it."""
-        return f"{self.prefix}{{t:{tenant}}}:refidx"
+        """zset (all scores 0, lexicographic): `<ref id>\\t<conversation>`, every conversation
+        that stores a ref id."""
+        return f"{self.prefix}{{t:{tenant}}}:refs"
+
+    def tenant_ref_expiry(self, tenant: str) -> str:
+        """zset: the same members -> the expiry (epoch seconds) each points under, for trimming."""
+        return f"{self.prefix}{{t:{tenant}}}:refexp"
 
     def summary(self, tenant: str, digest: str) -> str:
         """string: a cached summary."""

@@ -1,14 +1,15 @@
-"""Multi-step Redis reads used by RedisStore: a conversation, listings, index upkeep."""
+"""Multi-step Redis reads used by RedisStore: a conversation, listings, refs, index upkeep.
+
+Every pipeline here may span slots: on a cluster, redis-py sends each node its share."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from redis.asyncio import Redis
-
 from proxy.store import codec
-from proxy.store.base import ConversationInfo, TenantMismatchError
+from proxy.store.base import ConversationInfo, Message, TenantMismatchError
+from proxy.store.redis_client import Client
 from proxy.store.redis_keys import ConversationKeys, KeyLayout
 
 # Sums the value lengths of hashes server-side (one slot: every key is the same conversation's),
@@ -21,6 +22,9 @@ end
 return n
 """
 _BATCH = 500
+FORGET_AFTER_SECONDS = 600
+"""A listing entry whose conversation is gone is dropped only once it is this old: a save
+writes the entry just before the data, and a listing must not drop one in between."""
 
 
 def text(value: bytes | str) -> str:
@@ -46,7 +50,7 @@ def _expires_at(pttl: int) -> float:
 
 
 async def fetch_conversation(
-    r: Redis, keys: KeyLayout, tenant: str, conversation: str
+    r: Client, keys: KeyLayout, tenant: str, conversation: str
 ) -> ConversationInfo | None:
     """Metadata, checkpoints, originals and refs of one conversation in one round trip."""
     k = keys.conversation(tenant, conversation)
@@ -80,14 +84,14 @@ async def fetch_conversation(
     )
 
 
-async def admin_tenants(r: Redis, keys: KeyLayout, conversation: str) -> list[str]:
+async def admin_tenants(r: Client, keys: KeyLayout, conversation: str) -> list[str]:
     """Tenants that have a conversation with this id (the admin index is ordered by id)."""
     low = b"[" + conversation.encode() + b"\t"
     members = await r.zrangebylex(keys.all_conversations(), low, low + b"\xff")
     return [text(m).split("\t", 1)[1] for m in members]
 
 
-async def _pairs(r: Redis, keys: KeyLayout, tenant: str | None) -> list[tuple[str, str]]:
+async def _pairs(r: Client, keys: KeyLayout, tenant: str | None) -> list[tuple[str, str]]:
     if tenant is not None:
         convs = await r.zrevrange(keys.tenant_conversations(tenant), 0, -1)
         return [(tenant, text(c)) for c in convs]  # type: ignore[arg-type]
@@ -95,7 +99,7 @@ async def _pairs(r: Redis, keys: KeyLayout, tenant: str | None) -> list[tuple[st
     return [(t, c) for c, t in (text(m).split("\t", 1) for m in members)]  # type: ignore[arg-type]
 
 
-async def list_pairs(r: Redis, keys: KeyLayout, tenant: str | None) -> list[ConversationInfo]:
+async def list_pairs(r: Client, keys: KeyLayout, tenant: str | None) -> list[ConversationInfo]:
     """Conversation summaries (sizes, counts, expiry); drops index entries that expired."""
     pairs = await _pairs(r, keys, tenant)
     out: list[ConversationInfo] = []
@@ -134,15 +138,24 @@ async def list_pairs(r: Redis, keys: KeyLayout, tenant: str | None) -> list[Conv
     return sorted(out, key=lambda i: i.updated_at, reverse=True)
 
 
-async def _forget(r: Redis, keys: KeyLayout, gone: list[tuple[str, str]]) -> None:
+async def _forget(r: Client, keys: KeyLayout, gone: list[tuple[str, str]]) -> None:
+    """Drop listing entries of expired conversations (not of ones being written right now)."""
     async with r.pipeline(transaction=False) as p:
         for t, c in gone:
+            p.zscore(keys.tenant_conversations(t), c)
+        scores = await p.execute()
+    cutoff = time.time() - FORGET_AFTER_SECONDS
+    old = [pair for pair, score in zip(gone, scores, strict=True) if not score or score < cutoff]
+    if not old:
+        return
+    async with r.pipeline(transaction=False) as p:
+        for t, c in old:
             p.zrem(keys.tenant_conversations(t), c)
             p.zrem(keys.all_conversations(), f"{c}\t{t}")
         await p.execute()
 
 
-async def purge(r: Redis, keys: KeyLayout, tenant: str | None, conversation: str) -> bool:
+async def purge(r: Client, keys: KeyLayout, tenant: str | None, conversation: str) -> bool:
     """Delete a conversation's keys (admin: of every tenant) and its index entries."""
     tenants = [tenant] if tenant else await admin_tenants(r, keys, conversation)
     existed = False
@@ -158,13 +171,51 @@ async def purge(r: Redis, keys: KeyLayout, tenant: str | None, conversation: str
         async with r.pipeline(transaction=True) as p:
             p.delete(*k.data())
             await p.execute()
-        refidx = keys.tenant_refs(t)
-        owners = await r.hmget(refidx, refs) if refs else []
-        mine = [ref for ref, c in zip(refs, owners, strict=True) if c == conversation.encode()]
         async with r.pipeline(transaction=False) as p:
             p.zrem(keys.tenant_conversations(t), conversation)
             p.zrem(keys.all_conversations(), f"{conversation}\t{t}")
-            if mine:
-                p.hdel(refidx, *mine)
+            if refs:
+                members = [f"{text(ref)}\t{conversation}" for ref in refs]
+                p.zrem(keys.tenant_refs(t), *members)
+                p.zrem(keys.tenant_ref_expiry(t), *members)
             await p.execute()
     return existed
+
+
+async def resolve_refs(
+    r: Client, keys: KeyLayout, tenant: str, ref_ids: list[str]
+) -> dict[str, list[Message]]:
+    """Reference id -> originals, in three round trips: the ref index (every conversation that
+    stores the id), those conversations' refs, then their originals. The first conversation
+    that still holds every original of a ref answers; entries pointing at nothing are skipped."""
+    index = keys.tenant_refs(tenant)
+    async with r.pipeline(transaction=False) as p:
+        for ref in ref_ids:
+            low = f"[{ref}\t".encode()
+            p.zrangebylex(index, low, low + b"\xff")
+        members = await p.execute()
+    candidates = [
+        (ref, text(m).split("\t", 1)[1])
+        for ref, ms in zip(ref_ids, members, strict=True)
+        for m in ms
+    ]
+    if not candidates:
+        return {}
+    async with r.pipeline(transaction=False) as p:
+        for ref, conv in candidates:
+            p.hget(keys.conversation(tenant, conv).refs, ref)
+        ref_rows = await p.execute()
+    found = [
+        (ref, conv, codec.load_ref(raw, tenant))
+        for (ref, conv), raw in zip(candidates, ref_rows, strict=True)
+        if raw is not None
+    ]
+    async with r.pipeline(transaction=False) as p:
+        for _, conv, digests in found:
+            p.hmget(keys.conversation(tenant, conv).originals, digests)
+        originals = await p.execute()
+    out: dict[str, list[Message]] = {}
+    for (ref, _, _), rows in zip(found, originals, strict=True):
+        if ref not in out and rows and all(row is not None for row in rows):
+            out[ref] = [codec.load_original(row, tenant) for row in rows]
+    return out

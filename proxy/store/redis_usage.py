@@ -5,16 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from redis.asyncio import Redis
 
 from proxy.store import codec
 from proxy.store.base import UsageRecord
+from proxy.store.redis_client import Client
 from proxy.store.redis_keys import KeyLayout
 
 USAGE_TTL_SECONDS = 400 * 86400
 
 
-async def record_usage(r: Redis, keys: KeyLayout, record: UsageRecord) -> None:
+async def record_usage(r: Client, keys: KeyLayout, record: UsageRecord) -> None:
     """Add one request's counters to its day's hash (kept 400 days), atomically."""
     key = keys.usage(record.day, record.tenant)
     tenants = keys.usage_tenants(record.day)
@@ -28,7 +28,7 @@ async def record_usage(r: Redis, keys: KeyLayout, record: UsageRecord) -> None:
 
 
 async def usage(
-    r: Redis, keys: KeyLayout, tenant: str | None, since_day: str
+    r: Client, keys: KeyLayout, tenant: str | None, since_day: str
 ) -> list[dict[str, Any]]:
     """Aggregates per (tenant, policy, model, day) from `since_day` on."""
     days = codec.days_since(since_day)

@@ -1,20 +1,37 @@
-"""A TCP proxy in front of Redis that cuts the connection in the middle of a MULTI/EXEC.
+"""A TCP proxy in front of Redis that cuts the connection in the middle of a write.
 
-Redis discards a transaction whose EXEC never arrives; this lets a test prove that a write cut
-short half-way leaves nothing behind, over real sockets.
+Redis runs no command it did not receive whole (and discards a MULTI whose EXEC never arrives);
+this lets a test prove that a write cut short half-way leaves nothing acknowledged behind, over
+real sockets. The default marker is a compaction's data script: the index writes before it go
+through, the data never arrives, as when an instance is killed between the two steps.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
+
+SAVE_SCRIPT_MARKER = b"redis.call('HSETNX', KEYS[3]"
 
 
 class CuttingProxy:
-    """Forwards bytes both ways; once it sees MULTI it forwards half of the rest and hangs up."""
+    """Forwards bytes both ways; once it sees `marker` (after letting `spare` of them through)
+    it forwards half of the rest of that chunk and hangs up, or, with `on_cut` (e.g. a SIGKILL
+    of the server), calls that and forwards nothing more."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(
+        self,
+        upstream_port: int,
+        marker: bytes = SAVE_SCRIPT_MARKER,
+        *,
+        spare: int = 0,
+        on_cut: Callable[[], None] | None = None,
+    ) -> None:
         self.upstream_port = upstream_port
+        self.marker = marker
+        self.spare = spare
+        self.on_cut = on_cut
         self.cuts = 0
         self._server: asyncio.Server | None = None
 
@@ -25,15 +42,24 @@ class CuttingProxy:
         return port
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:  # the server is down (killed): the client sees its connection close
+            writer.close()
+            return
         back = asyncio.create_task(self._pipe(up_reader, writer))
         try:
             while chunk := await reader.read(1 << 16):
-                at = chunk.find(b"MULTI")
-                if at >= 0:
+                at = chunk.find(self.marker)
+                if at >= 0 and self.spare > 0:
+                    self.spare -= 1
+                elif at >= 0:
+                    self.cuts += 1
+                    if self.on_cut is not None:
+                        self.on_cut()
+                        break
                     up_writer.write(chunk[: at + (len(chunk) - at) // 2])
                     await up_writer.drain()
-                    self.cuts += 1
                     break
                 up_writer.write(chunk)
                 await up_writer.drain()
