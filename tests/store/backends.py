@@ -12,11 +12,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from proxy.store.base import Store
 from proxy.store.redis import RedisStore
+from proxy.store.redis_client import open_client
 from proxy.store.redis_keys import KeyLayout
 from tests.store.cutting_proxy import CuttingProxy
+from tests.store.redis_cluster import LocalCluster
 
 
 class Backend(Protocol):
@@ -33,12 +36,12 @@ class Backend(Protocol):
 
 
 @dataclass
-class RedisBackend:
+class _RedisKeys:
+    """age and graft over any redis-py client (DUMP/RESTORE: it crosses cluster slots)."""
+
     store: RedisStore
-    raw: Redis
+    raw: Redis | RedisCluster
     keys: KeyLayout
-    url: str
-    port: int
 
     async def age(self, tenant: str, conversation: str, remaining: int) -> None:
         for key in self.keys.conversation(tenant, conversation).data():
@@ -51,7 +54,15 @@ class RedisBackend:
         src = self.keys.conversation(owner, conversation).data()
         dst = self.keys.conversation(thief, conversation).data()
         for s, d in zip(src, dst, strict=True):
-            await self.raw.copy(s, d, replace=True)
+            dumped = await self.raw.dump(s)
+            if dumped is not None:
+                await self.raw.restore(d, 0, dumped, replace=True)
+
+
+@dataclass
+class RedisBackend(_RedisKeys):
+    url: str
+    port: int
 
     @asynccontextmanager
     async def failing_saves(self) -> AsyncIterator[RedisStore]:
@@ -65,7 +76,43 @@ class RedisBackend:
         finally:
             await store.close()
             await proxy.close()
-        assert proxy.cuts > 0, "the proxy never saw a MULTI to cut"
+        assert proxy.cuts > 0, "the proxy never saw a save to cut"
+
+
+@dataclass
+class ClusterBackend(_RedisKeys):
+    """A RedisStore on the local Redis Cluster."""
+
+    cluster: LocalCluster
+
+    @asynccontextmanager
+    async def failing_saves(self) -> AsyncIterator[RedisStore]:
+        # A cutting proxy in front of every master; the client is told (address_remap) to
+        # reach each node through its proxy, as a load balancer or NAT would.
+        proxies = {port: CuttingProxy(port) for port in self.cluster.master_ports()}
+        remap = {port: await proxy.start() for port, proxy in proxies.items()}
+        seed = next(iter(self.cluster.master_ports()))
+        client = RedisCluster(
+            startup_nodes=[ClusterNode("127.0.0.1", seed)],
+            address_remap=lambda addr: ("127.0.0.1", remap.get(addr[1], addr[1])),
+            socket_timeout=2,
+        )
+        store = RedisStore(client, timeout=2.0, keys=self.keys)
+        try:
+            yield store
+        finally:
+            await store.close()
+            for proxy in proxies.values():
+                await proxy.close()
+        assert sum(p.cuts for p in proxies.values()) > 0, "no proxy saw a save to cut"
+
+
+async def open_cluster_backend(cluster: LocalCluster, prefix: str) -> ClusterBackend:
+    """A ClusterBackend under a key prefix."""
+    store = await RedisStore.open(cluster.url, timeout_ms=2000, prefix=prefix)
+    raw = open_client(cluster.url, timeout=5.0, pool_size=8)
+    assert isinstance(raw, RedisCluster)
+    return ClusterBackend(store, raw, KeyLayout(prefix), cluster)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,7 +17,14 @@ from redis.asyncio import Redis
 from proxy.store.redis import RedisStore
 from proxy.store.redis_keys import KeyLayout
 from proxy.store.sqlite import SqliteStore
-from tests.store.backends import Backend, RedisBackend, SqliteBackend
+from tests.store.backends import (
+    Backend,
+    ClusterBackend,
+    RedisBackend,
+    SqliteBackend,
+    open_cluster_backend,
+)
+from tests.store.redis_cluster import LocalCluster
 from tests.store.redis_server import RedisServer
 
 MACHINE_REDIS = os.environ.get("COMPACTD_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -67,11 +75,46 @@ async def sqlite_backend(tmp_path: Path) -> AsyncIterator[SqliteBackend]:
         await store.close()
 
 
-@pytest.fixture(params=["redis", "sqlite"])
+@pytest.fixture
+async def cluster_backend(redis_cluster: LocalCluster) -> AsyncIterator[ClusterBackend]:
+    """A RedisStore on the local cluster under a fresh key prefix; its keys deleted afterwards."""
+    prefix = f"compactd-test-{uuid.uuid4().hex[:12]}:"
+    backend = await open_cluster_backend(redis_cluster, prefix)
+    try:
+        yield backend
+    finally:
+        await backend.store.close()
+        for node in backend.raw.get_primaries():
+            keys = [k async for k in backend.raw.scan_iter(match=f"{prefix}*", target_nodes=node)]
+            for key in keys:
+                await backend.raw.delete(key)
+        await backend.raw.aclose()
+
+
+@pytest.fixture(params=["redis", "cluster", "sqlite"])
 def backend(request: pytest.FixtureRequest) -> Backend:
     """Each backend in turn, for the contract suite."""
     fixture: Backend = request.getfixturevalue(f"{request.param}_backend")
     return fixture
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A six-node Redis Cluster (3 masters, 3 replicas) on loopback, for the whole session.
+
+    Tests that kill or move nodes leave it healthy again (every slot served, replicas in sync)."""
+    cluster = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+    except (OSError, subprocess.SubprocessError, TimeoutError, RuntimeError) as exc:
+        cluster.stop()
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"the local Redis Cluster did not start: {exc}")
+        pytest.skip(f"the local Redis Cluster did not start: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture
