@@ -22,6 +22,20 @@ from tests.store.redis_server import RedisServer
 NODE_TIMEOUT_MS = 1000
 """cluster-node-timeout: a dead master is failed over a second or two after it stops."""
 
+NODE_SETTINGS = (
+    "--cluster-enabled",
+    "yes",
+    "--cluster-node-timeout",
+    str(NODE_TIMEOUT_MS),
+    "--appendonly",
+    "yes",
+    "--appendfsync",
+    "everysec",
+    "--maxmemory-policy",
+    "noeviction",
+)
+"""How every node runs (docker-compose.cluster.yml runs its nodes the same way)."""
+
 
 def free_cluster_port(rng: random.Random) -> int:
     """A port p such that p and its cluster bus port p + 10000 are both free on loopback."""
@@ -49,19 +63,7 @@ class ClusterNode(RedisServer):
         directory.mkdir(parents=True, exist_ok=True)
         super().__init__(
             directory,
-            appendonly=True,
-            extra=(
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                str(directory / "nodes.conf"),
-                "--cluster-node-timeout",
-                str(NODE_TIMEOUT_MS),
-                "--appendfsync",
-                "everysec",
-                "--maxmemory-policy",
-                "noeviction",
-            ),
+            extra=(*NODE_SETTINGS, "--cluster-config-file", str(directory / "nodes.conf")),
         )
         self.port = port
 
