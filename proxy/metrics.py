@@ -165,6 +165,18 @@ class Metrics:
             ["provider"],
             registry=r,
         )
+        self._provider_errors = Counter(
+            "compactd_provider_errors",
+            "Providers that raised during a compaction (their work discarded).",
+            ["provider"],
+            registry=r,
+        )
+        self._checkpoints_discarded = Counter(
+            "compactd_checkpoints_discarded",
+            "Stored checkpoints not replayed: unreadable, another tenant's, or not valid here.",
+            ["reason"],
+            registry=r,
+        )
         self._fail_open = Counter(
             "compactd_fail_open",
             "Requests forwarded unchanged because something failed.",
@@ -258,6 +270,14 @@ class Metrics:
     def invariant_violation(self, provider: str) -> None:
         """A provider's output broke an invariant and was reverted."""
         self._violations.labels(provider).inc()
+
+    def provider_error(self, provider: str) -> None:
+        """A provider raised; its work was discarded (the next provider, or none, was used)."""
+        self._provider_errors.labels(provider).inc()
+
+    def checkpoint_discarded(self, reason: str) -> None:
+        """A stored checkpoint was treated as absent (`unreadable`, `other_tenant`, `invalid`)."""
+        self._checkpoints_discarded.labels(reason).inc()
 
     def fail_open(self, reason: str) -> None:
         """A request was forwarded unchanged because of a failure (`count`, `store`, ...)."""

@@ -14,7 +14,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from proxy.providers import canonical
 from proxy.providers.base import (
@@ -28,6 +28,21 @@ from proxy.providers.validate import check_result
 log = logging.getLogger(__name__)
 
 RunSync = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class ProviderFailure:
+    """One provider whose work was thrown away."""
+
+    provider: str
+    kind: Literal["raised", "invalid"]
+    detail: str
+    """The exception (`TypeError: …`) or the first broken invariant."""
+
+    def describe(self) -> str:
+        """A short sentence for a header or a log line (no message contents)."""
+        verb = "raised" if self.kind == "raised" else "returned an invalid result:"
+        return f"provider {self.provider} {verb} {self.detail}"[:200]
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,8 @@ class ChainOutcome:
     """`provider: problem` for every discarded result."""
     errors: tuple[str, ...] = ()
     """`provider: ExceptionType: message` for every provider that raised."""
+    failures: tuple[ProviderFailure, ...] = ()
+    """Every provider that raised or whose result was discarded, in order."""
 
 
 async def run_chain(
@@ -63,6 +80,7 @@ async def run_chain(
     used: list[str] = []
     violations: list[str] = []
     errors: list[str] = []
+    failures: list[ProviderFailure] = []
     for provider in providers:
         if tokens <= config.limit:
             break
@@ -74,6 +92,7 @@ async def run_chain(
         except Exception as exc:  # a plugin's failure must not fail the request
             log.warning("provider %s raised %s", name, type(exc).__name__, exc_info=True)
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            failures.append(ProviderFailure(name, "raised", type(exc).__name__))
             continue
         # Validation is linear but not free on a long history: off the event loop like compress.
         try:
@@ -85,6 +104,7 @@ async def run_chain(
         if problems:
             log.warning("provider %s broke %d invariant(s): %s", name, len(problems), problems[0])
             violations.extend(f"{name}: {p}" for p in problems)
+            failures.append(ProviderFailure(name, "invalid", problems[0]))
             continue
         if result.messages == current:
             continue
@@ -103,6 +123,7 @@ async def run_chain(
         fits_budget=tokens <= config.budget,
         violations=tuple(violations),
         errors=tuple(errors),
+        failures=tuple(failures),
     )
 
 

@@ -117,6 +117,17 @@ def hard_protected(messages: Sequence[Message]) -> frozenset[int]:
     return frozenset(keep)
 
 
+def final_unit_start(messages: Sequence[Message]) -> int:
+    """Index of the first message of the final unit: the assistant whose tool calls the final
+    results answer, else the final message (0 for no messages)."""
+    j = len(messages) - 1
+    while j >= 0 and messages[j].get("role") == "tool":
+        j -= 1
+    if j >= 0 and j < len(messages) - 1 and _answers_end(messages, j) == len(messages):
+        return j
+    return max(len(messages) - 1, 0)
+
+
 def recency_start(messages: Sequence[Message], recency_turns: int) -> int:
     """First index of the recency window: the last `recency_turns` user turns (len if none)."""
     if recency_turns <= 0:

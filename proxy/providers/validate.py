@@ -8,7 +8,7 @@ message is either the next input message unchanged, or a replacement whose refer
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.providers.base import CompactionResult, CompressionConfig, Message
 from proxy.providers.markers import is_stand_in
@@ -25,6 +25,27 @@ class _Replacement:
     end: int
 
 
+@dataclass(frozen=True)
+class Alignment:
+    """How a valid result stands for its input, message by message."""
+
+    spans: list[tuple[int, int]]
+    """Per result message: the input messages [start, end) it stands for."""
+    refs: list[tuple[str, ...]]
+    """Per result message: the reference ids it stands for, in order; () if it is unchanged."""
+    ref_spans: dict[str, tuple[int, int]]
+    """Every reference id used (outer or nested): the input messages [start, end) it stands for."""
+
+
+def align(
+    original: Sequence[Message], out: Sequence[Message], verbatim: Mapping[str, list[Message]]
+) -> Alignment | str:
+    """The alignment of `out` with `original`, or the first reason there is none."""
+    problems: list[str] = []
+    alignment = _align(original, out, verbatim, problems)
+    return problems[0] if problems else alignment
+
+
 def check_result(
     original: Sequence[Message],
     result: CompactionResult,
@@ -35,9 +56,16 @@ def check_result(
     """Every invariant `result` breaks against its input `original`, as readable sentences."""
     out = result.messages
     problems: list[str] = []
-    replacements, kept = _align(original, out, result.verbatim, problems)
+    alignment = _align(original, out, result.verbatim, problems)
     if problems:
         return problems
+    kept = [False] * len(original)
+    replacements: list[_Replacement] = []
+    for pos, ((start, end), refs) in enumerate(zip(alignment.spans, alignment.refs, strict=True)):
+        if refs:
+            replacements.append(_Replacement(pos, start, end))
+        else:
+            kept[start] = True
     for i in sorted(hard_protected(original)):
         if not kept[i]:
             role = original[i].get("role")
@@ -58,52 +86,63 @@ def _align(
     out: Sequence[Message],
     verbatim: Mapping[str, list[Message]],
     problems: list[str],
-) -> tuple[list[_Replacement], list[bool]]:
-    """Match result messages to input messages; record which inputs survived unchanged."""
-    kept = [False] * len(original)
-    replacements: list[_Replacement] = []
+) -> Alignment:
+    """Match result messages to input messages, greedily in order (no search: a replacement's
+    refs, expanded through `verbatim`, must spell out exactly the next input messages)."""
+    walk = _Walk(original, verbatim)
+    spans: list[tuple[int, int]] = []
+    refs: list[tuple[str, ...]] = []
     i = 0
     for pos, message in enumerate(out):
         if i < len(original) and message == original[i]:
-            kept[i] = True
+            spans.append((i, i + 1))
+            refs.append(())
             i += 1
             continue
-        end = _consume(message, i, original, verbatim, 0)
+        outer = _outer_refs(message, verbatim)
+        end = walk.consume_refs(outer, i, 0) if outer else None
         if end is None or end == i:
             problems.append(
                 f"result message {pos} is neither input message {i} unchanged nor a replacement "
                 "whose ref ids (in verbatim) stand for the next input messages"
             )
-            return replacements, kept
-        replacements.append(_Replacement(pos, i, end))
+            return Alignment(spans, refs, walk.ref_spans)
+        spans.append((i, end))
+        refs.append(tuple(outer))
         i = end
     if i != len(original):
         problems.append(f"input messages {i}..{len(original) - 1} are missing from the result")
-    return replacements, kept
+    return Alignment(spans, refs, walk.ref_spans)
 
 
-def _consume(
-    message: Message,
-    i: int,
-    original: Sequence[Message],
-    verbatim: Mapping[str, list[Message]],
-    depth: int,
-) -> int | None:
-    """Index after the input messages `message` stands for, starting at `i`; None if it doesn't."""
-    if i < len(original) and message == original[i]:
-        return i + 1
-    if depth > MAX_REF_DEPTH:
-        return None
-    refs = _outer_refs(message, verbatim)
-    if not refs:
-        return None
-    for ref in refs:
-        for inner in verbatim[ref]:
-            nxt = _consume(inner, i, original, verbatim, depth + 1)
-            if nxt is None:
-                return None
-            i = nxt
-    return i
+@dataclass
+class _Walk:
+    """Expands refs through `verbatim` against the input, recording the span of each ref."""
+
+    original: Sequence[Message]
+    verbatim: Mapping[str, list[Message]]
+    ref_spans: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def consume(self, message: Message, i: int, depth: int) -> int | None:
+        """Index after the input messages `message` stands for from `i`; None if it doesn't."""
+        if i < len(self.original) and message == self.original[i]:
+            return i + 1
+        refs = _outer_refs(message, self.verbatim)
+        return self.consume_refs(refs, i, depth) if refs else None
+
+    def consume_refs(self, refs: Sequence[str], i: int, depth: int) -> int | None:
+        """Index after the input messages these refs stand for, in order."""
+        if depth > MAX_REF_DEPTH:
+            return None
+        for ref in refs:
+            start = i
+            for inner in self.verbatim[ref]:
+                nxt = self.consume(inner, i, depth + 1)
+                if nxt is None:
+                    return None
+                i = nxt
+            self.ref_spans[ref] = (start, i)
+        return i
 
 
 def _outer_refs(message: Message, verbatim: Mapping[str, list[Message]]) -> list[str]:

@@ -37,6 +37,10 @@ class TenantMismatchError(StoreError):
     """A value read back belongs to another tenant; never returned to the caller."""
 
 
+class UnreadableValueError(StoreError):
+    """A stored value does not decode (corrupt, truncated or of an unknown shape)."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """Original messages [0..covered_through] of a conversation are replaced by `messages`."""
@@ -52,6 +56,11 @@ class Checkpoint:
     created_at: float
     tokens_before: int = 0
     tokens_after: int = 0
+    ends: list[int] = field(default_factory=list)
+    """Per message: one past the last original it stands for (the last is covered_through + 1).
+    Empty for a checkpoint written before this was recorded (replayed, never built upon)."""
+    parts: list[list[str]] = field(default_factory=list)
+    """Per message: the reference ids it stands for, in order; [] for an original kept as is."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,8 @@ class Compaction:
     originals: dict[str, Message]
     """Message digest -> verbatim original message (content-addressed per tenant)."""
     refs: dict[str, list[str]]
-    """Reference id -> digests of the messages it replaced, in order."""
+    """Reference id -> digests of the ORIGINAL messages it stands for, in order (never of an
+    earlier placeholder: a restore is one lookup however many compactions came before)."""
 
 
 @dataclass(frozen=True)

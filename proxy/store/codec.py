@@ -13,7 +13,13 @@ from typing import Any
 
 import orjson
 
-from proxy.store.base import Checkpoint, Message, StoreError, TenantMismatchError, UsageRecord
+from proxy.store.base import (
+    Checkpoint,
+    Message,
+    TenantMismatchError,
+    UnreadableValueError,
+    UsageRecord,
+)
 
 USAGE_METRICS = (
     "tokens_before",
@@ -29,9 +35,9 @@ def _load(raw: bytes | str) -> dict[str, Any]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise StoreError("stored value is not valid JSON") from exc
+        raise UnreadableValueError("stored value is not valid JSON") from exc
     if not isinstance(value, dict):
-        raise StoreError("stored value is not an object")
+        raise UnreadableValueError("stored value is not an object")
     return value
 
 
@@ -55,24 +61,36 @@ def dump_checkpoint(cp: Checkpoint) -> bytes:
             "at": cp.created_at,
             "tb": cp.tokens_before,
             "ta": cp.tokens_after,
+            "e": cp.ends,
+            "r": cp.parts,
         }
     )
 
 
 def load_checkpoint(raw: bytes | str, tenant: str) -> Checkpoint:
-    """A stored checkpoint, if `tenant` wrote it."""
+    """A stored checkpoint, if `tenant` wrote it and it has the shape of one."""
     v = _owned(raw, tenant)
-    return Checkpoint(
-        tenant=v["t"],
-        conversation=v["c"],
-        source_digest=v["d"],
-        covered_through=int(v["k"]),
-        messages=list(v["m"]),
-        providers=list(v["p"]),
-        created_at=float(v["at"]),
-        tokens_before=int(v.get("tb", 0)),
-        tokens_after=int(v.get("ta", 0)),
-    )
+    try:
+        cp = Checkpoint(
+            tenant=str(v["t"]),
+            conversation=str(v["c"]),
+            source_digest=str(v["d"]),
+            covered_through=int(v["k"]),
+            messages=list(v["m"]),
+            providers=[str(p) for p in v["p"]],
+            created_at=float(v["at"]),
+            tokens_before=int(v.get("tb", 0)),
+            tokens_after=int(v.get("ta", 0)),
+            ends=[int(e) for e in v.get("e", [])],
+            parts=[[str(r) for r in refs] for refs in v.get("r", [])],
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UnreadableValueError(
+            f"stored checkpoint is malformed ({type(exc).__name__})"
+        ) from exc
+    if not all(isinstance(m, dict) for m in cp.messages):
+        raise UnreadableValueError("stored checkpoint has a message that is not an object")
+    return cp
 
 
 def dump_original(tenant: str, message: Message) -> bytes:
@@ -82,7 +100,9 @@ def dump_original(tenant: str, message: Message) -> bytes:
 
 def load_original(raw: bytes | str, tenant: str) -> Message:
     """A stored original, if `tenant` wrote it."""
-    message: Message = _owned(raw, tenant)["m"]
+    message = _owned(raw, tenant).get("m")
+    if not isinstance(message, dict):
+        raise UnreadableValueError("stored original is not a message")
     return message
 
 
@@ -93,7 +113,10 @@ def dump_ref(tenant: str, digests: Sequence[str]) -> bytes:
 
 def load_ref(raw: bytes | str, tenant: str) -> list[str]:
     """The original digests a reference id stands for, if `tenant` wrote it."""
-    return [str(d) for d in _owned(raw, tenant)["d"]]
+    digests = _owned(raw, tenant).get("d")
+    if not isinstance(digests, list):
+        raise UnreadableValueError("stored reference is not a list of digests")
+    return [str(d) for d in digests]
 
 
 def dump_summary(tenant: str, summary: str) -> bytes:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from proxy.providers.base import CompactionResult, Message, make_ref_id, ref_marker
-from proxy.providers.validate import check_result, pairing_problems
+from proxy.providers.validate import align, check_result, pairing_problems
 from tests.providers.build import assistant, system, tool, user, words
 from tests.providers.tokens import count_message, make_config
 
@@ -203,3 +203,24 @@ def test_a_dropped_stand_in_must_itself_be_a_plain_user_or_assistant_message() -
     assert (
         check_result(msgs, result([msgs[0], as_user, msgs[2]], {ref: msgs[1:2]}, 1), CONFIG) == []
     )
+
+
+def test_align_says_which_input_messages_each_result_message_and_ref_stands_for() -> None:
+    msgs = convo()
+    inner, new_tool = stub(msgs[3])
+    step1 = [*msgs[:3], new_tool, *msgs[4:]]
+    outer = make_ref_id(step1[1:5])
+    text = f"{ref_marker(outer, 4, 700)} summary mentions {new_tool['content']}"
+    out = [msgs[0], {"role": "user", "content": text}, *msgs[5:]]
+    found = align(msgs, out, {inner: [msgs[3]], outer: step1[1:5]})
+    assert not isinstance(found, str)
+    assert found.spans == [(0, 1), (1, 5), (5, 6), (6, 7)]
+    assert found.refs == [(), (outer,), (), ()]
+    assert found.ref_spans == {outer: (1, 5), inner: (3, 4)}
+
+
+def test_align_names_the_first_message_that_stands_for_nothing() -> None:
+    msgs = convo()
+    found = align(msgs, [msgs[0], user("made up"), *msgs[2:]], {})
+    assert isinstance(found, str)
+    assert found.startswith("result message 1 ")
