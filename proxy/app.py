@@ -101,7 +101,6 @@ def create_app(
             ),
             max_body=settings.server.max_body_bytes,
             accounting=settings.accounting.enabled,
-            request_stream_usage=settings.accounting.request_stream_usage,
             strip_usage_null=settings.accounting.strip_usage_null,
             retry_context_errors=settings.upstream.retry_context_errors,
         )

@@ -1,61 +1,162 @@
-"""From a chain's result to a checkpoint: what a compaction replaces, and whether it is worth it."""
+"""Checkpoints: which stored one a request may replay, and how a chain's result becomes one.
+
+A checkpoint stands for the original messages [0..covered_through] of a conversation. For each of
+its messages it records the originals it stands for (`ends`) and the reference ids it carries
+(`parts`: none for an original kept as it is). That makes three things exact:
+
+- replay: a checkpoint is used only if it covers a strict prefix that ends before the request's
+  final unit, and keeps every message the request protects (system/developer messages, the last
+  user message) as the original itself, so the forwarded request is as valid as the client's;
+- building on a replayed checkpoint: every reference id of a new compaction maps to the ORIGINAL
+  messages it stands for, never to an earlier placeholder, so a restore is one lookup deep
+  however many compactions a conversation has had;
+- restore: an original kept as is comes back by digest, a replacement as its refs' originals.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from proxy.budget import Budget
 from proxy.config import PolicySettings
 from proxy.digest import canonical_message, message_digest
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
+from proxy.providers.units import final_unit_start, hard_protected
+from proxy.providers.validate import Alignment, align, pairing_problems
 from proxy.store.base import Checkpoint, Compaction
+
+
+class CompactionError(ValueError):
+    """A chain's result cannot be recorded as a checkpoint that stands for the originals."""
+
+
+def replay_problem(cp: Checkpoint, messages: Sequence[Message], digests: Sequence[str]) -> str:
+    """Why `cp` must not be replayed for this request; "" if it may."""
+    k = cp.covered_through
+    if not 0 <= k < final_unit_start(messages):
+        return "it reaches into the final unit"
+    if not cp.ends:
+        # Written before checkpoints recorded their structure: replay it only where it cannot
+        # have touched a message this request protects (its system messages were kept then).
+        protected = [i for i in hard_protected(messages) if messages[i].get("role") == "user"]
+        if protected and k >= min(protected):
+            return "it covers the last user message"
+    else:
+        problem = structure_problem(cp, digests)
+        if problem:
+            return problem
+        problem = protected_problem(cp, messages)
+        if problem:
+            return problem
+    candidate = [*cp.messages, *messages[k + 1 :]]
+    if pairing_problems(candidate) - pairing_problems(messages):
+        return "replaying it would break tool-call pairing"
+    return ""
+
+
+def structure_problem(cp: Checkpoint, digests: Sequence[str]) -> str:
+    """Whether `ends` and `parts` describe the checkpoint's messages over these originals."""
+    n = len(cp.messages)
+    if len(cp.ends) != n or len(cp.parts) != n or not n or cp.ends[-1] != cp.covered_through + 1:
+        return "its structure does not match its messages"
+    if cp.covered_through >= len(digests):
+        return "it covers more messages than the request has"
+    start = 0
+    for message, end, refs in zip(cp.messages, cp.ends, cp.parts, strict=True):
+        if end <= start:
+            return "its structure does not match its messages"
+        # A message without refs is an original kept as is: exactly one, and that one.
+        if not refs and (end - start != 1 or message_digest(message) != digests[start]):
+            return "a message it keeps is not the original it stands for"
+        start = end
+    return ""
+
+
+def kept_originals(cp: Checkpoint) -> set[int]:
+    """Indices of the originals a (structured) checkpoint keeps as they are."""
+    return {end - 1 for end, refs in zip(cp.ends, cp.parts, strict=True) if not refs}
+
+
+def protected_problem(cp: Checkpoint, messages: Sequence[Message]) -> str:
+    """Whether a checkpoint rewrote a message this request protects."""
+    kept = kept_originals(cp)
+    for i in sorted(hard_protected(messages)):
+        if i <= cp.covered_through and i not in kept:
+            return f"it rewrites protected message {i} ({messages[i].get('role')})"
+    return ""
 
 
 def compaction_for(
     *,
-    messages: list[Message],
-    digests: list[str],
-    prefixes: list[str],
-    checkpoint: Checkpoint | None,
+    messages: Sequence[Message],
+    digests: Sequence[str],
+    prefixes: Sequence[str],
+    base: Checkpoint | None,
     result: CompactionResult,
     outcome: ChainOutcome,
     tenant: str,
     conversation: str,
 ) -> Compaction:
-    """Map the chain's result (over the replayed candidate) back onto the original messages."""
-    replayed = len(checkpoint.messages) if checkpoint is not None else 0
-    base = checkpoint.covered_through if checkpoint is not None else -1
-    candidate_len = replayed + len(messages) - (base + 1)
-    keep_from = max(result.covered_through + 1, replayed)
-    if checkpoint is not None and keep_from == replayed and candidate_len > replayed:
+    """The checkpoint, refs and originals for a chain's result over `base` + the rest of the
+    request (`base` None: over the request itself). Raises CompactionError if the result cannot
+    stand for the originals (it then must not be forwarded either)."""
+    replayed = list(base.messages) if base is not None else []
+    offset = base.covered_through + 1 if base is not None else 0
+    candidate = [*replayed, *messages[offset:]]
+    # One past the last original each chain input message stands for.
+    ends = [*(base.ends if base is not None else []), *range(offset + 1, len(messages) + 1)]
+    starts = [0, *ends[:-1]]
+    parts = [*(base.parts if base is not None else []), *([] for _ in messages[offset:])]
+    alignment = align(candidate, result.messages, result.verbatim)
+    if isinstance(alignment, str):
+        raise CompactionError(f"the chain's result does not align with its input: {alignment}")
+    keep_from = max(result.covered_through + 1, len(replayed))
+    if base is not None and keep_from == len(replayed) and len(candidate) > len(replayed):
         # The chain rewrote only the replayed prefix. Covering the same originals would reuse
         # the old checkpoint's source digest, and first-writer-wins would hand the old one
         # back (the request would go out uncompacted): cover one more original instead.
         keep_from += 1
-    suffix = candidate_len - keep_from
-    covered = base + (keep_from - replayed)
-    prefix = result.messages[: len(result.messages) - suffix]
-    originals: dict[str, Message] = {}
-    refs: dict[str, list[str]] = {}
-    for ref, group in result.verbatim.items():
-        group_digests = [message_digest(m) for m in group]
-        originals.update(zip(group_digests, group, strict=True))
-        refs[ref] = group_digests
-    # The untouched originals of the covered span are kept too, so restore never has gaps.
-    originals.update(zip(digests[: covered + 1], messages[: covered + 1], strict=True))
+    n = _prefix_length(alignment, keep_from)
+    covered = ends[keep_from - 1] - 1
+    cp_ends, cp_parts = [], []
+    for (start, end), refs in zip(alignment.spans[:n], alignment.refs[:n], strict=True):
+        cp_ends.append(ends[end - 1])
+        cp_parts.append(list(refs) if refs else list(parts[start]))
+    refs_map = {
+        ref: list(digests[starts[s] : ends[e - 1]]) if e > s else []
+        for ref, (s, e) in alignment.ref_spans.items()
+    }
     cp = Checkpoint(
         tenant=tenant,
         conversation=conversation,
         source_digest=prefixes[covered],
         covered_through=covered,
-        messages=[canonical_message(m) for m in prefix],
+        messages=[canonical_message(m) for m in result.messages[:n]],
         providers=list(outcome.providers),
         created_at=time.time(),
         tokens_before=outcome.tokens_before,
         tokens_after=outcome.tokens_after,
+        ends=cp_ends,
+        parts=cp_parts,
     )
-    return Compaction(checkpoint=cp, originals=originals, refs=refs)
+    problem = structure_problem(cp, digests) or protected_problem(cp, messages)
+    if problem:
+        raise CompactionError(f"the new checkpoint is not safe to replay: {problem}")
+    # Every original of the covered span, as the client sent it in this request.
+    originals = dict(zip(digests[: covered + 1], messages[: covered + 1], strict=True))
+    return Compaction(checkpoint=cp, originals=originals, refs=refs_map)
+
+
+def _prefix_length(alignment: Alignment, keep_from: int) -> int:
+    """How many result messages stand for the chain input messages before `keep_from`."""
+    for n, (_, end) in enumerate(alignment.spans, start=1):
+        if end == keep_from:
+            return n
+        if end > keep_from:
+            break
+    raise CompactionError(f"no result message ends where the kept suffix starts ({keep_from})")
 
 
 def worth_it(outcome: ChainOutcome, before: int, budget: Budget, policy: PolicySettings) -> bool:

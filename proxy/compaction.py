@@ -1,10 +1,15 @@
-"""The one place a chat request is rewritten: replay, trigger, provider chain, store, fail-open.
+"""The chat decision: one `ChatRequest` in, one `Outcome` out (replay, trigger, chain, store).
 
 Everything here runs before the request goes upstream. A request under its trigger is forwarded
 as the original bytes after one (cached) count. Above the trigger, the longest stored checkpoint
-of the conversation is replayed first, so every later turn sends the same bytes for the same
-prefix (prompt caches stay warm), and a new compaction happens only when even the replayed form
-is over budget. Any failure in here forwards the original request (`x-compactd-action: error`).
+of the conversation that is safe for this request (see `proxy.checkpoint.replay_problem`) is
+replayed first, so every later turn sends the same bytes for the same prefix (prompt caches stay
+warm), and a new compaction happens only when even the replayed form is over budget. Any failure
+in here, a provider's included, forwards the original bytes (`x-compactd-action: error`), counts
+it and logs it; a later provider that reaches the target makes good an earlier one's failure.
+
+After an upstream context-length error, `after_overflow` learns the window and decides again from
+the same request with that window (never in shadow mode or on bypass).
 """
 
 from __future__ import annotations
@@ -12,52 +17,50 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from proxy import rewrite
 from proxy.budget import Budget, ModelTable, compute_budget, parse_context_window
-from proxy.chatstate import ChatState, Decision
-from proxy.checkpoint import compaction_for, worth_it
+from proxy.checkpoint import (
+    CompactionError,
+    compaction_for,
+    protected_problem,
+    replay_problem,
+    structure_problem,
+    worth_it,
+)
 from proxy.config import PolicySettings, Settings
-from proxy.digest import canonical_message, conversation_id, message_digest, prefix_digests
+from proxy.decision import REWRITTEN, Action, ChatRequest, Outcome, read_request
+from proxy.digest import canonical_message, message_digest, prefix_digests
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
-from proxy.providers.base import (
-    Completer,
-    CompressionConfig,
-    ContextProvider,
-    Message,
-)
+from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
-from proxy.providers.chain import run_chain
-from proxy.store.base import Compaction, Store, StoreError, valid_id
+from proxy.providers.chain import ChainOutcome, run_chain
+from proxy.store.base import (
+    Checkpoint,
+    Compaction,
+    Store,
+    StoreError,
+    TenantMismatchError,
+    UnreadableValueError,
+)
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.tenant import Tenancy
 from proxy.tokens import TokenCounter, Tokenizers
 
 log = logging.getLogger("compactd.compaction")
 
-CONVERSATION_HEADER = "x-compactd-conversation-id"
 # Counting a large body cold takes tens of milliseconds; tiktoken releases the GIL, so a thread
 # keeps the event loop responsive for everyone else.
 COUNT_IN_THREAD_BYTES = 128 * 1024
-_SAFE_CONV = re.compile(r"[A-Za-z0-9._:-]{1,96}")
+REPLAY_ATTEMPTS = 4
+"""Stored checkpoints tried, longest first, before the request is compacted afresh."""
 
 CompleterFactory = Callable[[str | None], Completer]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    messages: list[Message]
-    action: str
-    tokens: int
-    providers: tuple[str, ...] = ()
-    compaction: Compaction | None = None
 
 
 def compression_config(
@@ -79,23 +82,38 @@ def compression_config(
     )
 
 
-def _headers(scope: Mapping[str, Any]) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+@dataclass(frozen=True)
+class _Counted:
+    """The request's figures under its policy (and the learned window, on a retry)."""
+
+    budget: Budget
+    counter: TokenCounter
+    fixed: int
+    tokens: int
 
 
-def serialize(parsed: dict[str, Any], canonical: list[Message]) -> bytes:
-    """The request with only `messages` replaced by (already canonical) messages.
+@dataclass(frozen=True)
+class _History:
+    """The request's messages with their digests and rolling prefix digests."""
 
-    Other keys keep their order; output is compact and UTF-8 (orjson), so the bytes sent for the
-    same history are the same on every turn.
-    """
-    body = dict(parsed)
-    body["messages"] = canonical
-    return orjson.dumps(body)
+    messages: list[Message]
+    digests: list[str]
+    prefixes: list[str]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    messages: Sequence[Message]
+    action: Action
+    providers: tuple[str, ...] = ()
+    compaction: Compaction | None = None
+    failure: str = ""
+    """Why the original must be forwarded instead (a provider failed, the target unreached)."""
+    history: _History | None = None
 
 
 class Compactor:
-    """Implements the app's chat hook: decides, for each chat request, what to forward."""
+    """Decides, for each chat request, exactly what to forward."""
 
     def __init__(
         self,
@@ -118,256 +136,340 @@ class Compactor:
         self.metrics = metrics
         self.tenancy = tenancy
         self.completer = completer
+        self.request_stream_usage = settings.accounting.request_stream_usage
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
 
-    async def prepare(self, scope: Mapping[str, Any], body: bytes) -> Decision:
-        """What to forward for this chat request. Never raises: failures forward the original."""
-        state = ChatState(started=time.perf_counter())
-        headers = _headers(scope)
-        identity = self.tenancy.identify(headers)
-        state.api_key, state.fingerprint = identity.api_key, identity.fingerprint
-        state.tenant = identity.tenant
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return Decision(body, state)  # not ours to judge: the upstream answers it
-        if not isinstance(parsed, dict) or not isinstance(parsed.get("messages"), list):
-            return Decision(body, state)
-        state.parsed = parsed
-        model = parsed.get("model")
-        state.model = model if isinstance(model, str) else ""
-        decision = self.policies.resolve(
-            key_fingerprint=state.fingerprint, model=state.model, headers=headers
+    def read(self, raw: bytes, headers: Sequence[tuple[bytes, bytes]]) -> ChatRequest:
+        """The request value for these bytes and the client's headers (tenant from their key)."""
+        return read_request(raw, headers, self.tenancy)
+
+    async def decide(self, request: ChatRequest, *, window: int | None = None) -> Outcome:
+        """What to forward. Never raises: a failure forwards the original bytes.
+
+        `window`: the context window the upstream reported (a retry); the request is then
+        compacted under it even below the trigger, since the upstream refused it as it was.
+        """
+        if request.body is None or request.messages is None:
+            return self._outcome(request, "passthrough")  # not ours to judge: the upstream is
+        resolved = self.policies.resolve(
+            key_fingerprint=request.key_id, model=request.model, headers=request.headers
         )
-        state.policy = decision.name
-        if decision.requested_policy_refused:
-            self.metrics.refused("x-compactd-policy")
-        if decision.bypass_refused:
-            self.metrics.refused("x-compactd-bypass")
-        if decision.bypass:
-            state.action = "bypass"
-            return self._finish(body, state)
+        if window is None:
+            if resolved.requested_policy_refused:
+                self.metrics.refused("x-compactd-policy")
+            if resolved.bypass_refused:
+                self.metrics.refused("x-compactd-bypass")
+        policy = resolved.policy
+        if resolved.bypass:
+            return self._outcome(request, "bypass", policy=policy.name)
+        tokens: int | None = None
         try:
-            messages = parsed["messages"]
-            if all(isinstance(m, dict) for m in messages):
-                state.conversation = _conversation(headers.get(CONVERSATION_HEADER), messages)
-            return await self._decide(body, parsed, decision.policy, state)
+            counted = await self._count(request, policy, window)
+            tokens = counted.tokens
+            return await self._compact(request, policy, counted, forced=window is not None)
         except Exception as exc:  # the single fail-open boundary: forward the original request
             reason = _reason(exc)
             log.warning(
                 "compaction failed open",
-                extra={"reason": reason, "tenant": state.fingerprint, "model": state.model},
+                extra={"reason": reason, "tenant": request.key_id, "model": request.model},
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )
             self.metrics.fail_open(reason)
-            state.action, state.error = "error", reason
-            state.tokens_after = state.tokens_before
-            return self._finish(body, state)
+            return self._outcome(
+                request,
+                "error",
+                policy=policy.name,
+                tokens_before=tokens,
+                tokens_after=tokens,
+                error=reason,
+            )
 
-    async def after_overflow(self, state: ChatState, message: str) -> Decision | None:
-        """The upstream said the context was too long: learn the window and compact once more.
+    async def after_overflow(
+        self, request: ChatRequest, first: Outcome, upstream_message: str
+    ) -> Outcome | None:
+        """The upstream said the context was too long: learn the window and decide once more.
 
-        Returns None when a retry would not send anything smaller.
+        None when no retry is due: shadow mode and bypass relay the upstream's answer as it is,
+        and a retry that would not send anything smaller is not made.
         """
-        if state.parsed is None or state.retried or not state.model:
+        if first.retried or request.body is None or not request.model:
             return None
-        sent = state.tokens_after or state.tokens_before or 0
-        window = parse_context_window(message) or int(sent * 0.7)
+        sent = first.tokens_after or first.tokens_before or 0
+        window = self.learn_window(request.model, upstream_message, sent)
+        if window is None or first.action in ("bypass", "shadow"):
+            return None
+        retry = await self.decide(request, window=window)
+        if (
+            retry.action not in REWRITTEN
+            or retry.tokens_after is None
+            or retry.tokens_after >= sent
+        ):
+            return None
+        return dataclasses.replace(retry, retried=True)
+
+    def learn_window(self, model: str, upstream_message: str, sent: int) -> int | None:
+        """What an upstream's context-length answer teaches about `model`'s window; recorded so
+        later requests are compacted before they are sent. The one place this is learned."""
+        window = parse_context_window(upstream_message) or int(sent * 0.7)
         if window <= 0:
             return None
-        self.models.learn_window(state.model, window)
-        log.info("learned context window", extra={"model": state.model, "window": window})
-        retry = await self.prepare_parsed(state)
-        if retry is None or retry.state.tokens_after is None or retry.state.tokens_after >= sent:
-            return None
-        retry.state.retried = True
-        return retry
+        self.models.learn_window(model, window)
+        log.info("learned context window", extra={"model": model, "window": window})
+        return window
 
-    async def prepare_parsed(self, previous: ChatState) -> Decision | None:
-        """Re-run the decision for a request we already parsed (used by the overflow retry)."""
-        assert previous.parsed is not None
-        parsed = previous.parsed
-        state = dataclasses.replace(previous, started=time.perf_counter(), error=None)
-        # The request keeps the policy and conversation it was given (header matches, the
-        # client's policy choice and conversation id included); only the window changed.
-        policy = self.policies.get(state.policy)
-        if policy is None:
-            return None
-        try:
-            return await self._decide(b"", parsed, policy, state, force=True)
-        except Exception:
-            log.warning("overflow retry could not compact", exc_info=True)
-            return None
-
-    async def _decide(
-        self,
-        body: bytes,
-        parsed: dict[str, Any],
-        policy: PolicySettings,
-        state: ChatState,
-        *,
-        force: bool = False,
-    ) -> Decision:
-        info = self.models.lookup(state.model)
-        budget = compute_budget(info, parsed, policy, self.settings.tokens.safety_margin)
+    async def _count(
+        self, request: ChatRequest, policy: PolicySettings, window: int | None
+    ) -> _Counted:
+        assert request.body is not None
+        assert request.messages is not None
+        info = self.models.lookup(request.model)
+        if window is not None:
+            info = info.with_window(window)
+        budget = compute_budget(info, request.body, policy, self.settings.tokens.safety_margin)
         counter = self.tokenizers.for_model(info)
-        messages: list[Message] = parsed["messages"]
-        if not all(isinstance(m, dict) for m in messages):
-            return self._finish(body, state)  # malformed: the upstream gives its own answer
-        fixed = counter.count_tools(parsed) + counter.count_response_format(parsed)
-        if len(body) > COUNT_IN_THREAD_BYTES:
-            counted = await asyncio.to_thread(counter.count_messages, messages)
+        fixed = request.dialect.fixed_tokens(counter, request.body)
+        if len(request.raw) > COUNT_IN_THREAD_BYTES:
+            counted = await asyncio.to_thread(counter.count_messages, request.messages)
         else:
-            counted = counter.count_messages(messages)
-        state.tokens_before = state.tokens_after = fixed + counted
-        if policy.mode == "off" or (state.tokens_before <= budget.trigger and not force):
-            return self._finish(body, state)
-        if state.tenant is None:
+            counted = counter.count_messages(request.messages)
+        return _Counted(budget, counter, fixed, fixed + counted)
+
+    async def _compact(
+        self, request: ChatRequest, policy: PolicySettings, counted: _Counted, *, forced: bool
+    ) -> Outcome:
+        assert request.body is not None
+        shadow = policy.mode == "shadow"
+        figures: dict[str, Any] = {
+            "policy": policy.name,
+            "tokens_before": counted.tokens,
+            "tokens_after": counted.tokens,
+        }
+        if policy.mode == "off" or (counted.tokens <= counted.budget.trigger and not forced):
+            return self._outcome(request, "passthrough", **figures)
+        if request.tenant is None:
             # No credential, no tenant to keep originals under: never compacted, never stored.
-            state.no_credential = True
-            return self._finish(body, state)
-        plan = await self._plan(
-            messages=messages,
-            counter=counter,
-            fixed=fixed,
-            budget=budget,
-            policy=policy,
-            state=state,
-        )
-        if plan.compaction is not None:
-            plan = await self._store(plan, policy, state)
-        state.provider = "+".join(plan.providers)
+            return self._outcome(request, "passthrough", no_credential=True, **figures)
+        plan = await self._plan(request, request.tenant, policy, counted)
+        if plan.failure:
+            self.metrics.fail_open("provider")
+            return self._outcome(request, "error", error=plan.failure, **figures)
+        figures["providers"] = plan.providers
         if plan.action == "passthrough":
-            state.action = "shadow" if policy.mode == "shadow" else "passthrough"
-            state.shadow_action = "passthrough" if policy.mode == "shadow" else ""
-            return self._finish(body, state)
+            if shadow:
+                return self._outcome(request, "shadow", shadow_action="passthrough", **figures)
+            return self._outcome(request, "passthrough", **figures)
+        unstored = False
+        if plan.compaction is not None:
+            plan, unstored = await self._store(plan, policy)
+            figures["providers"] = plan.providers
         # Count what is actually sent: the canonical form, not the provider's dicts.
         canonical = [canonical_message(m) for m in plan.messages]
-        state.tokens_after = fixed + counter.count_messages(canonical)
-        if policy.mode == "shadow":
-            state.action, state.shadow_action = "shadow", plan.action
-            return self._finish(body, state)
-        state.action = plan.action
-        return self._finish(serialize(parsed, canonical), state)
+        figures["tokens_after"] = counted.fixed + counted.counter.count_messages(canonical)
+        if shadow:
+            return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
+        content = request.dialect.with_messages(request.body, canonical)
+        return self._outcome(request, plan.action, content, unstored=unstored, **figures)
 
     async def _plan(
-        self,
-        *,
-        messages: list[Message],
-        counter: TokenCounter,
-        fixed: int,
-        budget: Budget,
-        policy: PolicySettings,
-        state: ChatState,
+        self, request: ChatRequest, tenant: str, policy: PolicySettings, counted: _Counted
     ) -> _Plan:
-        tenant = state.tenant
-        assert tenant is not None  # _decide never plans without one
+        assert request.messages is not None
+        messages = list(request.messages)
         digests = [message_digest(m) for m in messages]
-        prefixes = prefix_digests(digests)
-        t0 = time.perf_counter()
-        try:
-            checkpoint = await self.store.find_checkpoint(tenant, state.conversation, prefixes)
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            checkpoint = None  # availability over reversibility: compact from scratch
-        finally:
-            self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
+        history = _History(messages, digests, prefix_digests(digests))
+        base = await self._replayable(request, tenant, history)
         candidate = messages
-        if checkpoint is not None:
-            candidate = [*checkpoint.messages, *messages[checkpoint.covered_through + 1 :]]
-        cand_tokens = fixed + counter.count_messages(candidate)
-        action = "replayed" if checkpoint is not None else "passthrough"
-        providers = tuple(checkpoint.providers) if checkpoint is not None else ()
-        if cand_tokens <= budget.trigger:
-            return _Plan(candidate, action, cand_tokens, providers)
-        config = self._config(
-            counter=counter, fixed=fixed, budget=budget, policy=policy, state=state
+        if base is not None:
+            candidate = [*base.messages, *messages[base.covered_through + 1 :]]
+        replay = _Plan(
+            candidate,
+            "replayed" if base is not None else "passthrough",
+            tuple(base.providers) if base is not None else (),
         )
+        cand_tokens = counted.fixed + counted.counter.count_messages(candidate)
+        if cand_tokens <= counted.budget.trigger:
+            return replay
+        # A checkpoint written before checkpoints recorded their structure is replayed but
+        # never built upon: the new compaction starts from the originals.
+        if base is not None and not base.ends:
+            base, cand_tokens = None, counted.tokens
+        chain_input = candidate if base is not None else messages
+        config = self._config(request, tenant, counted, policy)
         t0 = time.perf_counter()
-        outcome = await run_chain(candidate, self._chains[policy.name], config)
+        outcome = await run_chain(chain_input, self._chains[policy.name], config)
         self.metrics.observe_compaction(
             policy=policy.name,
             providers="+".join(outcome.providers) or "none",
             seconds=time.perf_counter() - t0,
         )
-        for violation in outcome.violations:
-            self.metrics.invariant_violation(violation.split(":", 1)[0])
+        failure = self._report_failures(request, outcome)
+        if failure:
+            return dataclasses.replace(replay, failure=failure)
         result = outcome.result
-        if result is None or not worth_it(outcome, cand_tokens, budget, policy):
-            return _Plan(candidate, action, cand_tokens, providers)
-        compaction = compaction_for(
-            messages=messages,
-            digests=digests,
-            prefixes=prefixes,
-            checkpoint=checkpoint,
-            result=result,
-            outcome=outcome,
-            tenant=tenant,
-            conversation=state.conversation,
-        )
-        return _Plan(
-            result.messages, "compacted", outcome.tokens_after, outcome.providers, compaction
-        )
+        if result is None or not worth_it(outcome, cand_tokens, counted.budget, policy):
+            return replay
+        try:
+            compaction = compaction_for(
+                messages=messages,
+                digests=digests,
+                prefixes=history.prefixes,
+                base=base,
+                result=result,
+                outcome=outcome,
+                tenant=tenant,
+                conversation=request.conversation,
+            )
+        except CompactionError as exc:
+            label = "+".join(outcome.providers)
+            self.metrics.invariant_violation(label)
+            log.warning(
+                "compaction result discarded",
+                extra={"provider": label, "problem": str(exc), "tenant": request.key_id},
+            )
+            return dataclasses.replace(replay, failure=f"providers {label}: {exc}"[:200])
+        return _Plan(result.messages, "compacted", outcome.providers, compaction, history=history)
+
+    def _report_failures(self, request: ChatRequest, outcome: ChainOutcome) -> str:
+        """Count and log every provider that failed; the reason to fail open, unless a later
+        provider reached the target anyway ("" then)."""
+        for failure in outcome.failures:
+            if failure.kind == "raised":
+                self.metrics.provider_error(failure.provider)
+            else:
+                self.metrics.invariant_violation(failure.provider)
+            log.warning(
+                "provider failed",
+                extra={
+                    "provider": failure.provider,
+                    "failure": failure.kind,
+                    "detail": failure.detail[:200],
+                    "tenant": request.key_id,
+                    "model": request.model,
+                },
+            )
+        if not outcome.failures or outcome.reached_target:
+            return ""
+        return outcome.failures[0].describe()
+
+    async def _replayable(
+        self, request: ChatRequest, tenant: str, history: _History
+    ) -> Checkpoint | None:
+        """The longest stored checkpoint this request may replay (see `replay_problem`)."""
+        limit = len(history.messages) - 1  # a strict prefix at most; replay_problem says the rest
+        for _ in range(REPLAY_ATTEMPTS):
+            if limit <= 0:
+                return None
+            cp = await self._find(tenant, request.conversation, history.prefixes[:limit])
+            if cp is None:
+                return None
+            if (cp.tenant, cp.conversation) != (tenant, request.conversation) or (
+                cp.covered_through >= limit
+            ):
+                problem = "the store returned a checkpoint it was not asked for"
+            else:
+                problem = replay_problem(cp, history.messages, history.digests)
+            if not problem:
+                return cp
+            log.debug("checkpoint not replayed", extra={"problem": problem})
+            if "final unit" not in problem:
+                self.metrics.checkpoint_discarded("invalid")
+            limit = min(limit, cp.covered_through)
+        return None
+
+    async def _find(self, tenant: str, conversation: str, prefixes: list[str]) -> Checkpoint | None:
+        """One store lookup; an unreadable or foreign checkpoint counts as none."""
+        t0 = time.perf_counter()
+        try:
+            return await self.store.find_checkpoint(tenant, conversation, prefixes)
+        except (UnreadableValueError, TenantMismatchError) as exc:
+            reason = "other_tenant" if isinstance(exc, TenantMismatchError) else "unreadable"
+            self.metrics.checkpoint_discarded(reason)
+            log.warning("stored checkpoint ignored", extra={"reason": reason})
+            return None
+        except StoreError:
+            if self.settings.store.on_store_error != "compact-unstored":
+                raise
+            return None  # availability over reversibility: compact from scratch
+        finally:
+            self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
 
     def _config(
-        self,
-        *,
-        counter: TokenCounter,
-        fixed: int,
-        budget: Budget,
-        policy: PolicySettings,
-        state: ChatState,
+        self, request: ChatRequest, tenant: str, counted: _Counted, policy: PolicySettings
     ) -> CompressionConfig:
-        assert state.tenant is not None  # _decide never plans without one
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
         config = compression_config(
-            policy, counter=counter, fixed=fixed, limit=budget.target, budget=budget.budget
+            policy,
+            counter=counted.counter,
+            fixed=counted.fixed,
+            limit=counted.budget.target,
+            budget=counted.budget.budget,
         )
         return dataclasses.replace(
             config,
-            model=state.model,
-            complete=self.completer(state.api_key) if self.completer else None,
-            summary_cache=TenantSummaryCache(self.store, state.tenant, ttl),
+            model=request.model,
+            complete=self.completer(request.identity.api_key) if self.completer else None,
+            summary_cache=TenantSummaryCache(self.store, tenant, ttl),
         )
 
-    async def _store(self, plan: _Plan, policy: PolicySettings, state: ChatState) -> _Plan:
-        """Originals first: a compacted request is forwarded only once they are durable."""
-        assert plan.compaction is not None
+    async def _store(self, plan: _Plan, policy: PolicySettings) -> tuple[_Plan, bool]:
+        """Originals first: a compacted request is forwarded only once they are durable.
+        Returns the plan to send and whether it goes out unstored."""
+        compaction = plan.compaction
+        assert compaction is not None
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
         t0 = time.perf_counter()
         try:
-            winner = await self.store.save_compaction(plan.compaction, ttl)
+            winner = await self.store.save_compaction(compaction, ttl)
         except StoreError:
             if self.settings.store.on_store_error != "compact-unstored":
                 raise
             self.metrics.fail_open("store_unstored")
             log.warning("originals not stored; forwarding compacted (compact-unstored)")
-            state.unstored = True
-            return plan
+            return plan, True
         finally:
             self.metrics.observe_store("save_compaction", time.perf_counter() - t0)
-        mine = plan.compaction.checkpoint
+        mine = compaction.checkpoint
         if winner.messages == mine.messages:
-            return plan
-        # Another request of this conversation compacted the same prefix first: use its bytes
-        # (the caller counts what is finally sent).
-        messages = [*winner.messages, *plan.messages[len(mine.messages) :]]
-        return dataclasses.replace(plan, messages=messages, providers=tuple(winner.providers))
+            return plan, False
+        # Another request of this conversation compacted the same prefix first: use its bytes,
+        # if they stand for the same originals (ours were stored too, so ours are safe to send).
+        history = plan.history
+        assert history is not None
+        if winner.ends and not (
+            structure_problem(winner, history.digests)
+            or protected_problem(winner, history.messages)
+        ):
+            merged = [*winner.messages, *plan.messages[len(mine.messages) :]]
+            return dataclasses.replace(
+                plan, messages=merged, providers=tuple(winner.providers)
+            ), False
+        self.metrics.checkpoint_discarded("invalid")
+        return plan, False
 
-    def _finish(self, content: bytes, state: ChatState) -> Decision:
-        return Decision(content, state)
-
-
-def _conversation(header: str | None, messages: list[Message]) -> str:
-    if header:
-        header = header.strip()
-        if _SAFE_CONV.fullmatch(header) and valid_id(header):
-            return header
-        return "h-" + message_digest({"conversation": header})[:24]
-    return conversation_id(messages)
+    def _outcome(
+        self, request: ChatRequest, action: Action, content: bytes | None = None, **kw: Any
+    ) -> Outcome:
+        """The outcome, with the usage splice applied (the only other change to the bytes)."""
+        if content is None:
+            content = request.raw
+        elif action not in REWRITTEN:
+            # Must stay 0: anything we did not deliberately rewrite goes as the client sent it.
+            self.metrics.passthrough_bytes_changed(max(1, abs(len(content) - len(request.raw))))
+            content = request.raw
+        injected = False
+        if self.request_stream_usage and action != "bypass" and request.body is not None:
+            spliced = rewrite.with_include_usage(content, request.body)
+            if spliced is not None:
+                content, injected = spliced, True
+        return Outcome(
+            action=action,
+            content=content,
+            conversation=request.conversation,
+            injected_usage=injected,
+            **kw,
+        )
 
 
 def _reason(exc: BaseException) -> str:

@@ -21,17 +21,18 @@ from proxy.asgi import (
     until_disconnect,
 )
 from proxy.budget import context_overflow_message
-from proxy.chatstate import ChatState, Decision
 from proxy.compaction import Compactor
+from proxy.decision import ChatRequest, Outcome
 from proxy.errors import BodyTooLargeError, ProxyError
 from proxy.forward import Upstream, is_event_stream, relay
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
+from proxy.rewrite import upstream_headers
 from proxy.store.base import Store, UsageRecord
 from proxy.tenant import ANONYMOUS
-from proxy.usage import SSEUsageTap, Usage, include_usage_bytes, usage_from_json
+from proxy.usage import SSEUsageTap, Usage, usage_from_json
 
 log = logging.getLogger("compactd.handler")
 
@@ -67,7 +68,6 @@ class Handler:
     gate: Gate
     max_body: int
     accounting: bool = True
-    request_stream_usage: bool = False
     strip_usage_null: bool = True
     retry_context_errors: bool = True
     background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -120,22 +120,12 @@ class Handler:
             raise
 
     async def _chat(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL) -> None:
-        body = await read_body(receive, self.max_body, content_length(scope))
+        raw = await read_body(receive, self.max_body, content_length(scope))
         headers = self.gate.authorize(list(scope["headers"]))
-        decision = await self.compactor.prepare(scope, body)
-        if decision.state.action not in ("compacted", "replayed") and decision.content is not body:
-            # Must stay 0: anything we did not deliberately rewrite goes out as the client sent it.
-            self.metrics.passthrough_bytes_changed(max(1, abs(len(decision.content) - len(body))))
-        outgoing = request_headers(headers, keep_length=False)
-        if self.request_stream_usage and decision.state.parsed is not None:
-            with_usage = include_usage_bytes(decision.content, decision.state.parsed)
-            if with_usage is not None:
-                # We asked for the usage chunk, so we remove it again; that needs plain bytes.
-                decision.content = with_usage
-                decision.injected_usage = True
-                outgoing = [(k, v) for k, v in outgoing if k.lower() != b"accept-encoding"]
-                outgoing.append((b"accept-encoding", b"identity"))
-        exchange = _ChatExchange(self, send, url, outgoing, decision)
+        # The request value is read once, from the client's own headers (its key is its tenant).
+        request = self.compactor.read(raw, scope["headers"])
+        outcome = await self.compactor.decide(request)
+        exchange = _ChatExchange(self, send, url, headers=headers, request=request, outcome=outcome)
         cancelled = await until_disconnect(exchange.run(), receive)
         exchange.finish(cancelled=cancelled)
 
@@ -150,29 +140,33 @@ class _ChatExchange:
     """One chat request's upstream exchange, its overflow retry, and its accounting."""
 
     def __init__(
-        self, handler: Handler, send: Send, url: httpx.URL, headers: RawHeaders, decision: Decision
+        self,
+        handler: Handler,
+        send: Send,
+        url: httpx.URL,
+        *,
+        headers: RawHeaders,
+        request: ChatRequest,
+        outcome: Outcome,
     ) -> None:
         self.h = handler
         self.send = send
         self.url = url
-        self.headers = headers
-        self.decision = decision
+        self.client_headers = headers
+        self.request = request
+        self.outcome = outcome
         self.status: int | None = None
         self.ttfb: float | None = None
         self.overhead: float = 0.0
         self.usage: Usage | None = None
-        self.error: str | None = decision.state.error
-
-    @property
-    def state(self) -> ChatState:
-        return self.decision.state
+        self.error: str | None = outcome.error
 
     async def run(self) -> None:
         try:
-            response = await self._send(self.decision)
+            response = await self._send(self.outcome)
             if (
                 response.status_code == 400
-                and self.state.parsed is not None
+                and self.request.body is not None
                 and self.h.retry_context_errors
             ):
                 retried = await self._maybe_retry(response)
@@ -186,10 +180,11 @@ class _ChatExchange:
             return
         await self._relay(response)
 
-    async def _send(self, decision: Decision) -> httpx.Response:
-        self.overhead = time.perf_counter() - decision.state.started
+    async def _send(self, outcome: Outcome) -> httpx.Response:
+        self.overhead = time.perf_counter() - self.request.started
+        headers = upstream_headers(self.client_headers, injected_usage=outcome.injected_usage)
         t0 = time.perf_counter()
-        response = await self.h.upstream.send("POST", self.url, self.headers, decision.content)
+        response = await self.h.upstream.send("POST", self.url, headers, outcome.content)
         self.ttfb = time.perf_counter() - t0
         self.status = response.status_code
         self.h.metrics.observe_upstream(response.status_code, self.ttfb)
@@ -199,19 +194,22 @@ class _ChatExchange:
         """A context-length 400 is answered by compacting under the learned window, once."""
         body = await _read_limited(response, OVERFLOW_BODY_LIMIT)
         message = context_overflow_message(body)
-        retry = await self.h.compactor.after_overflow(self.state, message) if message else None
+        retry = None
+        if message:
+            retry = await self.h.compactor.after_overflow(self.request, self.outcome, message)
         if retry is None:
             await _send_buffered(self.send, response, body, self._our_headers())
             return None
-        log.info("retrying after context overflow", extra={"model": self.state.model})
-        self.decision = retry
+        log.info("retrying after context overflow", extra={"model": self.request.model})
+        self.outcome = retry
+        self.error = retry.error
         return await self._send(retry)
 
     async def _relay(self, response: httpx.Response) -> None:
         raw = response.headers.raw
         encoding = (header(raw, b"content-encoding") or b"").decode("latin-1")
         tap: SSEUsageTap | _Copy | None = None
-        if self.decision.injected_usage and is_event_stream(raw) and not encoding:
+        if self.outcome.injected_usage and is_event_stream(raw) and not encoding:
             tap = SSEUsageTap(strip_usage_chunk=True, strip_usage_null=self.h.strip_usage_null)
         elif self.h.accounting:
             tap = (
@@ -230,28 +228,29 @@ class _ChatExchange:
             self.usage = usage_from_json(b"".join(tap.chunks), encoding)
 
     def _our_headers(self) -> RawHeaders:
-        values = self.state.headers()
+        values = self.outcome.headers()
         values["overhead-ms"] = f"{self.overhead * 1000:.3f}"
-        if self.state.retried:
+        if self.outcome.retried:
             values["retried"] = "context-length"
         return compactd_headers(values)
 
     def finish(self, *, cancelled: bool) -> None:
         """Metrics now; the log line and the store's accounting off the request path."""
-        st = self.state
-        before = st.tokens_before or 0
-        after = st.tokens_after if st.tokens_after is not None else before
+        out, req = self.outcome, self.request
+        model = req.model or "unknown"
+        before = out.tokens_before or 0
+        after = out.tokens_after if out.tokens_after is not None else before
         self.h.metrics.observe_request(
-            action=st.action,
-            model=st.model or "unknown",
-            policy=st.policy or "none",
+            action=out.action,
+            model=model,
+            policy=out.policy or "none",
             tokens_before=before,
             tokens_after=after,
             overhead_seconds=self.overhead,
         )
         if self.usage is not None:
             self.h.metrics.observe_usage(
-                model=st.model or "unknown",
+                model=model,
                 prompt_tokens=self.usage.prompt_tokens,
                 cached_tokens=self.usage.cached_tokens,
                 completion_tokens=self.usage.completion_tokens,
@@ -259,29 +258,29 @@ class _ChatExchange:
         log_request(
             request_log(
                 request_id=uuid.uuid4().hex[:16],
-                tenant=st.fingerprint,
-                model=st.model or None,
-                policy=st.policy or None,
-                action=st.action,
-                tokens_before=st.tokens_before,
-                tokens_after=st.tokens_after,
+                tenant=req.key_id,
+                model=req.model or None,
+                policy=out.policy or None,
+                action=out.action,
+                tokens_before=out.tokens_before,
+                tokens_after=out.tokens_after,
                 upstream_status=self.status,
                 overhead_ms=self.overhead * 1000,
                 ttfb_ms=None if self.ttfb is None else self.ttfb * 1000,
                 error="client disconnected" if cancelled else self.error,
-                conversation=st.conversation or None,
+                conversation=out.conversation or None,
                 prompt_tokens=self.usage.prompt_tokens if self.usage else None,
                 cached_tokens=self.usage.cached_tokens if self.usage else None,
                 completion_tokens=self.usage.completion_tokens if self.usage else None,
             )
         )
-        if self.h.accounting and st.parsed is not None:
+        if self.h.accounting and req.body is not None:
             record = UsageRecord(
-                tenant=st.tenant or ANONYMOUS,
-                policy=st.policy or "none",
-                model=st.model or "unknown",
+                tenant=req.tenant or ANONYMOUS,
+                policy=out.policy or "none",
+                model=model,
                 day=time.strftime("%Y-%m-%d", time.gmtime()),
-                action=st.action,
+                action=out.action,
                 tokens_before=before,
                 tokens_after=after,
                 prompt_tokens=self.usage.prompt_tokens if self.usage else 0,

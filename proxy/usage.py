@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,6 @@ _EOL = re.compile(rb"\r\n|\r|\n")
 _USAGE_KEY = b'"usage"'
 _USAGE_NULL = b'"usage":null'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
-_INCLUDE_USAGE = b'"stream_options":{"include_usage":true}'
 # zlib with 32 + MAX_WBITS accepts both gzip and zlib-wrapped deflate streams.
 _AUTO_WBITS = 32 + zlib.MAX_WBITS
 
@@ -78,36 +76,6 @@ def usage_from_json(body: bytes, content_encoding: str = "") -> Usage | None:
         return usage_of(orjson.loads(body))
     except orjson.JSONDecodeError:
         return None
-
-
-def inject_include_usage(body: dict[str, Any]) -> bool:
-    """Ask a streaming request for usage; True if added (the caller must then strip the chunk)."""
-    if body.get("stream") is not True:
-        return False
-    options = body.get("stream_options")
-    if options is None:
-        body["stream_options"] = {"include_usage": True}
-        return True
-    if isinstance(options, dict) and options.get("include_usage") is not True:
-        body["stream_options"] = {**options, "include_usage": True}
-        return True
-    return False
-
-
-def include_usage_bytes(raw: bytes, body: Mapping[str, Any]) -> bytes | None:
-    """`raw` with include_usage inserted as its first key, every other byte kept; else None.
-
-    For requests otherwise forwarded unchanged: inserting beats re-serializing, which would
-    change the bytes of everything else. Only done when `stream_options` is absent.
-    """
-    if body.get("stream") is not True or "stream_options" in body:
-        return None
-    start = raw.find(b"{")
-    if start < 0 or raw[:start].strip():
-        return None
-    rest = raw[start + 1 :]
-    sep = b"" if rest.lstrip().startswith(b"}") else b","
-    return raw[: start + 1] + _INCLUDE_USAGE + sep + rest
 
 
 def _without_usage_null(event: bytes) -> bytes:

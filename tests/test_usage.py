@@ -5,18 +5,11 @@ from __future__ import annotations
 import gzip
 import itertools
 
-import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.usage import (
-    SSEUsageTap,
-    Usage,
-    include_usage_bytes,
-    inject_include_usage,
-    usage_from_json,
-)
+from proxy.usage import SSEUsageTap, Usage, usage_from_json
 
 HEAD = (
     b'{"id":"chatcmpl-AY1Jtq3yFGx9kQp0sSgXm3lZ8bC2d","object":"chat.completion.chunk",'
@@ -209,46 +202,6 @@ def test_tap_passes_through_encodings_it_cannot_read() -> None:
 def test_strip_refuses_compressed_streams() -> None:
     with pytest.raises(ValueError, match="identity"):
         SSEUsageTap(strip_usage_chunk=True, content_encoding="gzip")
-
-
-def test_inject_include_usage_adds_option_to_streaming_request() -> None:
-    body = {"model": "m", "messages": [], "stream": True}
-    assert inject_include_usage(body)
-    assert body["stream_options"] == {"include_usage": True}
-
-
-def test_inject_include_usage_keeps_other_stream_options() -> None:
-    body = {"stream": True, "stream_options": {"include_obfuscation": False}}
-    assert inject_include_usage(body)
-    assert body["stream_options"] == {"include_obfuscation": False, "include_usage": True}
-
-
-def test_inject_include_usage_leaves_client_choice_alone() -> None:
-    body = {"stream": True, "stream_options": {"include_usage": True}}
-    assert not inject_include_usage(body)
-    assert body["stream_options"] == {"include_usage": True}
-
-
-@pytest.mark.parametrize("body", [{"messages": []}, {"stream": False}, {"stream": "yes"}])
-def test_inject_include_usage_ignores_non_streaming_requests(body: dict[str, object]) -> None:
-    before = dict(body)
-    assert not inject_include_usage(body)
-    assert body == before
-
-
-def test_include_usage_bytes_keeps_every_other_byte() -> None:
-    raw = b' {"model": "gpt-4o",\n "stream": true, "messages": [{"role":"user","content":"hi"}]}'
-    out = include_usage_bytes(raw, orjson.loads(raw))
-    assert out is not None
-    assert out.replace(b'"stream_options":{"include_usage":true},', b"") == raw
-    assert orjson.loads(out)["stream_options"] == {"include_usage": True}
-
-
-def test_include_usage_bytes_only_when_needed() -> None:
-    raw = b'{"stream":true,"stream_options":{"include_usage":false}}'
-    assert include_usage_bytes(raw, orjson.loads(raw)) is None
-    raw = b'{"stream":false}'
-    assert include_usage_bytes(raw, orjson.loads(raw)) is None
 
 
 def test_strip_keeps_an_extra_blank_line_before_the_usage_chunk() -> None:

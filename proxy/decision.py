@@ -1,0 +1,189 @@
+"""The values one chat decision is made of: the request as read once, and what was decided.
+
+The handler reads a request into a `ChatRequest` (raw bytes, parsed body, headers, tenant, key id,
+model, conversation) exactly once; `Compactor.decide` turns it into an `Outcome` (action, the
+exact bytes to send, counts, providers, error). Both are immutable: a retry after a context-length
+error decides again from the same request, with the window the upstream reported.
+
+A `Dialect` maps an API's request body to the chat messages compaction works on (its units) and
+back. Chat Completions is the one implemented; an adapter for another API (the Responses API's
+items, Anthropic's content blocks) maps its items to chat messages and its own body back, and the
+decision (replay, chain, store, fail-open) stays the same.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from proxy import rewrite
+from proxy.digest import conversation_id, message_digest
+from proxy.store.base import valid_id
+from proxy.tenant import Identity, Tenancy, raw_header_map
+from proxy.tokens import TokenCounter
+
+Message = dict[str, Any]
+Action = Literal["passthrough", "replayed", "compacted", "bypass", "shadow", "error"]
+REWRITTEN: frozenset[str] = frozenset({"replayed", "compacted"})
+"""Actions whose bytes are ours; every other action sends the client's own bytes."""
+
+CONVERSATION_HEADER = "x-compactd-conversation-id"
+_SAFE_CONV = re.compile(r"[A-Za-z0-9._:-]{1,96}")
+
+
+class Dialect(Protocol):
+    """How one API's request body maps to chat messages and back."""
+
+    @property
+    def name(self) -> str:
+        """The API's name, e.g. `chat.completions`."""
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
+        """The body's messages as chat messages, or None if it has none we can work on."""
+
+    def fixed_tokens(self, counter: TokenCounter, body: Mapping[str, Any]) -> int:
+        """What the request costs besides its messages (tool schemas, response format)."""
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
+        """The request's bytes with its messages replaced (already in canonical form)."""
+
+
+@dataclass(frozen=True)
+class ChatCompletions:
+    """`POST /v1/chat/completions`: the messages are the body's `messages`, as they are."""
+
+    name: str = "chat.completions"
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
+        """The `messages` list, if every item is an object (else the upstream judges it)."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return None
+        return messages
+
+    def fixed_tokens(self, counter: TokenCounter, body: Mapping[str, Any]) -> int:
+        """Tool schemas and the response format."""
+        return counter.count_tools(body) + counter.count_response_format(body)
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
+        """Only `messages` replaced; see `proxy.rewrite.with_messages`."""
+        return rewrite.with_messages(body, messages)
+
+
+CHAT = ChatCompletions()
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One request as read, once. `body` is None when the bytes are not a JSON object (they are
+    forwarded as they are); `messages` is None when there is nothing to compact."""
+
+    raw: bytes
+    headers: Mapping[str, str]
+    """Lower-cased names; the value of the first occurrence."""
+    identity: Identity
+    body: Mapping[str, Any] | None = None
+    messages: Sequence[Message] | None = None
+    model: str = ""
+    conversation: str = ""
+    dialect: Dialect = CHAT
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def tenant(self) -> str | None:
+        """Whose data this request reads and writes; None: no credential, nothing is stored."""
+        return self.identity.tenant
+
+    @property
+    def key_id(self) -> str:
+        """The credential's public fingerprint (policies, logs)."""
+        return self.identity.fingerprint
+
+
+def read_request(
+    raw: bytes,
+    raw_headers: Sequence[tuple[bytes, bytes]],
+    tenancy: Tenancy,
+    dialect: Dialect = CHAT,
+) -> ChatRequest:
+    """Parse the body once and derive everything the decision needs from it and the headers
+    (the tenant in one call, `Tenancy.identify`)."""
+    started = time.perf_counter()
+    headers = raw_header_map(raw_headers)
+    identity = tenancy.identify(headers)
+    frozen = MappingProxyType(headers)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if not isinstance(body, dict):
+        return ChatRequest(raw, frozen, identity, dialect=dialect, started=started)
+    model = body.get("model")
+    messages = dialect.messages(body)
+    return ChatRequest(
+        raw=raw,
+        headers=frozen,
+        identity=identity,
+        body=body,
+        messages=messages,
+        model=model if isinstance(model, str) else "",
+        conversation=(
+            "" if messages is None else _conversation(headers.get(CONVERSATION_HEADER), messages)
+        ),
+        dialect=dialect,
+        started=started,
+    )
+
+
+def _conversation(header: str | None, messages: Sequence[Message]) -> str:
+    if header:
+        header = header.strip()
+        if _SAFE_CONV.fullmatch(header) and valid_id(header):
+            return header
+        return "h-" + message_digest({"conversation": header})[:24]
+    return conversation_id(messages)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one decision sends upstream and reports."""
+
+    action: Action
+    content: bytes
+    """The exact bytes to send."""
+    policy: str = ""
+    conversation: str = ""
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    """What is sent (for `shadow`: what enforce would have sent)."""
+    providers: tuple[str, ...] = ()
+    error: str | None = None
+    shadow_action: str = ""
+    unstored: bool = False
+    """Compacted although the store failed (`on_store_error = "compact-unstored"`)."""
+    no_credential: bool = False
+    """Over its trigger but not compacted: without a credential nothing can be stored."""
+    retried: bool = False
+    """The decision made again after the upstream's context-length error."""
+    injected_usage: bool = False
+    """compactd added stream_options.include_usage, so the relay strips the usage chunk."""
+
+    def headers(self) -> dict[str, str]:
+        """Values for our `x-compactd-*` response headers."""
+        return {
+            "action": self.action,
+            "tokens-before": "" if self.tokens_before is None else str(self.tokens_before),
+            "tokens-after": "" if self.tokens_after is None else str(self.tokens_after),
+            "provider": "+".join(self.providers),
+            "policy": self.policy,
+            "conversation": self.conversation,
+            "shadow-action": self.shadow_action,
+            "store": "unstored" if self.unstored else "no-credential" if self.no_credential else "",
+            "error": self.error or "",
+        }

@@ -1,0 +1,220 @@
+"""The chat decision in-process, one test per action: what is sent upstream, and what is said."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.decision import Outcome
+from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
+from proxy.providers.registry import ProviderRegistry
+from tests.inprocess import MockUpstream, context_length_error, reply, running
+
+SMALL = {"default_policy": {"budget_tokens": 600}}
+
+
+def history(turns: int) -> list[Message]:
+    msgs: list[Message] = [{"role": "system", "content": "You are a careful assistant."}]
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"Turn {t}: src/mod{t}.py " + "lorem ipsum " * 40})
+        msgs.append({"role": "assistant", "content": f"Answer {t}: " + "noted and fine " * 25})
+    msgs.append({"role": "user", "content": "What did we decide about src/mod0.py?"})
+    return msgs
+
+
+def body(messages: list[Message], **extra: Any) -> bytes:
+    # Spaces and key order of our own choosing: anything not rewritten must arrive as it is.
+    return json.dumps({"messages": messages, "model": "gpt-4o", **extra}, indent=1).encode()
+
+
+class Boom(ContextProvider):
+    """A provider that always raises."""
+
+    name = "boom"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        raise RuntimeError("the model is down")
+
+
+class Vandal(ContextProvider):
+    """A provider whose result drops the last user message (an invariant it must keep)."""
+
+    name = "vandal"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        return CompactionResult(messages=messages[:-1], source_digest="x", covered_through=0)
+
+
+def registry() -> ProviderRegistry:
+    found = ProviderRegistry()
+    found.register("boom", Boom)
+    found.register("vandal", Vandal)
+    return found
+
+
+async def test_a_request_under_its_trigger_is_forwarded_byte_for_byte(tmp_path: Path) -> None:
+    raw = body(history(1))
+    async with running(tmp_path) as proxy:
+        r = await proxy.chat(raw)
+    assert r.headers["x-compactd-action"] == "passthrough"
+    assert proxy.upstream.last.content == raw
+    assert int(r.headers["x-compactd-tokens-before"]) == int(r.headers["x-compactd-tokens-after"])
+
+
+async def test_an_unparseable_body_is_the_upstreams_to_answer(tmp_path: Path) -> None:
+    async with running(tmp_path) as proxy:
+        r = await proxy.chat(b'{"model": "gpt-4o", "messages": [')
+    assert r.headers["x-compactd-action"] == "passthrough"
+    assert proxy.upstream.last.content == b'{"model": "gpt-4o", "messages": ['
+
+
+async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> None:
+    original = history(6)
+    async with running(tmp_path, **SMALL) as proxy:
+        r = await proxy.chat(body(original))
+        sent = proxy.upstream.last_json()["messages"]
+        restored = await proxy.uncompress(sent)
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert int(r.headers["x-compactd-tokens-after"]) <= 600
+    assert r.headers["x-compactd-provider"] == "trim"
+    assert restored.json()["messages"] == original
+    assert restored.json()["missing_ids"] == []
+
+
+async def test_the_next_turn_replays_the_stored_prefix(tmp_path: Path) -> None:
+    msgs = history(6)
+    async with running(tmp_path, **SMALL) as proxy:
+        await proxy.chat(body(msgs))
+        first = proxy.upstream.last_json()["messages"]
+        turn = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
+        r = await proxy.chat(body(turn))
+        second = proxy.upstream.last_json()["messages"]
+    assert r.headers["x-compactd-action"] == "replayed"
+    assert second[: len(first) - 1] == first[:-1]
+    assert second[-3:] == turn[-3:]
+
+
+async def test_bypass_sends_the_clients_bytes(tmp_path: Path) -> None:
+    raw = body(history(6))
+    async with running(tmp_path, **SMALL) as proxy:
+        r = await proxy.chat(raw, x_compactd_bypass="1")
+    assert r.headers["x-compactd-action"] == "bypass"
+    assert proxy.upstream.last.content == raw
+
+
+async def test_shadow_sends_the_clients_bytes_and_says_what_it_would_do(tmp_path: Path) -> None:
+    raw = body(history(6))
+    async with running(tmp_path, default_policy={"budget_tokens": 600, "mode": "shadow"}) as proxy:
+        r = await proxy.chat(raw)
+    assert proxy.upstream.last.content == raw
+    assert r.headers["x-compactd-action"] == "shadow"
+    assert r.headers["x-compactd-shadow-action"] == "compacted"
+    assert int(r.headers["x-compactd-tokens-after"]) < int(r.headers["x-compactd-tokens-before"])
+
+
+@pytest.mark.parametrize(("provider", "metric"), [("boom", "provider_errors"), ("vandal", "")])
+async def test_a_failing_provider_forwards_the_original_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, provider: str, metric: str
+) -> None:
+    raw = body(history(6))
+    policy = {"budget_tokens": 600, "providers": [provider]}
+    caplog.set_level(logging.WARNING, logger="compactd")
+    async with running(tmp_path, registry=registry(), default_policy=policy) as proxy:
+        r = await proxy.chat(raw)
+        fail_open = proxy.metric("compactd_fail_open_total", reason="provider")
+        failed = proxy.metric(
+            f"compactd_{metric or 'invariant_violations'}_total", provider=provider
+        )
+    assert r.headers["x-compactd-action"] == "error"
+    assert provider in r.headers["x-compactd-error"]
+    assert proxy.upstream.last.content == raw
+    assert (fail_open, failed) == (1, 1)
+    lines = [rec for rec in caplog.records if getattr(rec, "provider", None) == provider]
+    assert lines
+    assert lines[0].levelno == logging.WARNING
+
+
+async def test_a_later_provider_reaching_the_target_makes_good_a_failure(tmp_path: Path) -> None:
+    policy = {"budget_tokens": 600, "providers": ["boom", "trim"]}
+    async with running(tmp_path, registry=registry(), default_policy=policy) as proxy:
+        r = await proxy.chat(body(history(6)))
+        errors = proxy.metric("compactd_provider_errors_total", provider="boom")
+        fail_open = proxy.metric("compactd_fail_open_total", reason="provider")
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert r.headers["x-compactd-provider"] == "trim"
+    assert "x-compactd-error" not in r.headers
+    assert (errors, fail_open) == (1, 0)
+
+
+async def test_a_context_length_error_is_retried_with_the_learned_window(tmp_path: Path) -> None:
+    upstream = MockUpstream().then(context_length_error(500))
+    raw = body(history(5))
+    async with running(tmp_path, upstream, default_policy={"budget_tokens": 100000}) as proxy:
+        r = await proxy.chat(raw)
+    first, retried = proxy.upstream.received
+    assert first.content == raw
+    assert r.status_code == 200
+    assert r.headers["x-compactd-retried"] == "context-length"
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert 0 < int(r.headers["x-compactd-tokens-after"]) < 500
+    assert json.loads(retried.content)["messages"][-1] == history(5)[-1]
+
+
+async def test_shadow_relays_a_context_length_error_as_it_is(tmp_path: Path) -> None:
+    upstream = MockUpstream().then(context_length_error(500))
+    raw = body(history(5))
+    policy = {"budget_tokens": 100000, "mode": "shadow"}
+    async with running(tmp_path, upstream, default_policy=policy) as proxy:
+        r = await proxy.chat(raw)
+    # Regression: the retry used to send a 0-byte body in shadow mode.
+    assert [req.content for req in proxy.upstream.received] == [raw]
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert r.headers["x-compactd-policy"] == "default"
+    assert "x-compactd-retried" not in r.headers
+
+
+async def test_bypass_relays_a_context_length_error_as_it_is(tmp_path: Path) -> None:
+    upstream = MockUpstream().then(context_length_error(500))
+    raw = body(history(5))
+    async with running(tmp_path, upstream) as proxy:
+        r = await proxy.chat(raw, x_compactd_bypass="1")
+    assert [req.content for req in proxy.upstream.received] == [raw]
+    assert r.status_code == 400
+
+
+async def test_the_usage_splice_is_the_decisions_and_skips_bypass(tmp_path: Path) -> None:
+    raw = body(history(1), stream=True)
+    accounting = {"request_stream_usage": True}
+    async with running(tmp_path, accounting=accounting) as proxy:
+        proxy.upstream.default = reply()
+        await proxy.chat(raw)
+        spliced = proxy.upstream.last
+        await proxy.chat(raw, x_compactd_bypass="1")
+        bypassed = proxy.upstream.last
+    assert spliced.content == raw.replace(b"{", b'{"stream_options":{"include_usage":true},', 1)
+    assert spliced.headers["accept-encoding"] == "identity"
+    assert bypassed.content == raw
+
+
+async def test_decide_is_a_pure_function_of_the_request_value(tmp_path: Path) -> None:
+    """The decision itself, without the handler: the same request value, the same outcome."""
+    raw = body(history(6))
+    headers = [(b"authorization", b"Bearer sk-alpha")]
+    async with running(tmp_path, **SMALL) as proxy:
+        compactor = proxy.services.compactor
+        request = compactor.read(raw, headers)
+        first = await compactor.decide(request)
+        again = await compactor.decide(request)
+        forced = await compactor.decide(request, window=2000)
+    assert isinstance(first, Outcome)
+    assert first.action == "compacted"
+    assert again.action == "replayed"
+    assert again.content == first.content
+    assert request.raw == raw  # the request value is never changed by a decision
+    assert forced.tokens_after is not None
+    assert forced.tokens_after <= 2000
