@@ -29,15 +29,24 @@ from proxy.providers.engine_forms import (
     DROPPED,
     FACTS,
     FORCED,
+    MASKED,
     SUMMARY,
     Form,
     Forms,
     FormSettings,
 )
 from proxy.providers.rung_search import search_guided
-from proxy.providers.units import Unit, droppable, message_text, protection, split_units
+from proxy.providers.units import (
+    Unit,
+    droppable,
+    final_tool_results,
+    message_text,
+    protection,
+    split_units,
+)
 
 _LIMITATIONS = {
+    MASKED: "stale tool outputs masked (head and tail kept)",
     SUMMARY: "older prose summarized extractively (hard content kept)",
     FACTS: "older messages reduced to their facts",
     DROPPED: "oldest units dropped (their facts kept in a stub)",
@@ -85,6 +94,21 @@ class EngineOptions:
         return options
 
 
+# An agent run is one user turn followed by hundreds of tool exchanges: a recency window in turns
+# would cover all of it. The window is at most this many units (the latest observations stay
+# verbatim longest, as observation masking keeps the last few).
+RECENT_UNITS = 6
+
+
+def _recent(units: Sequence[Unit], recent: frozenset[int]) -> frozenset[int]:
+    """The recency window, narrowed to its last RECENT_UNITS units."""
+    inside = [u for u in units if any(i in recent for i in u.indices())]
+    if len(inside) <= RECENT_UNITS:
+        return recent
+    start = inside[-RECENT_UNITS].start
+    return frozenset(i for i in recent if i >= start)
+
+
 @dataclass(frozen=True)
 class _Step:
     unit: int
@@ -123,17 +147,31 @@ def _duplicates(
 
 
 def _ladder(
-    units: Sequence[Unit], fixed: frozenset[int], recent: frozenset[int], can_drop: Sequence[bool]
+    units: Sequence[Unit],
+    messages: Sequence[Message],
+    *,
+    fixed: frozenset[int],
+    recent: frozenset[int],
+    can_drop: Sequence[bool],
+    last: frozenset[int] = frozenset(),
 ) -> list[_Step]:
-    """Outside the recency window first, then inside it; each part oldest first, level by level."""
+    """Outside the recency window first, then inside it, then the units holding the `last`
+    messages (the final tool results, when only cutting them can fit); each part oldest first,
+    level by level: tool results masked, then summaries, facts, drops."""
     movable = [u for u, unit in enumerate(units) if any(i not in fixed for i in unit.indices())]
+    final = [u for u in movable if any(i in last for i in units[u].indices())]
     outside = [u for u in movable if not any(i in recent for i in units[u].indices())]
-    taken = set(outside)
+    taken = set(outside) | set(final)
     inside = [u for u in movable if u not in taken]
     steps: list[_Step] = []
-    for part in (outside, inside):
-        for level in (SUMMARY, FACTS, DROPPED):
-            steps.extend(_Step(u, level) for u in part if level != DROPPED or can_drop[u])
+    for part in (outside, inside, final):
+        for level in (MASKED, SUMMARY, FACTS, DROPPED):
+            for u in part:
+                if level == DROPPED and not can_drop[u]:
+                    continue
+                has_tool = any(messages[i].get("role") == "tool" for i in units[u].indices())
+                if level != MASKED or has_tool:
+                    steps.append(_Step(u, level))
     return steps
 
 
@@ -320,7 +358,22 @@ def compact(
     can_drop = [
         droppable(u, prot, relaxed=True) and not any(i in fixed for i in u.indices()) for u in units
     ]
-    steps = _ladder(units, fixed, prot.recent, can_drop)
+    # The last resort: when the final tool results alone keep the request over budget, they may
+    # be cut head and tail (never dropped), after everything else has given what it can.
+    last = final_tool_results(messages) - (prot.head | {i for i in fixed if i not in prot.hard})
+    costs = [config.count_message(m) for m in messages]
+    floor = config.count_tokens(messages) - sum(costs) + sum(costs[i] for i in fixed)
+    if not last or floor <= config.budget:
+        last = frozenset()
+    fixed = fixed - last
+    steps = _ladder(
+        units,
+        messages,
+        fixed=fixed,
+        recent=_recent(units, prot.recent),
+        can_drop=can_drop,
+        last=last,
+    )
     texts = [message_text(m) for m in messages]
     candidates = [i for i in range(len(messages)) if i not in fixed]
     settings = FormSettings(

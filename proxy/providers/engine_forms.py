@@ -29,10 +29,19 @@ from proxy.providers.facts import (
     parse_json,
 )
 from proxy.providers.markers import REF_PATTERN, dropped_marker, ref_marker, short_marker
+from proxy.providers.prose import preview
 from proxy.providers.summary import SentenceCache, split_blocks, summarize_text
 from proxy.providers.units import message_text, with_text
 
-SUMMARY, FACTS, DROPPED, FORCED = 1, 2, 3, 4
+SUMMARY, FACTS, DROPPED, FORCED, MASKED = 1, 2, 3, 4, 5
+# Observation masking (the cheapest loss, first on the ladder): a tool result keeps its head and
+# tail, a share of its text up to a cap, then the facts of the cut middle. At SUMMARY and FACTS
+# a tool result keeps the short preview instead of an extractive summary (what an agent needs
+# back from a stale output is where it was and what it said last).
+_MASK_RATIO = 0.3
+_MASK_MAX_CHARS = 2400
+_SHORT_MASK_CHARS = 400
+_MASK_FACTS_CHARS = 240
 _SNIPPET = 60
 # Fields that cost tokens but carry nothing the summary keeps; the originals hold them.
 _DROP_ON_REWRITE = ("reasoning_content", "reasoning", "thinking")
@@ -124,6 +133,7 @@ class Forms:
     _facts_drafts: dict[int, Draft] = field(default_factory=dict)
     _tried: dict[tuple[int, int], list[tuple[int, Candidate]]] = field(default_factory=dict)
     _summaries: dict[int, Draft | None] = field(default_factory=dict)
+    _masks: dict[tuple[int, int], Draft | None] = field(default_factory=dict)
     _split: dict[int, list[tuple[bool, str]] | None] = field(default_factory=dict)
     _made: dict[Draft, Form] = field(default_factory=dict)
     _estimates: dict[Draft, int] = field(default_factory=dict)
@@ -267,8 +277,32 @@ class Forms:
         ratio = self.settings.facts_ratio
         return min(self.settings.max_facts_chars, max(48, int(len(text) * ratio)))
 
+    def mask_draft(self, i: int, chars: int) -> Draft | None:
+        """Tool result i cut to `chars` of head and tail (at line ends where possible), then the
+        facts of what was cut; None if that would keep nearly all of it."""
+        key = (i, chars)
+        if key in self._masks:
+            return self._masks[key]
+        text = self._summarizable(i)
+        draft = None
+        if text is not None and len(text) > chars + _MASK_FACTS_CHARS:
+            kept = preview(text, chars)
+            listed = facts_within(self._analysis(text), _MASK_FACTS_CHARS + len(kept) // 8)
+            lost = [f for f in listed.split(", ") if f and f not in kept]
+            body = f"{kept}\nfacts: {', '.join(lost)}" if lost else kept
+            draft = Draft(i, i + 1, "masked" if chars > _SHORT_MASK_CHARS else "truncated", body)
+        self._masks[key] = draft
+        return draft
+
+    def mask_chars(self, i: int, level: int) -> int:
+        """Characters of head and tail a tool result keeps at a level."""
+        if level != MASKED:
+            return _SHORT_MASK_CHARS
+        chars = len(message_text(self.messages[i]))
+        return min(_MASK_MAX_CHARS, max(2 * _SHORT_MASK_CHARS, int(chars * _MASK_RATIO)))
+
     def single(self, i: int, level: int) -> Form | None:
-        """Message i at SUMMARY or FACTS level; None if that would not make it smaller.
+        """Message i at MASKED, SUMMARY or FACTS level; None if that would not make it smaller.
 
         At SUMMARY the first of its candidates (a duplicate reference, then the summary) that is
         smaller; at FACTS the lightest by estimate of those and the fact list that is smaller
@@ -304,11 +338,19 @@ class Forms:
         if found is not None:
             return found
         found = []
-        if self.costs[i] >= 2 * self.min_saving:  # else every form costs at least min_saving
-            found = [(self.estimate(d), d) for d in self._duplicate_drafts(i)]
-            predicted = self._summary_estimate(i)
-            if predicted is not None:
-                found.append((predicted, None))
+        tool = self.messages[i].get("role") == "tool"
+        # Below 2 * min_saving every form costs at least min_saving; masking is for tool results.
+        if self.costs[i] >= 2 * self.min_saving and (tool or level != MASKED):
+            if level != MASKED:
+                found = [(self.estimate(d), d) for d in self._duplicate_drafts(i)]
+            if tool:
+                mask = self.mask_draft(i, self.mask_chars(i, level))
+                if mask is not None:
+                    found.append((self.estimate(mask), mask))
+            else:
+                predicted = self._summary_estimate(i)
+                if predicted is not None:
+                    found.append((predicted, None))
             if level == FACTS:
                 facts = self.facts_draft(i)
                 found.append((self.estimate(facts), facts))

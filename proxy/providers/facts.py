@@ -16,9 +16,10 @@ from typing import Any
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
 # underscore, a slash or an @, a dot inside a word (`utils.py`, `aider.repo`) or a lower-to-upper
 # hump (`warmCache`). One cheap pattern anchored at token starts finds them; ranking is per match.
+# Not right after `<`: a closing markup tag (`</output>`) is structure, not a path.
 _FACT = re.compile(
     r"`[^`\s]{2,60}`"
-    r"|(?<![\w./@$€£~:%+-])[\w./@$€£~:%+-]*(?:[\d_/@]|\w\.\w|[a-z][A-Z])[\w./@$€£~:%+?=&-]*"
+    r"|(?<![\w./@$€£~:%+<-])[\w./@$€£~:%+-]*(?:[\d_/@]|\w\.\w|[a-z][A-Z])[\w./@$€£~:%+?=&-]*"
 )
 _PUNCT_EDGES = ".:,-+%~"
 # Stripped from a token before testing whether it is a plain word: none of these can start or
@@ -405,27 +406,29 @@ def fact_shape(fact: str) -> str:
 def pack_salient(groups: Sequence[Sequence[tuple[int, str]]], max_chars: int) -> str:
     """`pack_facts` over the candidates of several messages, preferring what is specific.
 
-    A shape that tags nearly every message one at a time (turn ids `D1:1`, `D1:2` …, one
-    timestamp per line) is structure, not content: its facts rank last and at most two of them
+    A shape whose many values tag most messages one at a time (turn ids `D1:1`, `D1:2` …, a
+    timestamp per message) is structure, not content: its facts rank last and at most two of them
     are listed. Facts contained in an already chosen one are left out. (A fact that many of the
     messages repeat is not ranked down: it is often what they are about, and when they are all
     folded it is kept nowhere else.)"""
     n = len(groups)
     shape_in: dict[str, int] = {}
     shape_most: dict[str, int] = {}
+    shape_values: dict[str, set[str]] = {}
     for group in groups:
         facts = {fact for _rank, fact in group}
         shapes: dict[str, int] = {}
         for fact in facts:
             shape = fact_shape(fact)
             shapes[shape] = shapes.get(shape, 0) + 1
+            shape_values.setdefault(shape, set()).add(fact)
         for shape, k in shapes.items():
             shape_in[shape] = shape_in.get(shape, 0) + 1
             shape_most[shape] = max(shape_most.get(shape, 0), k)
     structural = {
         shape
         for shape, k in shape_in.items()
-        if k >= max(5, n * 3 // 5) and shape_most[shape] <= 2 and any(c.isdigit() for c in shape)
+        if k >= max(5, n * 2 // 5) and shape_most[shape] <= 2 and len(shape_values[shape]) >= 5
     }
     unique: dict[str, tuple[int, int, str]] = {}
     kept_structural: dict[str, int] = {}

@@ -128,6 +128,15 @@ def final_unit_start(messages: Sequence[Message]) -> int:
     return max(len(messages) - 1, 0)
 
 
+def final_tool_results(messages: Sequence[Message]) -> frozenset[int]:
+    """The tool results that end the conversation (what an agent's next request is waiting on):
+    the only hard-protected messages a provider may cut, head and tail, as the last resort."""
+    i = len(messages)
+    while i > 0 and messages[i - 1].get("role") == "tool":
+        i -= 1
+    return frozenset(range(i, len(messages)))
+
+
 def recency_start(messages: Sequence[Message], recency_turns: int) -> int:
     """First index of the recency window: the last `recency_turns` user turns (len if none)."""
     if recency_turns <= 0:

@@ -12,7 +12,13 @@ from dataclasses import dataclass, field
 
 from proxy.providers.base import CompactionResult, CompressionConfig, Message
 from proxy.providers.markers import is_stand_in
-from proxy.providers.units import hard_protected, message_text, refs_in, tool_call_ids
+from proxy.providers.units import (
+    final_tool_results,
+    hard_protected,
+    message_text,
+    refs_in,
+    tool_call_ids,
+)
 
 MAX_REF_DEPTH = 10
 _MEDIA_TYPES = frozenset({"image_url", "input_audio", "file", "audio"})
@@ -66,7 +72,11 @@ def check_result(
             replacements.append(_Replacement(pos, start, end))
         else:
             kept[start] = True
-    for i in sorted(hard_protected(original)):
+    # A final tool result may be cut as the last resort (issue 10), one for one, never dropped.
+    protected = hard_protected(original)
+    last = final_tool_results(original) & protected
+    problems.extend(_final_results_dropped(original, out, replacements, last))
+    for i in sorted(protected - last):
         if not kept[i]:
             role = original[i].get("role")
             problems.append(f"protected message {i} ({role}) was rewritten or dropped")
@@ -152,6 +162,21 @@ def _outer_refs(message: Message, verbatim: Mapping[str, list[Message]]) -> list
         return refs
     nested = {r for ref in refs for m in verbatim[ref] for r in refs_in(m)}
     return [r for r in refs if r not in nested]
+
+
+def _final_results_dropped(
+    original: Sequence[Message],
+    out: Sequence[Message],
+    replacements: Sequence[_Replacement],
+    last: frozenset[int],
+) -> list[str]:
+    """A final tool result may be rewritten in place (cut head and tail), not folded away."""
+    return [
+        f"final tool result {rep.start} was folded into result message {rep.position}"
+        for rep in replacements
+        if any(i in last for i in range(rep.start, rep.end))
+        and (rep.end - rep.start != 1 or is_stand_in(message_text(out[rep.position])))
+    ]
 
 
 def _check_replacement(

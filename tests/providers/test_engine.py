@@ -218,3 +218,52 @@ def test_a_forced_stub_for_an_orphan_tool_result_is_a_valid_stand_in() -> None:
     assert result.messages[1]["role"] == "assistant"
     assert is_stand_in(message_text(result.messages[1]))
     assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+def _log(k: int, lines: int = 120) -> str:
+    return "\n".join(f"line {n}: step {k} read src/mod_{k}.py value {n * k}" for n in range(lines))
+
+
+def _agent(steps: int) -> list[Message]:
+    out = [system(), user("Fix the failing test in src/mod_0.py.")]
+    for k in range(steps):
+        out.append(assistant(f"THOUGHT: look at step {k}.", f"c{k}"))
+        out.append(tool(f"c{k}", _log(k)))
+    return out
+
+
+def test_stale_tool_outputs_are_masked_first_keeping_head_and_tail() -> None:
+    messages = _agent(8)
+    total = count_tokens(messages)
+    result = compress(messages, int(total * 0.8))
+    assert check_result(messages, result, make_config(int(total * 0.8))) == []
+    cut = ("tokens masked]", "tokens truncated]")
+    masked = [m for m in result.messages if any(v in message_text(m) for v in cut)]
+    assert masked, "the cheapest loss is masking stale tool outputs"
+    first = message_text(masked[0])
+    assert "line 0: step 0" in first  # the head survives
+    assert "line 119: step 0" in first  # and the tail
+    # The agent's own steps stay verbatim while tool outputs are masked.
+    assert all(m in result.messages for m in messages if m["role"] == "assistant")
+
+
+def test_a_final_tool_result_is_cut_as_the_last_resort_so_a_feasible_request_fits() -> None:
+    messages = [*_agent(2)[:-1], tool("c1", _log(1, lines=2000))]
+    floor_without_final = count_tokens(messages[:-1])
+    budget = floor_without_final + 400
+    result = compress(messages, budget)
+    config = make_config(budget)
+    assert count_tokens(result.messages) <= budget
+    assert check_result(messages, result, config) == []
+    final = result.messages[-1]
+    assert final["role"] == "tool"
+    assert final["tool_call_id"] == "c1"
+    assert "line 0: step 1" in message_text(final)
+    assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+def test_final_tool_results_stay_whole_when_the_rest_can_give_enough() -> None:
+    messages = _agent(6)
+    total = count_tokens(messages)
+    result = compress(messages, int(total * 0.5))
+    assert result.messages[-1] == messages[-1]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from proxy.providers.base import CompactionResult, Message, make_ref_id, ref_marker
+from proxy.providers.markers import dropped_marker, short_marker
 from proxy.providers.validate import align, check_result, pairing_problems
 from tests.providers.build import assistant, system, tool, user, words
 from tests.providers.tokens import count_message, make_config
@@ -224,3 +225,15 @@ def test_align_names_the_first_message_that_stands_for_nothing() -> None:
     found = align(msgs, [msgs[0], user("made up"), *msgs[2:]], {})
     assert isinstance(found, str)
     assert found.startswith("result message 1 ")
+
+
+def test_a_final_tool_result_may_be_cut_in_place_but_never_folded_away() -> None:
+    messages = [system(), user("go"), assistant(None, "c1"), tool("c1", "x " * 500)]
+    ref = make_ref_id(messages[3:])
+    cut = {**messages[3], "content": f"{short_marker(ref)}\nx x x"}
+    ok = CompactionResult([*messages[:3], cut], "", 3, {ref: messages[3:]})
+    assert check_result(messages, ok, make_config(10_000)) == []
+    pair = make_ref_id(messages[2:])
+    folded = {"role": "assistant", "content": dropped_marker(pair)}
+    bad = CompactionResult([*messages[:2], folded], "", 3, {pair: messages[2:]})
+    assert any("final tool result" in p for p in check_result(messages, bad, make_config(10_000)))
