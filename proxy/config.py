@@ -7,6 +7,7 @@ setting fails at load time rather than being silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import tomllib
@@ -28,6 +29,10 @@ _HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 class ConfigError(ValueError):
     """A setting is unknown or invalid; the message names the key."""
+
+
+KEY_ID = re.compile(r"[0-9a-f]{12}")
+"""A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
 
 
 def _check(cond: bool, key: str, why: str) -> None:
@@ -82,6 +87,14 @@ class UpstreamSettings:
         _check(self.read_timeout >= 0, f"{p}.read_timeout", "must be >= 0 (0 = no limit)")
         _check(self.max_connections > 0, f"{p}.max_connections", "must be > 0")
         _check(self.transport in ("aiohttp", "httpx"), f"{p}.transport", "aiohttp or httpx")
+        for i, key in enumerate(self.allowed_keys):
+            # Never echo the value: a raw API key pasted here must not reach logs or terminals.
+            _check(
+                KEY_ID.fullmatch(key.strip().lower()) is not None,
+                f"{p}.allowed_keys[{i}]",
+                "must be a key id (12 hex digits, printed by `compactd key-id <key>`), "
+                "not an API key",
+            )
 
 
 _STORE_SCHEMES = (
@@ -220,6 +233,16 @@ class Settings:
         """Every policy, the default last."""
         return (*self.policies, self.default_policy)
 
+    def policy_keys(self) -> list[tuple[str, PolicySettings]]:
+        """Every policy with the key that names it in errors (`policies[0]`, `default_policy`)."""
+        return [
+            *((f"policies[{i}]", p) for i, p in enumerate(self.policies)),
+            (
+                "default_policy",
+                self.default_policy,
+            ),
+        ]
+
 
 # Environment variables that set one key each; COMPACTD_<SECTION>_<KEY> works for every scalar.
 ENV_ALIASES: dict[str, str] = {
@@ -231,6 +254,14 @@ ENV_ALIASES: dict[str, str] = {
     "REDIS_URL": "store.url",
     "COMPACTD_STORE_URL": "store.url",
 }
+
+
+CONFIG_FILE_ENV = "COMPACTD_CONFIG_FILE"
+"""The config file when no --config is given (the CLI also hands it to its workers this way)."""
+
+ENV_PREFIX = "COMPACTD_"
+# Not settings, but ours: the test suite's own variables.
+_ENV_IGNORED_PREFIXES = ("COMPACTD_TEST_",)
 
 
 _SECTION_TYPES: dict[str, type[Any]] = {
@@ -340,6 +371,31 @@ def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
     return table
 
 
+def known_env_names() -> frozenset[str]:
+    """Every COMPACTD_* environment variable compactd reads."""
+    names = {
+        f"COMPACTD_{section.upper()}_{f.name.upper()}"
+        for section, cls in _SECTION_TYPES.items()
+        for f in dataclasses.fields(cls)
+    }
+    return frozenset({*names, *ENV_ALIASES, CONFIG_FILE_ENV})
+
+
+def unknown_env(env: Mapping[str, str]) -> list[str]:
+    """One message per COMPACTD_* variable that sets nothing (a misspelling), with a suggestion."""
+    known = known_env_names()
+    problems = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in known:
+            continue
+        if name.startswith(_ENV_IGNORED_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problems.append(f"{name}: unknown environment variable{hint}")
+    return problems
+
+
 def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in top.items():
@@ -365,7 +421,12 @@ def load_settings(
             raise ConfigError(f"config file {path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path}: {exc}") from None
-    table = _merge(table, env_overrides(os.environ if env is None else env))
+    environ = os.environ if env is None else env
+    # A misspelled variable is a misspelled key: it stops start-up instead of being ignored.
+    problems = unknown_env(environ)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    table = _merge(table, env_overrides(environ))
     if overrides:
         table = _merge(table, overrides)
     settings: Settings = _build(Settings, table, "")
