@@ -18,8 +18,8 @@ from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
 from proxy.metrics import MULTIPROC_ENV, Metrics
 from proxy.policy import PolicyResolver
-from proxy.providers.base import Completer, ContextProvider, Message
-from proxy.providers.registry import ProviderRegistry
+from proxy.providers.base import Completer, ContextProvider, Message, OptionError
+from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
 from proxy.store.base import Store
 from proxy.store.factory import open_store
 from proxy.tenant import Tenancy, load_or_create_secret
@@ -152,14 +152,33 @@ async def build_services(
     )
 
 
+def check_settings(settings: Settings) -> dict[str, ContextProvider]:
+    """What start-up builds from the config besides resources (policies, model table, providers
+    and their options), so `check-config` and `serve` fail with one line where start-up would."""
+    PolicyResolver(settings)
+    models_file = settings.tokens.models_file
+    ModelTable.load(Path(models_file) if models_file else None)
+    try:
+        providers = ProviderRegistry().load_enabled(
+            sorted({n for p in settings.all_policies() for n in p.providers})
+        )
+    except ProviderLoadError as exc:
+        raise ConfigError(f"providers: {exc}") from None
+    check_provider_options(settings, providers)
+    return providers
+
+
 def check_provider_options(settings: Settings, providers: Mapping[str, ContextProvider]) -> None:
-    """Every policy's options for every provider in its chain, validated by the provider."""
-    for policy in settings.all_policies():
+    """Every policy's options for every provider in its chain: typed by the provider's schema,
+    then checked by the provider; the error names the key (`policies[0].options.engine.dedup`)."""
+    for where, policy in settings.policy_keys():
         for name in policy.providers:
             try:
-                providers[name].check_options(policy.options.get(name, {}))
-            except ValueError as exc:
-                raise ConfigError(f"policy {policy.name!r}.options.{name}: {exc}") from None
+                check_options(
+                    providers[name], policy.options.get(name, {}), f"{where}.options.{name}"
+                )
+            except OptionError as exc:
+                raise ConfigError(str(exc)) from None
 
 
 async def _store_warnings(store: Store) -> list[str]:

@@ -7,12 +7,14 @@ dicts; providers must not mutate the lists or dicts they are given.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import types
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from proxy.providers.markers import (
     DROPPED_PATTERN,
@@ -100,8 +102,116 @@ class CompactionResult:
     """Human-readable notes about what was lost (e.g. "tool results truncated")."""
 
 
+T = TypeVar("T")
+
+
+class OptionError(ValueError):
+    """An option of a provider is unknown or has the wrong type or value; `key` names it."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
+
+
+def option(
+    default: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    above: float | None = None,
+    schema: type[Any] | None = None,
+    doc: str = "",
+) -> Any:
+    """A field of an option schema with bounds the host checks (`above` is an exclusive minimum;
+    `schema` checks a `Mapping` field's table against another option dataclass, e.g. the options
+    of a fallback provider, and keeps the table as given).
+
+    ```python
+    @dataclass(frozen=True)
+    class Options:
+        keep_chars: int = option(200, minimum=1, doc="characters kept of a long tool result")
+    ```
+    """
+    bounds = {"minimum": minimum, "maximum": maximum, "above": above, "schema": schema, "doc": doc}
+    return field(default=default, metadata={k: v for k, v in bounds.items() if v not in (None, "")})
+
+
+def parse_options(schema: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
+    """`values` (a policy's options for one provider) as an instance of the dataclass `schema`.
+
+    Field types may be bool, int, float (an int is accepted), str, tuple[X, ...] (from a list),
+    a nested option dataclass (from a table), `Mapping[str, Any]` (any table, unchecked) or any
+    of these `| None`. Unknown keys, wrong types and values outside a field's `option()` bounds
+    raise OptionError naming the key, dotted from `prefix`.
+    """
+    if not isinstance(values, Mapping):
+        raise OptionError(prefix or "options", "must be a table")
+    hints = get_type_hints(schema)
+    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, raw in values.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            raise OptionError(path, f"unknown option (known: {', '.join(sorted(fields))})")
+        meta = fields[key].metadata
+        value = _typed(raw, hints[key], path)
+        if "schema" in meta and value is not None:
+            parse_options(meta["schema"], value, path)
+        _bounded(value, meta, path)
+        kwargs[key] = value
+    try:
+        return schema(**kwargs)
+    except (TypeError, ValueError) as exc:  # a schema's own __post_init__ checks
+        raise OptionError(prefix or "options", str(exc)) from None
+
+
+_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _typed(value: Any, tp: Any, path: str) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in get_args(tp) if a is not type(None)]
+        if value is None and len(inner) < len(get_args(tp)):
+            return None
+        return _typed(value, inner[0], path) if len(inner) == 1 else value
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return parse_options(tp, value, path)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise OptionError(path, f"must be a list, not {value!r}")
+        item = get_args(tp)[0]
+        return tuple(_typed(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is not None and issubclass(origin, Mapping):
+        if not isinstance(value, Mapping):
+            raise OptionError(path, f"must be a table, not {value!r}")
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in _NAMES and (type(value) is not tp):
+        raise OptionError(path, f"must be {_NAMES[tp]}, not {value!r}")
+    return value
+
+
+def _bounded(value: Any, meta: Mapping[str, Any], path: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return
+    if "minimum" in meta and value < meta["minimum"]:
+        raise OptionError(path, f"must be >= {meta['minimum']}, not {value!r}")
+    if "above" in meta and value <= meta["above"]:
+        raise OptionError(path, f"must be > {meta['above']}, not {value!r}")
+    if "maximum" in meta and value > meta["maximum"]:
+        raise OptionError(path, f"must be <= {meta['maximum']}, not {value!r}")
+
+
 class ContextProvider(ABC):
     """A compression strategy. Subclasses set `name` and implement `compress`."""
+
+    option_schema: ClassVar[type[Any] | None] = None
+    """A frozen dataclass whose fields are this provider's options (see `parse_options`): the
+    host checks every policy's options against it at start-up, so each key is typed, bounded and
+    named in errors; `parse_options(schema, config.extra_config)` gives the typed values."""
 
     @property
     @abstractmethod
@@ -119,10 +229,11 @@ class ContextProvider(ABC):
         """Return a compacted copy of `messages`; may be `async`. Never mutate the input."""
 
     def check_options(self, options: Mapping[str, Any]) -> None:
-        """Raise ValueError naming a bad key of this provider's `extra_config`.
+        """Raise ValueError (OptionError to name a key) for options the schema cannot judge.
 
         Called at start-up (and by `compactd check-config`) for every policy that uses the
-        provider, so a misspelled option stops the server instead of being silently ignored.
+        provider, after its `option_schema` (if any) accepted them, so a misspelled option stops
+        the server instead of being silently ignored.
         """
         del options
 

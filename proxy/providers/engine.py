@@ -118,6 +118,8 @@ class _Step:
 class EngineProvider(ContextProvider):
     """Deterministic summaries, dedup and dropping, searched to fit the target."""
 
+    option_schema = EngineOptions
+
     @property
     def name(self) -> str:
         """Registry name."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
-from proxy.providers.base import ContextProvider
+from proxy.providers.base import ContextProvider, OptionError, parse_options
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,30 @@ class ProviderRegistry:
             return
         self._classes[ep.name] = cls
         self._sources[ep.name] = ep.value
+
+
+def check_options(provider: ContextProvider, options: Mapping[str, Any], prefix: str) -> None:
+    """A policy's options for `provider`, checked by the host against the provider's declared
+    `option_schema`, then by the provider's own `check_options`; OptionError names the key
+    (dotted from `prefix`, e.g. `policies[0].options.engine`). Never raises anything else."""
+    schema = getattr(provider, "option_schema", None)
+    own_check = type(provider).check_options is not ContextProvider.check_options
+    if schema is None and options and not own_check:
+        # Nothing would read or check these: a typo would be silently ignored.
+        key = next(iter(options))
+        raise OptionError(f"{prefix}.{key}", f"unknown option ({provider.name} declares none)")
+    try:
+        if schema is not None:
+            parse_options(schema, options, prefix)
+        provider.check_options(options)
+    except OptionError as exc:
+        if exc.key.startswith(prefix):
+            raise
+        raise OptionError(f"{prefix}.{exc.key}", exc.why) from None
+    except ValueError as exc:
+        raise OptionError(prefix, str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a plugin's check must not crash check-config
+        raise OptionError(prefix, f"checking failed ({type(exc).__name__}: {exc})") from None
 
 
 @functools.cache

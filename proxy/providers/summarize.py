@@ -24,6 +24,7 @@ from proxy.providers.base import (
     CompressionConfig,
     ContextProvider,
     Message,
+    option,
     ref_marker,
 )
 from proxy.providers.engine import EngineOptions, compact
@@ -60,7 +61,7 @@ class SummarizeOptions:
     timeout: float = 20.0
     summary_tokens: int = 400
     max_input_chars: int = 200_000
-    engine: Mapping[str, Any] | None = None
+    engine: Mapping[str, Any] | None = option(None, schema=EngineOptions)
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any]) -> SummarizeOptions:
@@ -130,6 +131,8 @@ def choose_span(messages: list[Message], config: CompressionConfig, summary_toke
 
 class SummarizeProvider(ContextProvider):
     """Summaries by an upstream model, escalating to the deterministic engine."""
+
+    option_schema = SummarizeOptions
 
     @property
     def name(self) -> str:

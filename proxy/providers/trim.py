@@ -81,6 +81,7 @@ class TrimProvider(ContextProvider):
     """Rule-based, deterministic, reversible trimming (the default provider)."""
 
     name = "trim"
+    option_schema = TrimOptions
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Reject unknown or bad `extra_config` keys at start-up."""

@@ -1,5 +1,7 @@
 """A complete compactd provider: long tool results become a short, reversible stub."""
 
+from dataclasses import dataclass
+
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
@@ -7,15 +9,23 @@ from proxy.providers.base import (
     Message,
     compute_source_digest,
     make_ref_id,
+    option,
+    parse_options,
     ref_marker,
 )
 
 
+@dataclass(frozen=True)
+class Options:  # the host checks each policy's options against this at start-up
+    keep_chars: int = option(200, minimum=1, doc="characters of a long tool result kept")
+
+
 class ShortToolResults(ContextProvider):
     name = "short-tools"
+    option_schema = Options
 
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
-        keep = int(config.extra_config.get("keep_chars", 200))
+        keep = parse_options(Options, config.extra_config).keep_chars
         out, verbatim, last = [], {}, -1
         for i, m in enumerate(messages[:-1]):  # the final message is never touched
             text = m.get("content")
