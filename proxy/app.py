@@ -13,11 +13,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.config import Settings
 from proxy.errors import NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
+from proxy.metrics import Metrics
 from proxy.providers.registry import ProviderRegistry
 from proxy.services import build_services
 from proxy.store.base import Store
@@ -50,13 +52,19 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
 
 
 class CompactdApp:
-    """Top-level ASGI app: /v1/* goes straight to the relay; the rest to a Starlette router."""
+    """Top-level ASGI app: /v1/* goes straight to the relay; the rest to a Starlette router.
+    Every HTTP exchange passes through the access log (date header, metric, log line)."""
 
     def __init__(self, router: Starlette) -> None:
         self.router = router
         self.handler: Handler | None = None
+        self.metrics: Metrics | None = None
+        self._access = AccessLog(self._dispatch, lambda: self.metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._access(scope, receive, send)
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/") and self.handler:
             await self.handler(scope, receive, send)
             return
@@ -81,6 +89,7 @@ def create_app(
             registry=registry,
         )
         router.state.services = services
+        app.metrics = services.metrics
         # Start-up objects (model table, registries, encodings' Python side) live for the whole
         # process: keep them out of every later garbage collection, which otherwise stalls the
         # event loop for tens of milliseconds while a provider runs in a worker thread.
@@ -97,7 +106,7 @@ def create_app(
             gate=Gate(
                 tenancy=services.tenancy,
                 upstream_key=settings.upstream.api_key,
-                allowed=frozenset(settings.upstream.allowed_keys),
+                allowed=frozenset(k.strip().lower() for k in settings.upstream.allowed_keys),
             ),
             max_body=settings.server.max_body_bytes,
             accounting=settings.accounting.enabled,
@@ -107,7 +116,7 @@ def create_app(
         try:
             yield
         finally:
-            handler, app.handler = app.handler, None
+            handler, app.handler, app.metrics = app.handler, None, None
             for task in list(handler.background):
                 await task
             await services.aclose()

@@ -180,7 +180,7 @@ class Outcome:
             "action": self.action,
             "tokens-before": "" if self.tokens_before is None else str(self.tokens_before),
             "tokens-after": "" if self.tokens_after is None else str(self.tokens_after),
-            "provider": "+".join(self.providers),
+            "provider": "+".join(self.providers) or "none",
             "policy": self.policy,
             "conversation": self.conversation,
             "shadow-action": self.shadow_action,

@@ -40,8 +40,19 @@ class Timeouts:
         return {"connect": self.connect, "read": self.read, "write": self.write, "pool": self.pool}
 
 
+def _closed_without_answer(exc: BaseException) -> bool:
+    """The upstream accepted the connection, then closed it before any response byte."""
+    import aiohttp  # noqa: PLC0415 (installed with httpx-aiohttp; imported only on failure)
+
+    if isinstance(exc.__cause__, aiohttp.ServerDisconnectedError):
+        return True
+    return isinstance(exc, httpx.RemoteProtocolError) and "without sending" in str(exc)
+
+
 def upstream_error(exc: BaseException) -> ProxyError:
     """Map a transport failure to 502 (unreachable) or 504 (timed out)."""
+    if _closed_without_answer(exc):
+        return UpstreamUnreachableError("The upstream closed the connection without answering.")
     cause = exc.__cause__
     # httpx-aiohttp maps all aiohttp connection errors to ConnectTimeout; the cause tells the truth.
     timed_out = (

@@ -10,13 +10,17 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
 
 REQUEST_LOGGER = "compactd.request"
+ACCESS_LOGGER = "compactd.access"
 MASK = "***"
 
 # Loggers of the libraries we run under; their own handlers are replaced by ours so every line
@@ -61,6 +65,8 @@ _TRIGGERS = (
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys() | {"message", "asctime"}
 )
+# uvicorn adds the message again with ANSI colour codes for terminals; JSON has no use for it.
+_DROPPED_EXTRAS = frozenset({"color_message"})
 
 
 def redact(text: str) -> str:
@@ -139,7 +145,7 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         for key, value in record.__dict__.items():
-            if key not in _STANDARD_ATTRS and key not in line:
+            if key not in _STANDARD_ATTRS and key not in line and key not in _DROPPED_EXTRAS:
                 line[key] = value
         if record.exc_info and not record.exc_text:
             record.exc_text = self.formatException(record.exc_info)
@@ -221,6 +227,45 @@ def request_log(
     }
 
 
+# The HTTP exchange being served (method, route class, status, start time), set by the app for
+# each request: a chat request's own line carries these too, and no second, access-only line
+# is written for it.
+_ACCESS: ContextVar[dict[str, Any] | None] = ContextVar("compactd_access", default=None)
+
+
+@contextmanager
+def access_context(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Make `fields` (method, route, started: a perf_counter reading) the current request's
+    access fields; the app fills in `status` when the response starts."""
+    token = _ACCESS.set(fields)
+    try:
+        yield fields
+    finally:
+        _ACCESS.reset(token)
+
+
+def _access_fields(access: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "method": access["method"],
+        "route": access["route"],
+        "status": access.get("status"),
+        "duration_ms": round((time.perf_counter() - access["started"]) * 1000, 3),
+    }
+
+
 def log_request(entry: Mapping[str, Any], level: int = logging.INFO) -> None:
     """Write one request's line (built by `request_log`) to the `compactd.request` logger."""
-    logging.getLogger(REQUEST_LOGGER).log(level, "request", extra=dict(entry))
+    fields = dict(entry)
+    access = _ACCESS.get()
+    if access is not None:
+        access["logged"] = True
+        fields.update(_access_fields(access))
+    logging.getLogger(REQUEST_LOGGER).log(level, "request", extra=fields)
+
+
+def log_access(access: Mapping[str, Any], path: str) -> None:
+    """The line for a request that wrote no `compactd.request` line of its own."""
+    if access.get("logged"):
+        return
+    fields = {**_access_fields(access), "path": path}
+    logging.getLogger(ACCESS_LOGGER).info("request", extra=fields)

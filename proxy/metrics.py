@@ -194,6 +194,19 @@ class Metrics:
             "Bytes that differed on requests forwarded as passthrough; must stay 0.",
             registry=r,
         )
+        self._http = Counter(
+            "compactd_http_requests",
+            "Every HTTP request compactd answered, by method, route class and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self._http_seconds = Histogram(
+            "compactd_http_request_seconds",
+            "Time from receiving a request to the end of its response (streams included).",
+            ["route"],
+            buckets=(0.001, 0.005, *_SLOW),
+            registry=r,
+        )
         if path:
             self._render_registry = CollectorRegistry()
             MultiProcessCollector(self._render_registry, path=path)  # type: ignore[no-untyped-call]
@@ -290,6 +303,11 @@ class Metrics:
     def passthrough_bytes_changed(self, n: int) -> None:
         """Bytes differed on a passthrough request: a transparency bug, alert on any increase."""
         self._passthrough_changed.inc(n)
+
+    def observe_http(self, *, method: str, route: str, status: str, seconds: float) -> None:
+        """One HTTP request answered (all routes; labels must come from bounded sets)."""
+        self._child(self._http, method, route, status).inc()
+        self._child(self._http_seconds, route).observe(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """The scrape body and its content type (every worker's values in multiprocess mode)."""
