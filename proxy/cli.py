@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
+import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,14 +14,23 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import __version__
-from proxy.config import ConfigError, Settings, load_settings
+from proxy.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
 
 if TYPE_CHECKING:
     from proxy.store.base import Store
 
 
+class CommandError(Exception):
+    """A command cannot do what was asked; `main` prints the message as one line."""
+
+
+def _config_path(args: argparse.Namespace) -> str | None:
+    """--config, else COMPACTD_CONFIG_FILE: the same resolution for every command."""
+    return getattr(args, "config", None) or os.environ.get(CONFIG_FILE_ENV) or None
+
+
 def _settings(args: argparse.Namespace, overrides: dict[str, Any] | None = None) -> Settings:
-    return load_settings(getattr(args, "config", None), overrides=overrides)
+    return load_settings(_config_path(args), overrides=overrides)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -35,9 +45,14 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["upstream"] = {"url": args.upstream}
     settings = _settings(args, overrides)
     s = settings.server
+    from proxy.banner import describe, emit  # noqa: PLC0415
     from proxy.logs import configure_logging  # noqa: PLC0415
+    from proxy.services import check_settings  # noqa: PLC0415
 
     configure_logging(s.log_level)
+    check_settings(settings)  # a bad config stops here with one line, not in every worker
+    config = _config_path(args)
+    emit(describe(settings, config, asyncio.run(_store_warnings(settings))), sys.stderr)
     common: dict[str, Any] = {
         "host": s.host,
         "port": s.port,
@@ -46,14 +61,16 @@ def _serve(args: argparse.Namespace) -> int:
         "access_log": False,  # one structured line per request is ours
         "lifespan": "on",
         "timeout_keep_alive": 75,
+        # The app sets one `date` (the upstream's, when relaying) and relays the upstream's
+        # `server`; uvicorn's own would make a second of each.
+        "date_header": False,
+        "server_header": False,
     }
     if s.workers > 1:
-        import os  # noqa: PLC0415
-
         from proxy.metrics import multiprocess_dir  # noqa: PLC0415
 
         # Each worker process rebuilds the app from the same config through the factory.
-        os.environ["COMPACTD_CONFIG_FILE"] = args.config or ""
+        os.environ[CONFIG_FILE_ENV] = config or ""
         for k, v in server.items():
             os.environ[f"COMPACTD_SERVER_{k.upper()}"] = str(v)
         if args.upstream:
@@ -67,25 +84,36 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _store_warnings(settings: Settings) -> list[str]:
+    """The store's own configuration warnings (an evicting Redis ...), for the banner."""
+    from proxy.config import data_dir  # noqa: PLC0415
+    from proxy.store.factory import open_store  # noqa: PLC0415
+
+    try:
+        store = await open_store(settings.store, data_dir(settings))
+        try:
+            warnings: list[str] = await store.check_config()
+        finally:
+            await store.close()
+    except Exception as exc:  # noqa: BLE001 - the proxy fails open without its store
+        return [
+            f"store not reachable at start-up ({type(exc).__name__}): requests are forwarded "
+            "uncompacted until it answers"
+        ]
+    return warnings
+
+
 def _check_config(args: argparse.Namespace) -> int:
-    from proxy.budget import ModelTable  # noqa: PLC0415
-    from proxy.policy import PolicyResolver  # noqa: PLC0415
-    from proxy.providers.registry import ProviderLoadError, ProviderRegistry  # noqa: PLC0415
-    from proxy.services import check_provider_options  # noqa: PLC0415
+    from proxy.banner import warnings  # noqa: PLC0415
+    from proxy.services import check_settings  # noqa: PLC0415
 
     settings = _settings(args)
     # Everything start-up would build from the config, so check-config fails where serve would.
-    PolicyResolver(settings)
-    ModelTable.load(Path(settings.tokens.models_file) if settings.tokens.models_file else None)
-    try:
-        providers = ProviderRegistry().load_enabled(
-            sorted({n for p in settings.all_policies() for n in p.providers})
-        )
-    except ProviderLoadError as exc:
-        raise ConfigError(f"providers: {exc}") from None
-    check_provider_options(settings, providers)
+    check_settings(settings)
+    for warning in warnings(settings):
+        print(f"warning: {warning}", file=sys.stderr)
     print(
-        f"ok: {args.config or '(defaults)'} — upstream {settings.upstream.url}, "
+        f"ok: {_config_path(args) or '(defaults)'} — upstream {settings.upstream.url}, "
         f"{len(settings.policies) + 1} policies"
     )
     return 0
@@ -94,13 +122,20 @@ def _check_config(args: argparse.Namespace) -> int:
 def _compress(args: argparse.Namespace) -> int:
     from proxy import offline  # noqa: PLC0415
 
+    if args.budget <= 0 or not 0 < args.target_ratio <= 1:
+        raise CommandError("--budget must be > 0 and --target-ratio in (0, 1]")
     defaults = offline.Defaults(
         model=args.model,
         provider=args.provider or "",
         budget=args.budget,
         target_ratio=args.target_ratio,
     )
-    return offline.main(_settings(args), defaults, sys.stdin.buffer, sys.stdout.buffer)
+    from proxy.services import check_settings  # noqa: PLC0415
+
+    settings = _settings(args)
+    check_settings(settings)
+    progress = sys.stderr if sys.stderr.isatty() else None
+    return offline.main(settings, defaults, sys.stdin.buffer, sys.stdout.buffer, progress)
 
 
 def _providers(args: argparse.Namespace) -> int:
@@ -114,12 +149,22 @@ def _providers(args: argparse.Namespace) -> int:
 
 
 def _key_id(args: argparse.Namespace) -> int:
+    from proxy.banner import secret_source  # noqa: PLC0415
     from proxy.config import data_dir  # noqa: PLC0415
     from proxy.tenant import key_fingerprint, load_or_create_secret  # noqa: PLC0415
 
+    key = sys.stdin.readline().strip() if args.key == "-" else args.key
+    if not key:
+        raise CommandError("no key given (pass it, or - to read it from stdin)")
     settings = _settings(args)
+    before = secret_source(settings)
     secret = load_or_create_secret(settings.server.secret, data_dir(settings))
-    print(key_fingerprint(secret, _credential(args.key)))
+    source = secret_source(settings)
+    if source != before:
+        source += " (created now; `compactd serve` will use it)"
+    print(key_fingerprint(secret, _credential(key)))
+    config = _config_path(args) or "none"
+    print(f"secret: {source}; config: {config} (the same as `compactd serve`)", file=sys.stderr)
     return 0
 
 
@@ -159,17 +204,20 @@ def _credential(text: str) -> str | None:
 
 
 def _conversations(args: argparse.Namespace) -> int:
+    from proxy.views import conversation_summary  # noqa: PLC0415
+
     async def work(store: Store, settings: Settings) -> int:
         infos = await store.list_conversations(_tenant(args, settings))
         if args.json:
-            print(orjson.dumps([dataclasses.asdict(i) for i in infos]).decode())
+            print(orjson.dumps([conversation_summary(i) for i in infos]).decode())
             return 0
-        head = ("conversation", "tenant", "checkpoints", "originals", "bytes")
-        print(f"{head[0]:<28} {head[1]:<26} {head[2]:>11} {head[3]:>9} {head[4]:>10}")
+        head = ("conversation", "tenant", "events", "originals", "bytes", "last used (UTC)")
+        print(f"{head[0]:<28} {head[1]:<26} {head[2]:>6} {head[3]:>9} {head[4]:>10}  {head[5]}")
         for i in infos:
+            used = time.strftime("%Y-%m-%d %H:%M", time.gmtime(i.updated_at))
             print(
-                f"{i.conversation:<28} {i.tenant:<26} {i.checkpoint_count:>11} "
-                f"{i.original_count:>9} {i.size_bytes:>10}"
+                f"{i.conversation:<28} {i.tenant:<26} {i.checkpoint_count:>6} "
+                f"{i.original_count:>9} {i.size_bytes:>10}  {used}"
             )
         return 0
 
@@ -215,8 +263,12 @@ def _stats(args: argparse.Namespace) -> int:
     from proxy.budget import ModelTable  # noqa: PLC0415
     from proxy.stats import compute_stats, format_table, parse_since, stats_json  # noqa: PLC0415
 
-    async def work(store: Store, settings: Settings) -> int:
+    try:
         since = parse_since(args.since)
+    except ValueError as exc:
+        raise CommandError(f"--since: {exc}") from None
+
+    async def work(store: Store, settings: Settings) -> int:
         rows = await store.usage(_tenant(args, settings), since.isoformat())
         models_file = settings.tokens.models_file
         table = compute_stats(
@@ -253,19 +305,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compress", help="compress JSONL conversations from stdin to stdout")
     comp.add_argument("--config")
-    comp.add_argument("--budget", type=float, default=0.5, help="tokens, or a fraction <= 1")
+    comp.add_argument(
+        "--budget",
+        type=float,
+        default=0.5,
+        help="tokens each request must fit, or a fraction <= 1 of its own count "
+        "(default 0.5: half of each line's tokens)",
+    )
     comp.add_argument("--model", default="gpt-4o")
     comp.add_argument(
         "--provider", help="provider for lines that name none (default: policy chain)"
     )
-    comp.add_argument("--target-ratio", type=float, default=1.0)
+    comp.add_argument(
+        "--target-ratio",
+        type=float,
+        default=1.0,
+        help="aim at this share of the budget (default 1.0; the proxy uses the policy's 0.7)",
+    )
     comp.set_defaults(func=_compress)
 
     prov = sub.add_parser("providers", help="list installed compression providers")
     prov.set_defaults(func=_providers)
 
     kid = sub.add_parser("key-id", help="print a key's fingerprint for policy matching")
-    kid.add_argument("key")
+    kid.add_argument("key", help="the API key, or - to read it from stdin (keeps it out of ps)")
     kid.add_argument("--config")
     kid.set_defaults(func=_key_id)
 
@@ -290,12 +353,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `compactd` command."""
+    """Entry point of the `compactd` command: errors are one line and an exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    from proxy.store.base import StoreError  # noqa: PLC0415
+
     try:
         result: int = args.func(args)
     except ConfigError as exc:
-        print(f"compactd: configuration error: {exc}", file=sys.stderr)
-        return 2
+        return _fail(f"configuration error: {exc}", 2)
+    except CommandError as exc:
+        return _fail(str(exc), 2)
+    except (StoreError, OSError) as exc:
+        return _fail(f"{type(exc).__name__}: {exc}", 1)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a command never ends in a traceback
+        return _fail(f"unexpected {type(exc).__name__}: {exc}", 1)
     return result
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"compactd: {message}", file=sys.stderr)
+    return code

@@ -7,7 +7,8 @@ import dataclasses
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from pathlib import Path
+from typing import IO, Any, TextIO
 
 import orjson
 
@@ -42,7 +43,8 @@ class OfflineCompressor:
         self.settings = settings
         self.defaults = defaults
         self.tokenizers = Tokenizers(None, settings.tokens.cache_size)
-        self.models = ModelTable.load(None)
+        models_file = settings.tokens.models_file
+        self.models = ModelTable.load(Path(models_file) if models_file else None)
         self.registry = ProviderRegistry()
         self.policy: PolicySettings = settings.default_policy
 
@@ -110,8 +112,57 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
             yield line
 
 
-async def run(compressor: OfflineCompressor, lines: Iterable[bytes], out: IO[bytes]) -> int:
+@dataclass
+class Progress:
+    """A one-line running count on a terminal (stderr), redrawn at most every `interval` s."""
+
+    stream: TextIO | None
+    interval: float = 0.2
+    lines: int = 0
+    failures: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    _shown: float = 0.0
+
+    def add(self, result: dict[str, Any]) -> None:
+        """Count one output line; redraw if it is time."""
+        self.lines += 1
+        stats = result.get("stats")
+        if isinstance(stats, dict):
+            self.tokens_before += int(stats["tokens_before"])
+            self.tokens_after += int(stats["tokens_after"])
+        else:
+            self.failures += 1
+        now = time.monotonic()
+        if self.stream is not None and now - self._shown >= self.interval:
+            self._shown = now
+            self._draw()
+
+    def _draw(self) -> None:
+        assert self.stream is not None
+        ratio = self.tokens_after / self.tokens_before if self.tokens_before else 1.0
+        self.stream.write(
+            f"\r{self.lines:,} lines, {self.failures:,} errors, "
+            f"{self.tokens_before:,} -> {self.tokens_after:,} tokens ({ratio:.0%})"
+        )
+        self.stream.flush()
+
+    def done(self) -> None:
+        """The final count and a newline."""
+        if self.stream is not None:
+            self._draw()
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def run(
+    compressor: OfflineCompressor,
+    lines: Iterable[bytes],
+    out: IO[bytes],
+    progress: Progress | None = None,
+) -> int:
     """Write exactly one JSONL line per input line, in order, flushed as it goes."""
+    progress = progress or Progress(None)
     failures = 0
     for raw in lines:
         line_id: Any = None
@@ -126,11 +177,22 @@ async def run(compressor: OfflineCompressor, lines: Iterable[bytes], out: IO[byt
             result = {"id": line_id, "error": str(exc)}
         out.write(orjson.dumps(result) + b"\n")
         out.flush()
+        progress.add(result)
+    progress.done()
     return failures
 
 
-def main(settings: Settings, defaults: Defaults, stdin: IO[bytes], stdout: IO[bytes]) -> int:
-    """Run the filter; exit status 0 even when single lines fail (they say so themselves)."""
+def main(
+    settings: Settings,
+    defaults: Defaults,
+    stdin: IO[bytes],
+    stdout: IO[bytes],
+    progress: TextIO | None = None,
+) -> int:
+    """Run the filter; exit status 0 even when single lines fail (they say so themselves).
+
+    With `progress` (stderr, when it is a terminal), a running count is redrawn on one line.
+    """
     compressor = OfflineCompressor(settings, defaults)
-    asyncio.run(run(compressor, _lines(stdin), stdout))
+    asyncio.run(run(compressor, _lines(stdin), stdout, Progress(progress)))
     return 0
