@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.session import AIDER, Corpus, Session, load_corpora, replay, with_budgets
 from bench.session_replay import TimedStore, TurnLog, message_spans
 from proxy.store.sqlite import SqliteStore
@@ -81,6 +83,7 @@ async def test_replay_compacts_and_keeps_the_prefix_between_compactions() -> Non
     assert {op["op"] for op in ops} >= {"find_checkpoint", "save_compaction"}
 
 
+@pytest.mark.corpus
 async def test_tokens_after_header_matches_the_forwarded_body_on_a_real_aider_session() -> None:
     assert AIDER.exists(), f"corpus missing: {AIDER}"
     corpus = with_budgets(load_corpora(5, 4), 0.4, 0, "compressible")[1]
