@@ -137,11 +137,11 @@ def warnings(settings: Settings) -> list[str]:
             f"upstream.url is the default ({DEFAULT_UPSTREAM}) and no upstream.api_key is set, "
             "so every client must send its own OpenAI key"
         )
-    if not up.api_key and up.url.rstrip("/") != DEFAULT_UPSTREAM:
+    if settings.server.shared_anonymous_tenant:
         out.append(
-            "anonymous mode: no upstream.api_key, so compactd admits any client; requests "
-            "without an API key all belong to one tenant, 'anonymous', and share its stored "
-            "conversations"
+            "anonymous mode (server.shared_anonymous_tenant): requests without a credential all "
+            "belong to one tenant, 'anonymous', and every such client can read and purge what "
+            "the others stored"
         )
     if up.api_key and not up.allowed_keys:
         out.append(

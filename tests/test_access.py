@@ -22,6 +22,7 @@ README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 # The README's header table says on which responses each header appears; these are the ones it
 # promises on every readable chat request that is not a bypass.
 _ROWS = re.findall(r"^\| `x-compactd-([a-z-]+)` \| [^|]+ \| ([^|]+) \|$", README, re.MULTILINE)
+KEY = {"authorization": "Bearer sk-test-key"}
 ALWAYS = tuple(name for name, on in _ROWS if on.strip().startswith("every"))
 
 
@@ -65,7 +66,10 @@ async def test_every_route_gets_one_log_line_and_one_metric(
     caplog.set_level(logging.INFO)
     _, url = upstream
     small = {"max_body_bytes": 2000}
-    async with make_proxy(url, server=small) as proxy, httpx.AsyncClient(base_url=proxy) as http:
+    async with (
+        make_proxy(url, server=small) as proxy,
+        httpx.AsyncClient(base_url=proxy, headers=KEY) as http,
+    ):
         chat = {"model": "gpt-4o", "messages": history(2)}
         assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
         assert (await http.get("/v1/models")).status_code == 200
@@ -107,7 +111,7 @@ async def test_a_passthrough_chat_response_carries_every_header_with_provider_no
     upstream: tuple[FakeUpstream, str], make_proxy: ProxyFactory
 ) -> None:
     _, url = upstream
-    async with make_proxy(url) as proxy, httpx.AsyncClient(base_url=proxy) as http:
+    async with make_proxy(url) as proxy, httpx.AsyncClient(base_url=proxy, headers=KEY) as http:
         response = await http.post(
             "/v1/chat/completions", json={"model": "gpt-4o", "messages": history(2)}
         )
@@ -125,7 +129,7 @@ async def test_a_compacted_chat_response_names_its_providers(
     _, url = upstream
     async with (
         make_proxy(url, default_policy={"budget_tokens": 300}) as proxy,
-        httpx.AsyncClient(base_url=proxy) as http,
+        httpx.AsyncClient(base_url=proxy, headers=KEY) as http,
     ):
         response = await http.post(
             "/v1/chat/completions", json={"model": "gpt-4o", "messages": history(30)}
@@ -161,7 +165,7 @@ async def test_an_upstream_that_closes_without_answering_is_reported_as_that(
     async with (
         closing_upstream() as url,
         make_proxy(url, upstream={"transport": transport}) as proxy,
-        httpx.AsyncClient(base_url=proxy) as http,
+        httpx.AsyncClient(base_url=proxy, headers=KEY) as http,
     ):
         chat = await http.post(
             "/v1/chat/completions", json={"model": "gpt-4o", "messages": history(2)}
@@ -196,7 +200,7 @@ async def test_every_decision_carries_every_listed_header(
     _, url = upstream
     async with (
         make_proxy(url, default_policy=policy) as proxy,
-        httpx.AsyncClient(base_url=proxy) as http,
+        httpx.AsyncClient(base_url=proxy, headers=KEY) as http,
     ):
         response = await http.post(
             "/v1/chat/completions",
@@ -212,7 +216,7 @@ async def test_a_body_compactd_cannot_read_still_says_what_happened(
     upstream: tuple[FakeUpstream, str], make_proxy: ProxyFactory
 ) -> None:
     _, url = upstream
-    async with make_proxy(url) as proxy, httpx.AsyncClient(base_url=proxy) as http:
+    async with make_proxy(url) as proxy, httpx.AsyncClient(base_url=proxy, headers=KEY) as http:
         response = await http.post("/v1/chat/completions", content=b"{not json")
     assert response.headers["x-compactd-action"] == "passthrough"
     assert response.headers["x-compactd-provider"] == "none"

@@ -22,7 +22,7 @@ from tests.test_cli_use import serving_with
 def test_the_banner_names_everything_an_operator_asks_about_first(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text(
-        '[server]\nworkers = 2\nadmin_key = "adm"\n[upstream]\nurl = "http://llm.internal:8000/v1"\n'
+        '[server]\nworkers = 2\nadmin_key = "adm"\nshared_anonymous_tenant = true\n[upstream]\nurl = "http://llm.internal:8000/v1"\n'
         '[[policies]]\nname = "search"\nmatch_header = "x-team"\nmode = "shadow"\n'
         'providers = ["engine", "trim"]\n'
     )
@@ -39,7 +39,7 @@ def test_the_banner_names_everything_an_operator_asks_about_first(tmp_path: Path
         "policy     search: shadow, engine+trim, header x-team",
         "policy     default: enforce, trim",
         "dashboard  http://127.0.0.1:8787/compactd/ui/ (sign in with the admin key or a client key)",
-        "warning    anonymous mode:",
+        "warning    anonymous mode (server.shared_anonymous_tenant):",
         "warning    redis is evicting",
     ):
         assert expected in text, expected
@@ -77,7 +77,11 @@ async def test_serve_writes_one_startup_record_with_an_evicting_redis_warning(
     server = RedisServer(tmp_path, extra=("--maxmemory-policy", "allkeys-lru"))
     server.start()
     try:
-        env = {**_env(tmp_path / "data"), "REDIS_URL": server.url}
+        env = {
+            **_env(tmp_path / "data"),
+            "REDIS_URL": server.url,
+            "COMPACTD_SERVER_SHARED_ANONYMOUS_TENANT": "true",
+        }
         _, url = upstream
         async with serving_with(env, url) as (proxy, logs), httpx.AsyncClient() as http:
             assert (await http.get(f"{proxy}/healthz")).status_code == 200
