@@ -190,6 +190,8 @@ async def stats(request: Request) -> Response:
         since = parse_since(request.query_params.get("since", "7d"))
     except ValueError as exc:
         return _error(InvalidRequestError(str(exc)))
+    if services.accountant is not None:
+        await services.accountant.flush()  # this worker's latest counts, not a second old
     rows = await services.store.usage(None, since.isoformat())
     table = compute_stats(rows, by=by, model_table=services.models)  # type: ignore[arg-type]
     return _Json(stats_json(table, by=by, since=since))  # type: ignore[arg-type]

@@ -109,16 +109,14 @@ def create_app(
                 allowed=frozenset(k.strip().lower() for k in settings.upstream.allowed_keys),
             ),
             max_body=settings.server.max_body_bytes,
-            accounting=settings.accounting.enabled,
+            accountant=services.accountant,
             strip_usage_null=settings.accounting.strip_usage_null,
             retry_context_errors=settings.upstream.retry_context_errors,
         )
         try:
             yield
         finally:
-            handler, app.handler, app.metrics = app.handler, None, None
-            for task in list(handler.background):
-                await task
+            app.handler, app.metrics = None, None
             await services.aclose()
 
     async def not_found(request: Request, exc: Exception) -> Response:

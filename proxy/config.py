@@ -154,10 +154,14 @@ class AccountingSettings:
     enabled: bool = True
     request_stream_usage: bool = False
     strip_usage_null: bool = True
+    flush_interval_ms: int = 1000
+    max_pending: int = 10_000
+    max_model_chars: int = 128
 
     def validate(self, p: str) -> None:
-        """Nothing to check beyond types."""
-        del p
+        _check(self.flush_interval_ms > 0, f"{p}.flush_interval_ms", "must be > 0")
+        _check(self.max_pending > 0, f"{p}.max_pending", "must be > 0")
+        _check(self.max_model_chars >= 16, f"{p}.max_model_chars", "must be >= 16")
 
 
 @dataclass(frozen=True)
@@ -219,6 +223,7 @@ class Settings:
         self.upstream.validate("upstream")
         self.store.validate("store")
         self.tokens.validate("tokens")
+        self.accounting.validate("accounting")
         self.default_policy.validate("default_policy")
         names = {self.default_policy.name}
         for i, pol in enumerate(self.policies):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
 from starlette.types import Message, Receive, Scope, Send
 
+from proxy.accounting import Accountant
 from proxy.asgi import (
     BodyStream,
     ClientDisconnectedError,
@@ -67,10 +66,10 @@ class Handler:
     metrics: Metrics
     gate: Gate
     max_body: int
-    accounting: bool = True
+    accountant: Accountant | None = None
+    """Usage aggregation (None: accounting off)."""
     strip_usage_null: bool = True
     retry_context_errors: bool = True
-    background: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -128,12 +127,6 @@ class Handler:
         exchange = _ChatExchange(self, send, url, headers=headers, request=request, outcome=outcome)
         cancelled = await until_disconnect(exchange.run(), receive)
         exchange.finish(cancelled=cancelled)
-
-    def spawn(self, work: Callable[[], Awaitable[None]]) -> None:
-        """Run accounting off the request path, keeping a reference until it is done."""
-        task = asyncio.ensure_future(work())
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
 
 
 class _ChatExchange:
@@ -211,7 +204,7 @@ class _ChatExchange:
         tap: SSEUsageTap | _Copy | None = None
         if self.outcome.injected_usage and is_event_stream(raw) and not encoding:
             tap = SSEUsageTap(strip_usage_chunk=True, strip_usage_null=self.h.strip_usage_null)
-        elif self.h.accounting:
+        elif self.h.accountant is not None:
             tap = (
                 SSEUsageTap(content_encoding=encoding)
                 if is_event_stream(raw)
@@ -274,28 +267,24 @@ class _ChatExchange:
                 completion_tokens=self.usage.completion_tokens if self.usage else None,
             )
         )
-        if self.h.accounting and req.body is not None:
-            record = UsageRecord(
-                tenant=req.tenant or ANONYMOUS,
-                policy=out.policy or "none",
-                model=model,
-                day=time.strftime("%Y-%m-%d", time.gmtime()),
-                action=out.action,
-                tokens_before=before,
-                tokens_after=after,
-                prompt_tokens=self.usage.prompt_tokens if self.usage else 0,
-                cached_tokens=self.usage.cached_tokens if self.usage else 0,
-                completion_tokens=self.usage.completion_tokens if self.usage else 0,
+        # Only requests the upstream accepted: a client with a made-up key or model name must
+        # not be able to create rows that live for months.
+        accepted = self.status is not None and 200 <= self.status < 300
+        if self.h.accountant is not None and req.body is not None and accepted:
+            self.h.accountant.add(
+                UsageRecord(
+                    tenant=req.tenant or ANONYMOUS,
+                    policy=out.policy or "none",
+                    model=model,
+                    day=time.strftime("%Y-%m-%d", time.gmtime()),
+                    action=out.action,
+                    tokens_before=before,
+                    tokens_after=after,
+                    prompt_tokens=self.usage.prompt_tokens if self.usage else 0,
+                    cached_tokens=self.usage.cached_tokens if self.usage else 0,
+                    completion_tokens=self.usage.completion_tokens if self.usage else 0,
+                )
             )
-            self.h.spawn(lambda: _record(self.h, record))
-
-
-async def _record(handler: Handler, record: UsageRecord) -> None:
-    try:
-        await handler.store.record_usage(record)
-    except Exception as exc:  # noqa: BLE001 - accounting must never affect a request
-        handler.metrics.fail_open("accounting")
-        log.warning("usage not recorded: %s", type(exc).__name__)
 
 
 async def _read_limited(response: httpx.Response, limit: int) -> bytes:

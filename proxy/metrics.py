@@ -189,6 +189,19 @@ class Metrics:
             ["header"],
             registry=r,
         )
+        self._usage_dropped = Counter(
+            "compactd_usage_dropped",
+            "Requests whose usage accounting was dropped (pending table full, store down at"
+            " shutdown); the requests themselves were served normally.",
+            ["reason"],
+            registry=r,
+        )
+        self._usage_flushes = Counter(
+            "compactd_usage_flushes",
+            "Usage batches written to the store (result ok) or kept for the next try (error).",
+            ["result"],
+            registry=r,
+        )
         self._passthrough_changed = Counter(
             "compactd_passthrough_bytes_changed",
             "Bytes that differed on requests forwarded as passthrough; must stay 0.",
@@ -299,6 +312,14 @@ class Metrics:
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""
         self._refused.labels(header).inc()
+
+    def usage_dropped(self, reason: str, requests: int) -> None:
+        """`requests` requests' accounting was dropped (`full`, `store`, `shutdown`)."""
+        self._child(self._usage_dropped, reason).inc(requests)
+
+    def usage_flush(self, *, ok: bool) -> None:
+        """One usage batch was written (ok) or failed and was kept."""
+        self._child(self._usage_flushes, "ok" if ok else "error").inc()
 
     def passthrough_bytes_changed(self, n: int) -> None:
         """Bytes differed on a passthrough request: a transparency bug, alert on any increase."""

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from proxy.accounting import Accountant
 from proxy.budget import ModelTable
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
@@ -46,9 +47,13 @@ class Services:
     policies: PolicyResolver
     metrics: Metrics
     compactor: Compactor
+    accountant: Accountant | None = None
+    """Usage aggregates on their way to the store; None with accounting off."""
 
     async def aclose(self) -> None:
-        """Release connections."""
+        """Write pending usage, then release connections."""
+        if self.accountant is not None:
+            await self.accountant.aclose()
         await self.upstream.aclose()
         await self.store.close()
 
@@ -100,6 +105,7 @@ async def build_services(
     """Create every resource; a bad provider, model table or store URL stops start-up here."""
     directory = data_dir(settings)
     secret = load_or_create_secret(settings.server.secret, directory)
+    _keep_private(directory)
     tenancy = Tenancy(
         secret=secret,
         headers=settings.server.credential_headers,
@@ -138,6 +144,17 @@ async def build_services(
         tenancy=tenancy,
         completer=completer_factory(upstream, up.api_key),
     )
+    accountant = None
+    if settings.accounting.enabled:
+        acc = settings.accounting
+        accountant = Accountant(
+            store,
+            metrics,
+            flush_seconds=acc.flush_interval_ms / 1000,
+            max_pending=acc.max_pending,
+            max_model_chars=acc.max_model_chars,
+        )
+        accountant.start()
     return Services(
         settings=settings,
         secret=secret,
@@ -149,6 +166,7 @@ async def build_services(
         policies=policies,
         metrics=metrics,
         compactor=compactor,
+        accountant=accountant,
     )
 
 
@@ -179,6 +197,18 @@ def check_provider_options(settings: Settings, providers: Mapping[str, ContextPr
                 )
             except OptionError as exc:
                 raise ConfigError(str(exc)) from None
+
+
+def _keep_private(directory: Path) -> None:
+    """The data dir holds the secret and the embedded store's originals: owner only (0700)."""
+    try:
+        info = directory.stat()
+        if info.st_mode & 0o077 and info.st_uid == os.getuid():
+            directory.chmod(0o700)
+    except FileNotFoundError:
+        return  # nothing kept on disk (a configured secret and a remote store)
+    except OSError as exc:
+        log.warning("could not make %s private: %s", directory, exc.strerror)
 
 
 async def _store_warnings(store: Store) -> list[str]:

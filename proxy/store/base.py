@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -111,6 +112,18 @@ class UsageRecord:
     completion_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class UsageDelta:
+    """Counters to add to one (tenant, policy, model, day) aggregate: `requests`,
+    `action:<name>` and the token counters (see `codec.usage_increments`)."""
+
+    tenant: str
+    policy: str
+    model: str
+    day: str
+    counters: Mapping[str, int]
+
+
 class Store(Protocol):
     """Async store interface. Every method is scoped to a tenant; `tenant=None` means admin."""
 
@@ -151,6 +164,10 @@ class Store(Protocol):
 
     async def record_usage(self, record: UsageRecord) -> None:
         """Add one request to its (tenant, policy, model, day) aggregate."""
+
+    async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        """Add a batch of aggregates in one step, on a path of its own: it never holds a
+        connection, lock or thread that a compaction write waits for."""
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates from `since_day` on: one dict per (tenant, policy, model, day) with keys

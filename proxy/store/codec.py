@@ -18,6 +18,7 @@ from proxy.store.base import (
     Message,
     TenantMismatchError,
     UnreadableValueError,
+    UsageDelta,
     UsageRecord,
 )
 
@@ -148,6 +149,13 @@ def usage_increments(record: UsageRecord) -> dict[str, int]:
     for metric in USAGE_METRICS:
         incs[metric] = int(getattr(record, metric))
     return incs
+
+
+def usage_delta(record: UsageRecord) -> UsageDelta:
+    """One request as a batch entry."""
+    return UsageDelta(
+        record.tenant, record.policy, record.model, record.day, usage_increments(record)
+    )
 
 
 def usage_row(

@@ -9,7 +9,7 @@ pooled connection got out of step and leaked chats across users in 2023 (CVE-202
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -23,6 +23,7 @@ from proxy.store.base import (
     ConversationInfo,
     Message,
     StoreError,
+    UsageDelta,
     UsageRecord,
     check_ids,
 )
@@ -38,14 +39,27 @@ from proxy.store.redis_ops import (
 
 T = TypeVar("T")
 
+# Accounting's own connections (per node on a cluster): usage batches never take one that a
+# compaction write waits for.
+USAGE_POOL_SIZE = 2
+
 
 class RedisStore:
     """The Store protocol over Redis (one server, or a cluster: one slot per conversation)."""
 
     def __init__(
-        self, client: Client, *, timeout: float, keys: KeyLayout, min_replicas_ack: int = 0
+        self,
+        client: Client,
+        *,
+        timeout: float,
+        keys: KeyLayout,
+        min_replicas_ack: int = 0,
+        usage_client: Client | None = None,
     ) -> None:
         self._client = client
+        # Accounting has its own small pool: a batch of counters never takes a connection a
+        # compaction write is waiting for.
+        self._usage_client = usage_client or client
         self._timeout = timeout
         self._keys = keys
         self._min_acks = min_replicas_ack
@@ -69,8 +83,15 @@ class RedisStore:
         (WAIT, within the timeout); otherwise the write fails and the request fails open."""
         timeout = timeout_ms / 1000
         client = open_client(url, timeout=timeout, pool_size=pool_size)
+        usage_client = open_client(
+            url, timeout=INSPECTION_TIMEOUT_SECONDS, pool_size=USAGE_POOL_SIZE
+        )
         store = cls(
-            client, timeout=timeout, keys=KeyLayout(prefix), min_replicas_ack=min_replicas_ack
+            client,
+            timeout=timeout,
+            keys=KeyLayout(prefix),
+            min_replicas_ack=min_replicas_ack,
+            usage_client=usage_client,
         )
         warm = [store.ping() for _ in range(min(pool_size, 4))]
         await asyncio.gather(*warm, return_exceptions=True)
@@ -81,11 +102,14 @@ class RedisStore:
         """Whether this store talks to a Redis Cluster."""
         return isinstance(self._client, RedisCluster)
 
-    async def _io(self, op: Callable[[Client], Awaitable[T]], *, slow: bool = False) -> T:
+    async def _io(
+        self, op: Callable[[Client], Awaitable[T]], *, slow: bool = False, usage: bool = False
+    ) -> T:
         """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
-        timeout), errors as StoreError."""
+        timeout; `usage`: on the accounting pool), errors as StoreError."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        task: asyncio.Task[T] = asyncio.ensure_future(op(self._client))
+        client = self._usage_client if usage else self._client
+        task: asyncio.Task[T] = asyncio.ensure_future(op(client))
         self._inflight.add(task)
         task.add_done_callback(self._settle)
         try:
@@ -191,12 +215,19 @@ class RedisStore:
 
     async def record_usage(self, record: UsageRecord) -> None:
         """HINCRBY the request's counters into its day's hash (kept 400 days)."""
-        await self._io(lambda r: redis_usage.record_usage(r, self._keys, record))
+        await self.add_usage([codec.usage_delta(record)])
+
+    async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        """HINCRBY a batch into the days' hashes, on the accounting pool."""
+        if deltas:
+            await self._io(
+                lambda r: redis_usage.add_usage(r, self._keys, deltas), slow=True, usage=True
+            )
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
         return await self._io(
-            lambda r: redis_usage.usage(r, self._keys, tenant, since_day), slow=True
+            lambda r: redis_usage.usage(r, self._keys, tenant, since_day), slow=True, usage=True
         )
 
     async def ping(self) -> None:
@@ -248,6 +279,8 @@ class RedisStore:
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=self._timeout * 2)
         await self._client.aclose()
+        if self._usage_client is not self._client:
+            await self._usage_client.aclose()
 
 
 async def _check_info(r: Client, target: dict[str, Any], name: str) -> list[str]:

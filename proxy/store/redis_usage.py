@@ -2,27 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import groupby
 from typing import Any
 
 import orjson
 
 from proxy.store import codec
-from proxy.store.base import UsageRecord
+from proxy.store.base import UsageDelta
 from proxy.store.redis_client import Client
 from proxy.store.redis_keys import KeyLayout
 
 USAGE_TTL_SECONDS = 400 * 86400
+# Aggregates per MULTI/EXEC: a batch never holds Redis for more than a few milliseconds.
+BATCH = 500
 
 
-async def record_usage(r: Client, keys: KeyLayout, record: UsageRecord) -> None:
-    """Add one request's counters to its day's hash (kept 400 days), atomically."""
-    key = keys.usage(record.day, record.tenant)
-    tenants = keys.usage_tenants(record.day)
+async def add_usage(r: Client, keys: KeyLayout, deltas: Sequence[UsageDelta]) -> None:
+    """Add a batch of aggregates: one MULTI/EXEC per day (its keys share one hash slot) and at
+    most BATCH aggregates, so each step is all or nothing."""
+    ordered = sorted(deltas, key=lambda d: d.day)
+    for day, group in groupby(ordered, key=lambda d: d.day):
+        items = list(group)
+        for start in range(0, len(items), BATCH):
+            await _add_day(r, keys, day, items[start : start + BATCH])
+
+
+async def _add_day(r: Client, keys: KeyLayout, day: str, deltas: Sequence[UsageDelta]) -> None:
+    tenants = keys.usage_tenants(day)
+    day_tenants = {d.tenant for d in deltas}
     async with r.pipeline(transaction=True) as p:
-        for name, n in codec.usage_increments(record).items():
-            p.hincrby(key, orjson.dumps([record.policy, record.model, name]), n)
-        p.sadd(tenants, record.tenant)
-        p.expire(key, USAGE_TTL_SECONDS)
+        for d in deltas:
+            key = keys.usage(day, d.tenant)
+            for name, n in d.counters.items():
+                if n:
+                    p.hincrby(key, orjson.dumps([d.policy, d.model, name]), n)
+        for tenant in day_tenants:  # after the increments: EXPIRE on a missing key does nothing
+            p.expire(keys.usage(day, tenant), USAGE_TTL_SECONDS)
+        p.sadd(tenants, *day_tenants)
         p.expire(tenants, USAGE_TTL_SECONDS)
         await p.execute()
 

@@ -1,17 +1,24 @@
 """The embedded store: SQLite in WAL mode, safe with several worker processes on one machine.
 
-Statements run on two dedicated threads, each owning one connection: a writer and a reader. The
-event loop never blocks on disk, no connection is used from two threads, and a replay lookup
-never waits behind a compaction's fsync (WAL readers do not block on the writer). A cancelled
-caller does not stop a statement half-way: the thread finishes (or rolls back) the transaction.
+Statements run on dedicated threads, each owning one connection: a writer and a reader of the
+store's file, and one for the usage aggregates, which live in a file of their own so that
+accounting never holds the lock a compaction write needs. The event loop never blocks on disk,
+no connection is used from two threads, and a replay lookup never waits behind a compaction's
+fsync (WAL readers do not block on the writer). A cancelled caller does not stop a statement
+half-way: the thread finishes (or rolls back) the transaction.
+
+The files hold verbatim originals: they are created 0600 (SQLite gives its -wal and -shm files
+the database's mode) in a directory created 0700.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -26,6 +33,7 @@ from proxy.store.base import (
     ConversationInfo,
     Message,
     StoreError,
+    UsageDelta,
     UsageRecord,
     check_ids,
 )
@@ -36,31 +44,46 @@ T = TypeVar("T")
 class SqliteStore:
     """The Store protocol over one SQLite file."""
 
-    def __init__(self, writer: _Lane, reader: _Lane, timeout: float) -> None:
+    def __init__(self, writer: _Lane, reader: _Lane, usage: _Lane, timeout: float) -> None:
         self._writer = writer
         self._reader = reader
+        self._usage = usage
         self._timeout = timeout
         self._next_purge = 0.0
 
     @classmethod
     async def open(cls, path: Path, *, timeout_ms: int = 200) -> SqliteStore:
         """Open (creating the file, its directory and schema if needed) the database at `path`."""
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        side = sqlite_usage.usage_path(path)
+        for file in (path, side):
+            _private(file)
         # Another worker may hold the write lock a while at start-up; wait longer than a request.
-        writer = await _Lane.open(path, max(timeout_ms, 5000), timeout_ms, "w")
-        reader = await _Lane.open(path, timeout_ms, timeout_ms, "r")
-        return cls(writer, reader, timeout_ms / 1000)
+        slow_ms = max(timeout_ms, 5000)
+        writer = await _Lane.open(path, slow_ms, timeout_ms, "w", sqlite_ops.connect)
+        reader = await _Lane.open(path, timeout_ms, timeout_ms, "r", sqlite_ops.connect)
+        adopt = partial(sqlite_usage.connect, main_path=str(path))
+        usage = await _Lane.open(side, slow_ms, slow_ms, "u", adopt)
+        return cls(writer, reader, usage, timeout_ms / 1000)
 
     async def _run(
-        self, fn: Callable[..., T], *args: Any, write: bool = True, slow: bool = False
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        write: bool = True,
+        slow: bool = False,
+        lane: _Lane | None = None,
     ) -> T:
-        """Run `fn(connection, *args)` on the writer's (or reader's) thread, within the timeout
-        (`slow`: the inspection timeout)."""
+        """Run `fn(connection, *args)` on the writer's (or reader's, or `lane`'s) thread, within
+        the timeout (`slow`: the inspection timeout)."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        lane = self._writer if write else self._reader
+        lane = lane or (self._writer if write else self._reader)
         future = asyncio.get_running_loop().run_in_executor(
             lane.executor, partial(fn, lane.con, *args)
         )
+        # A caller that timed out no longer awaits the statement: retrieve its outcome here, so
+        # a late failure is not logged as "Future exception was never retrieved".
+        future.add_done_callback(_retrieve)
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(future)
@@ -150,11 +173,16 @@ class SqliteStore:
 
     async def record_usage(self, record: UsageRecord) -> None:
         """Add one request to its (tenant, policy, model, day) aggregate."""
-        await self._run(sqlite_usage.record_usage, record)
+        await self.add_usage([codec.usage_delta(record)])
+
+    async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
+        """One transaction in the usage file, on its own thread (never the writer's)."""
+        if deltas:
+            await self._run(sqlite_usage.add_usage, deltas, slow=True, lane=self._usage)
 
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
-        return await self._run(sqlite_usage.usage, tenant, since_day, write=False, slow=True)
+        return await self._run(sqlite_usage.usage, tenant, since_day, slow=True, lane=self._usage)
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
@@ -169,7 +197,7 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Close each connection on its own thread, then stop the threads."""
-        for lane in (self._reader, self._writer):
+        for lane in (self._usage, self._reader, self._writer):
             await lane.close()
 
 
@@ -181,11 +209,18 @@ class _Lane:
     executor: ThreadPoolExecutor
 
     @classmethod
-    async def open(cls, path: Path, open_busy_ms: int, busy_ms: int, name: str) -> _Lane:
+    async def open(
+        cls,
+        path: Path,
+        open_busy_ms: int,
+        busy_ms: int,
+        name: str,
+        connect: Callable[[str, int], sqlite3.Connection],
+    ) -> _Lane:
         executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compactd-sqlite-{name}")
         loop = asyncio.get_running_loop()
         try:
-            con = await loop.run_in_executor(executor, sqlite_ops.connect, str(path), open_busy_ms)
+            con = await loop.run_in_executor(executor, connect, str(path), open_busy_ms)
             await loop.run_in_executor(executor, con.execute, f"PRAGMA busy_timeout = {busy_ms}")
         except sqlite3.Error as exc:
             executor.shutdown(wait=False)
@@ -195,3 +230,18 @@ class _Lane:
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(self.executor, self.con.close)
         self.executor.shutdown(wait=True)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _private(path: Path) -> None:
+    """Create `path` 0600 if it is absent; tighten it (and its -wal/-shm) if it is not."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            if file.stat().st_mode & 0o077:
+                file.chmod(0o600)

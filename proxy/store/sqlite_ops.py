@@ -42,10 +42,6 @@ CREATE INDEX IF NOT EXISTS refs_by_id ON refs (tenant, ref_id);
 CREATE TABLE IF NOT EXISTS summaries (
     tenant TEXT NOT NULL, digest TEXT NOT NULL, body BLOB NOT NULL, expires_at REAL NOT NULL,
     PRIMARY KEY (tenant, digest)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS usage (
-    day TEXT NOT NULL, tenant TEXT NOT NULL, policy TEXT NOT NULL, model TEXT NOT NULL,
-    counter TEXT NOT NULL, n INTEGER NOT NULL,
-    PRIMARY KEY (day, tenant, policy, model, counter)) WITHOUT ROWID;
 """
 DATA_TABLES = ("checkpoints", "originals", "refs")
 PURGE_EVERY_SECONDS = 60.0

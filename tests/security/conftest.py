@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,3 +39,14 @@ def history(turns: int, tag: str = "") -> list[dict[str, Any]]:
 
 
 SMALL = {"default_policy": {"budget_tokens": 600}}
+
+
+def add_slow_table(con: sqlite3.Connection) -> str:
+    """Give a SQLite file a 3,000-row table; returns a statement costing ~0.3 s of CPU (for
+    triggers, which cannot hold a WITH clause)."""
+    con.execute("CREATE TABLE slow (x INTEGER)")
+    con.execute(
+        "WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c WHERE x < 2999)"
+        " INSERT INTO slow SELECT x FROM c"
+    )
+    return "SELECT count(*) FROM slow a, slow b WHERE a.x + b.x >= 0"

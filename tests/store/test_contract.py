@@ -12,6 +12,7 @@ from proxy.store.base import (
     Compaction,
     StoreError,
     TenantMismatchError,
+    UsageDelta,
     UsageRecord,
 )
 from proxy.store.summary_cache import TenantSummaryCache
@@ -281,6 +282,29 @@ async def test_usage_is_aggregated_per_tenant_policy_model_and_day(backend: Back
         }
     ]
     assert {r["tenant"] for r in everyone} == {A, B}
+
+
+async def test_a_usage_batch_adds_to_the_same_aggregates_as_single_records(
+    backend: Backend,
+) -> None:
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    yesterday = time.strftime("%Y-%m-%d", time.gmtime(time.time() - 86400))
+    await backend.store.record_usage(UsageRecord(A, "p", "m", today, "passthrough", 10, 10))
+    batch = [
+        UsageDelta(A, "p", "m", today, {"requests": 3, "action:compacted": 3, "tokens_before": 9}),
+        UsageDelta(B, "p", "m", today, {"requests": 1, "action:passthrough": 1}),
+        UsageDelta(A, "p", "m", yesterday, {"requests": 2, "action:replayed": 2}),
+    ]
+    await backend.store.add_usage(batch)
+    await backend.store.add_usage([])
+
+    rows = {(r["tenant"], r["day"]): r for r in await backend.store.usage(None, yesterday)}
+
+    assert rows[(A, today)]["requests"] == 4
+    assert rows[(A, today)]["actions"] == {"compacted": 3, "passthrough": 1}
+    assert rows[(A, today)]["tokens_before"] == 19
+    assert rows[(B, today)]["requests"] == 1
+    assert rows[(A, yesterday)]["actions"] == {"replayed": 2}
 
 
 async def test_ids_that_would_break_the_key_layout_are_rejected(backend: Backend) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import sqlite3
+import stat
 from pathlib import Path
 
 from proxy.store.base import UsageRecord
@@ -68,6 +69,52 @@ async def test_the_database_file_and_its_directory_are_created(tmp_path: Path) -
     assert await store.check_config() == []
     await store.close()
     assert path.exists()
+
+
+async def test_the_files_are_private_to_their_owner(tmp_path: Path) -> None:
+    path = tmp_path / "fresh" / "compactd.db"
+    store = await SqliteStore.open(path)
+    await store.record_usage(UsageRecord(A, "default", "m", "2026-01-01", "compacted", 10, 5))
+    await store.save_compaction(compaction(A, "c1", history(4), 2), TTL)
+    await store.close()
+
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    for file in path.parent.iterdir():
+        assert stat.S_IMODE(file.stat().st_mode) == 0o600, file.name
+
+
+async def test_an_existing_world_readable_file_is_made_private(tmp_path: Path) -> None:
+    path = tmp_path / "compactd.db"
+    sqlite3.connect(path).close()
+    path.chmod(0o644)
+
+    await (await SqliteStore.open(path)).close()
+
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+async def test_usage_rows_of_an_older_file_move_to_the_usage_file_once(tmp_path: Path) -> None:
+    path = tmp_path / "compactd.db"
+    con = sqlite3.connect(path)
+    con.execute(
+        "CREATE TABLE usage (day TEXT NOT NULL, tenant TEXT NOT NULL, policy TEXT NOT NULL,"
+        " model TEXT NOT NULL, counter TEXT NOT NULL, n INTEGER NOT NULL,"
+        " PRIMARY KEY (day, tenant, policy, model, counter)) WITHOUT ROWID"
+    )
+    con.execute("INSERT INTO usage VALUES ('2026-01-01', ?, 'default', 'm', 'requests', 7)", (A,))
+    con.commit()
+    con.close()
+
+    for _ in range(2):  # a second start finds nothing left to move
+        store = await SqliteStore.open(path)
+        await store.record_usage(UsageRecord(A, "default", "m", "2026-01-01", "compacted", 1, 1))
+        rows = await store.usage(A, "2026-01-01")
+        await store.close()
+
+    assert rows[0]["requests"] == 9
+    with sqlite3.connect(path) as old:
+        tables = {r[0] for r in old.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "usage" not in tables
 
 
 async def test_expired_rows_are_deleted_by_a_later_write(tmp_path: Path) -> None:
