@@ -23,7 +23,7 @@ from proxy.errors import (
 from proxy.providers.uncompress import uncompress_async
 from proxy.services import Services
 from proxy.stats import compute_stats, parse_since, stats_json
-from proxy.store.base import StoreError
+from proxy.store.base import Store, StoreError, TenantMismatchError, UnreadableValueError
 from proxy.tenant import credential
 
 log = logging.getLogger("compactd.api")
@@ -161,11 +161,18 @@ async def uncompress(request: Request) -> Response:
             raise TypeError  # noqa: TRY301
     except (orjson.JSONDecodeError, KeyError, TypeError):
         return _error(InvalidRequestError('Body must be {"messages": [...], "recursive": bool}.'))
-    if tenant is None:
-        return _error(UnauthorizedError("Restore with the key that owns the conversation."))
+    store = services.store
+    # The admin key restores any tenant's messages: each id is looked for in every tenant's data.
+    tenants = [tenant] if tenant is not None else await _tenants(store)
 
     async def lookup(ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-        return await services.store.resolve_refs(tenant, ids)
+        found: dict[str, list[dict[str, Any]]] = {}
+        for owner in tenants:
+            rest = [i for i in ids if i not in found]
+            if not rest:
+                break
+            found.update(await _resolve(store, owner, rest))
+        return found
 
     result = await uncompress_async(messages, lookup, recursive=recursive)
     return _Json(
@@ -176,6 +183,26 @@ async def uncompress(request: Request) -> Response:
             "missing_ids": list(result.missing_ids),
         }
     )
+
+
+async def _tenants(store: Store) -> list[str]:
+    """Every tenant with stored conversations, most recently used first."""
+    infos = await store.list_conversations(None)
+    return list(dict.fromkeys(i.tenant for i in sorted(infos, key=lambda i: -i.updated_at)))
+
+
+async def _resolve(store: Store, tenant: str, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """`resolve_refs`, where a value that does not decode (or is another tenant's) only loses
+    its own id: the batch is retried one id at a time."""
+    try:
+        return await store.resolve_refs(tenant, ids)
+    except (UnreadableValueError, TenantMismatchError):
+        if len(ids) == 1:
+            return {}
+    found: dict[str, list[dict[str, Any]]] = {}
+    for ref in ids:
+        found.update(await _resolve(store, tenant, [ref]))
+    return found
 
 
 async def stats(request: Request) -> Response:

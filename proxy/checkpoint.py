@@ -17,15 +17,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from proxy.budget import Budget
 from proxy.config import PolicySettings
-from proxy.digest import canonical_message, message_digest
+from proxy.digest import message_digest
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
-from proxy.providers.units import final_unit_start, hard_protected
+from proxy.providers.uncompress import uncompress
+from proxy.providers.units import final_unit_start, hard_protected, refs_in
 from proxy.providers.validate import Alignment, align, pairing_problems
-from proxy.store.base import Checkpoint, Compaction
+from proxy.store.base import Checkpoint, Compaction, ConversationInfo
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A conversation's original messages as far as its longest checkpoint covers them."""
+
+    checkpoint: Checkpoint
+    messages: list[Message]
+    """The originals [0..covered_through] as the client sent them, or, where one is missing,
+    the compacted message standing for it."""
+    missing_ids: list[str]
+    """Every reference id (or original) that could not be resolved; empty if exact."""
 
 
 class CompactionError(ValueError):
@@ -133,7 +147,7 @@ def compaction_for(
         conversation=conversation,
         source_digest=prefixes[covered],
         covered_through=covered,
-        messages=[canonical_message(m) for m in result.messages[:n]],
+        messages=list(result.messages[:n]),
         providers=list(outcome.providers),
         created_at=time.time(),
         tokens_before=outcome.tokens_before,
@@ -169,3 +183,41 @@ def worth_it(outcome: ChainOutcome, before: int, budget: Budget, policy: PolicyS
     # turn would pay a cache-busting compaction for a handful of tokens.
     fits_now = before > budget.budget and outcome.tokens_after <= budget.budget
     return fits_now or saved >= policy.min_saving * before
+
+
+def restore(info: ConversationInfo) -> Restored | None:
+    """The originals behind the conversation's longest checkpoint, from what the store returned
+    for it (`get_conversation`): no lookups, no depth. None if it has no checkpoint."""
+    if not info.checkpoints:
+        return None
+    cp = max(info.checkpoints, key=lambda c: c.covered_through)
+
+    def originals(ref: str) -> list[Message] | None:
+        digests = info.refs.get(ref)
+        if digests is None or any(d not in info.originals for d in digests):
+            return None
+        return [info.originals[d] for d in digests]
+
+    out: list[Message] = []
+    missing: list[str] = []
+    if cp.ends and len(cp.parts) == len(cp.messages):
+        for message, refs in zip(cp.messages, cp.parts, strict=True):
+            if not refs:
+                # An original kept as is: the client's own form of it, by digest.
+                digest = message_digest(message)
+                out.append(info.originals.get(digest, message))
+                if digest not in info.originals:
+                    missing.append(digest)
+                continue
+            found = [originals(ref) for ref in refs]
+            if any(group is None for group in found):
+                missing.extend(ref for ref, group in zip(refs, found, strict=True) if group is None)
+                out.append(message)
+                continue
+            out.extend(m for group in found if group is not None for m in group)
+        return Restored(cp, out, missing)
+    # Written before checkpoints recorded their structure: follow the refs in the text.
+    lookup = {ref: group for ref in info.refs if (group := originals(ref)) is not None}
+    result = uncompress(cp.messages, lookup, recursive=True)
+    out = [m if refs_in(m) else info.originals.get(message_digest(m), m) for m in result.messages]
+    return Restored(cp, out, list(result.missing_ids))

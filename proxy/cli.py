@@ -225,27 +225,26 @@ def _conversations(args: argparse.Namespace) -> int:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from proxy.providers.uncompress import uncompress_async  # noqa: PLC0415
+    from proxy.checkpoint import restore  # noqa: PLC0415
 
     async def work(store: Store, settings: Settings) -> int:
         info = await store.get_conversation(_tenant(args, settings), args.conversation)
-        if info is None or not info.checkpoints:
+        restored = restore(info) if info is not None else None
+        if info is None or restored is None:
             print(f"compactd: no compacted conversation {args.conversation!r}", file=sys.stderr)
             return 1
-        latest = max(info.checkpoints, key=lambda c: c.covered_through)
-
-        async def lookup(ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-            return await store.resolve_refs(info.tenant, ids)
-
-        result = await uncompress_async(latest.messages, lookup, recursive=True)
         out = {
             "conversation": info.conversation,
-            "covered_through": latest.covered_through,
-            "messages": result.messages,
-            "missing_ids": list(result.missing_ids),
+            "covered_through": restored.checkpoint.covered_through,
+            "messages": restored.messages,
+            "missing_ids": restored.missing_ids,
         }
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
-        return 0 if not result.missing_ids else 1
+        if restored.missing_ids:
+            shown = ", ".join(restored.missing_ids[:5])
+            print(f"compactd: incomplete restore, missing {shown}", file=sys.stderr)
+            return 1
+        return 0
 
     return _with_store(args, work)
 

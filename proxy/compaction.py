@@ -34,7 +34,7 @@ from proxy.checkpoint import (
 )
 from proxy.config import PolicySettings, Settings
 from proxy.decision import REWRITTEN, Action, ChatRequest, Outcome, read_request
-from proxy.digest import canonical_message, message_digest, prefix_digests
+from proxy.digest import message_digest, prefix_digests
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
@@ -264,12 +264,11 @@ class Compactor:
         if plan.compaction is not None:
             plan, unstored = await self._store(plan, policy)
             figures["providers"] = plan.providers
-        # Count what is actually sent: the canonical form, not the provider's dicts.
-        canonical = [canonical_message(m) for m in plan.messages]
-        figures["tokens_after"] = counted.fixed + counted.counter.count_messages(canonical)
+        sent = list(plan.messages)
+        figures["tokens_after"] = counted.fixed + counted.counter.count_messages(sent)
         if shadow:
             return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
-        content = request.dialect.with_messages(request.body, canonical)
+        content = request.dialect.with_messages(request.body, sent)
         return self._outcome(request, plan.action, content, unstored=unstored, **figures)
 
     async def _plan(
@@ -384,7 +383,7 @@ class Compactor:
         try:
             return await self.store.find_checkpoint(tenant, conversation, prefixes)
         except (UnreadableValueError, TenantMismatchError) as exc:
-            reason = "other_tenant" if isinstance(exc, TenantMismatchError) else "unreadable"
+            reason = _unreadable(exc)
             self.metrics.checkpoint_discarded(reason)
             log.warning("stored checkpoint ignored", extra={"reason": reason})
             return None
@@ -422,6 +421,11 @@ class Compactor:
         t0 = time.perf_counter()
         try:
             winner = await self.store.save_compaction(compaction, ttl)
+        except (UnreadableValueError, TenantMismatchError) as exc:
+            # Written, but the checkpoint already stored for this prefix does not decode (or
+            # claims another tenant): ours is durable with its originals, so ours is sent.
+            self.metrics.checkpoint_discarded(_unreadable(exc))
+            return plan, False
         except StoreError:
             if self.settings.store.on_store_error != "compact-unstored":
                 raise
@@ -478,3 +482,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timeout"
     return type(exc).__name__
+
+
+def _unreadable(exc: StoreError) -> str:
+    return "other_tenant" if isinstance(exc, TenantMismatchError) else "unreadable"

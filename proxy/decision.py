@@ -51,7 +51,7 @@ class Dialect(Protocol):
         """What the request costs besides its messages (tool schemas, response format)."""
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
-        """The request's bytes with its messages replaced (already in canonical form)."""
+        """The request's bytes with its messages replaced (see `proxy.rewrite.with_messages`)."""
 
 
 @dataclass(frozen=True)

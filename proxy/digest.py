@@ -3,7 +3,8 @@
 Clients resend history with cosmetic changes: key order, whitespace, optional fields sent as
 `null` or left out, the SDK's re-serialization of an assistant reply (`refusal: null`,
 `annotations: []`). The canonical form ignores those, so the same history always has the same
-digests, and a rewritten request always carries the same bytes for the same history.
+digests and finds the same checkpoint, whose stored bytes are then replayed. Messages themselves
+are forwarded as the client sent them (a restore gives back exactly what was sent).
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 A request is forwarded as the client's own bytes unless one of these applies:
 
 - `with_messages`: a compaction or a replayed checkpoint replaced the messages. Only the message
-  list changes; the other keys keep their order, and the output is compact UTF-8 (orjson), so the
-  same history always gives the same bytes.
+  list changes; every message the client sent and compactd kept keeps its keys, their order and
+  its null fields (a restore gives back exactly what was sent), the other keys of the body keep
+  their order, and the output is compact UTF-8 (orjson): a checkpoint's bytes are stored, so a
+  replay sends the same bytes for the same prefix on every turn.
 - `with_include_usage`: `accounting.request_stream_usage` asks a streaming request for its usage
   chunk, spliced into the bytes (never re-serialized), with `upstream_headers` asking for an
   uncompressed answer so the relay can strip that chunk again.
@@ -27,7 +29,8 @@ _INCLUDE_USAGE = b'"stream_options":{"include_usage":true}'
 
 
 def with_messages(body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
-    """The request with only `messages` replaced (by messages already in canonical form)."""
+    """The request with only `messages` replaced: the client's own messages, as parsed, where
+    they are kept, the stored checkpoint's where it is replayed, a provider's where it rewrote."""
     out = dict(body)
     out["messages"] = list(messages)
     return orjson.dumps(out)

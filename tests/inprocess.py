@@ -98,6 +98,8 @@ class Proxy:
     app: CompactdApp
     client: httpx.AsyncClient
     upstream: MockUpstream
+    conversations: list[str] = field(default_factory=list)
+    """The `x-compactd-conversation` of every chat response, in order."""
 
     @property
     def services(self) -> Services:
@@ -108,7 +110,7 @@ class Proxy:
         self, body: dict[str, Any] | bytes, key: str = "sk-alpha", **headers: str
     ) -> httpx.Response:
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return await self.client.post(
+        response = await self.client.post(
             "/v1/chat/completions",
             content=content,
             headers={
@@ -117,6 +119,8 @@ class Proxy:
                 **{k.replace("_", "-"): v for k, v in headers.items()},
             },
         )
+        self.conversations.append(response.headers.get("x-compactd-conversation", ""))
+        return response
 
     async def uncompress(
         self, messages: list[dict[str, Any]], key: str = "sk-alpha", *, recursive: bool = True

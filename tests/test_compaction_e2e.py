@@ -85,19 +85,27 @@ async def test_next_turn_replays_the_same_bytes_for_the_compacted_prefix(
         # The client resends its original history plus a new exchange, cosmetically changed:
         # a null field added and keys reordered, as SDKs do.
         resent = [dict(reversed(list(m.items()))) for m in msgs]
-        resent[2]["name"] = None
+        resent[-1]["name"] = None
         resent += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and next?"}]
         h2 = await chat(client, resent)
         second = fake.last.json()["messages"]
+        async with httpx.AsyncClient() as http:
+            stored = await http.get(
+                f"{url}/compactd/v1/conversations/{h1['x-compactd-conversation']}",
+                headers={"authorization": "Bearer sk-alpha"},
+            )
         await client.close()
     assert h1["x-compactd-action"] == "compacted"
     assert h2["x-compactd-action"] == "replayed"
     assert h1["x-compactd-conversation"] == h2["x-compactd-conversation"]
-    prefix = json.dumps(first[:-1], separators=(",", ":"))
-    assert json.dumps(second[: len(first) - 1], separators=(",", ":")) == prefix
-    # Byte level: the forwarded body of turn 2 contains turn 1's prefix bytes verbatim.
-    body2 = fake.last.body
-    assert json.dumps(first[1], separators=(",", ":"), ensure_ascii=False).encode() in body2
+    (checkpoint,) = stored.json()["checkpoints"]
+    n, covered = len(checkpoint["messages"]), checkpoint["covered_through"]
+    # Byte level: the compacted prefix goes out as the same bytes, whatever the client changed.
+    prefix = json.dumps(first[:n], separators=(",", ":"), ensure_ascii=False).encode()
+    assert prefix[1:-1] in fake.last.body
+    assert second[:n] == first[:n]
+    # Everything after it is the client's own, as sent this time (its key order, its nulls).
+    assert json.dumps(second[n:]) == json.dumps(resent[covered + 1 :])
 
 
 async def test_tenants_are_isolated_through_api_and_replay(upstream, make_proxy) -> None:

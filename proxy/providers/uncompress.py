@@ -2,9 +2,16 @@
 
 Semantics follow context-compression-engine's `uncompress`: a message carrying refs is replaced by
 the originals found for them (in ref order); if none is found the message is kept and its ids are
-reported missing; with `recursive`, expansion repeats (refs inside restored originals, e.g. from a
-chain of providers) up to ten rounds, stopping early when a round expands nothing. Lookups are
-batched: one call per round, so a store answers with one round trip.
+reported missing. With `recursive`, expansion repeats on what it restored (refs inside restored
+originals: a chain of providers' in-memory `verbatim`, or a store written before refs were
+resolved to originals) with no depth limit: a ref is never expanded inside its own expansion, so
+a cycle ends, and its id is reported missing, like every other id left unresolved. Lookups are
+batched: one call per round, each id asked for once, so a store answers with one round trip.
+
+A message may also quote a marker it does not stand for (a summary quoting an earlier summary's
+marker). Such a ref is not expanded a second time: it is nested in another of the message's refs,
+either because that ref's originals carry it (in-memory `verbatim`) or because its originals are
+a run inside that ref's originals (a store, where every ref maps to original messages).
 """
 
 from __future__ import annotations
@@ -14,8 +21,6 @@ from dataclasses import dataclass
 
 from proxy.providers.base import Message
 from proxy.providers.units import refs_in
-
-MAX_DEPTH = 10
 
 Lookup = Mapping[str, list[Message]] | Callable[[list[str]], Mapping[str, list[Message]]]
 AsyncLookup = Callable[[list[str]], Awaitable[Mapping[str, list[Message]]]]
@@ -31,12 +36,19 @@ class UncompressResult:
     messages_passthrough: int
     """Input messages that carried no reference and were kept as they were."""
     missing_ids: tuple[str, ...]
-    """Reference ids no original was found for, in order of first appearance."""
+    """Reference ids left unresolved (no original found, or a cycle), in order of appearance."""
+
+
+@dataclass(frozen=True)
+class _Item:
+    message: Message
+    within: frozenset[str]
+    """The refs this message was restored from (never expanded again inside themselves)."""
 
 
 @dataclass(frozen=True)
 class _Round:
-    messages: list[Message]
+    items: list[_Item]
     expanded: int
     passthrough: int
     missing: list[str]
@@ -79,15 +91,19 @@ def _rounds(
     messages: Sequence[Message], recursive: bool
 ) -> Generator[list[str], Mapping[str, list[Message]], UncompressResult]:
     """The expansion loop, shared by both entry points: yields the ids it needs, gets originals."""
-    current, rounds = list(messages), []
-    for _ in range(MAX_DEPTH if recursive else 1):
-        wanted = wanted_ids(current)
-        if not wanted:
-            break
-        step = expand_round(current, (yield wanted))
+    current = [_Item(m, frozenset()) for m in messages]
+    known: dict[str, list[Message]] = {}
+    asked: set[str] = set()
+    rounds: list[_Round] = []
+    while True:
+        wanted = [r for r in wanted_ids([item.message for item in current]) if r not in asked]
+        if wanted:
+            asked.update(wanted)
+            known.update((yield wanted))
+        step = expand_round(current, known)
         rounds.append(step)
-        current = step.messages
-        if not step.expanded:
+        current = step.items
+        if not recursive or not step.expanded:
             break
     return _combine(messages, current, rounds)
 
@@ -97,38 +113,55 @@ def wanted_ids(messages: Sequence[Message]) -> list[str]:
     return list(dict.fromkeys(ref for m in messages for ref in refs_in(m)))
 
 
-def expand_round(messages: Sequence[Message], found: Mapping[str, list[Message]]) -> _Round:
+def expand_round(items: Sequence[_Item], found: Mapping[str, list[Message]]) -> _Round:
     """One level of expansion using the originals in `found`."""
-    out: list[Message] = []
+    out: list[_Item] = []
     expanded = passthrough = 0
     missing: list[str] = []
-    for message in messages:
-        refs = refs_in(message)
+    for item in items:
+        refs = refs_in(item.message)
         if not refs:
             passthrough += 1
-            out.append(message)
+            out.append(item)
             continue
-        known = [r for r in refs if r in found]
-        missing.extend(r for r in refs if r not in found)
-        # A summary may quote the marker of a message it summarized; that ref is restored
-        # through its parent, not a second time.
-        nested = {r for ref in known for m in found[ref] for r in refs_in(m)}
-        outer = [r for r in known if r not in nested]
+        usable = [r for r in refs if r in found and r not in item.within]
+        outer = _outer(usable, found)
         if not outer:
-            out.append(message)
+            missing.extend(refs)
+            out.append(item)
             continue
+        missing.extend(r for r in refs if r not in found or r in item.within)
         expanded += 1
-        for ref in outer:
-            out.extend(found[ref])
+        within = item.within | set(outer)
+        out.extend(_Item(m, within) for ref in outer for m in found[ref])
     return _Round(out, expanded, passthrough, missing)
 
 
+def _outer(refs: Sequence[str], found: Mapping[str, list[Message]]) -> list[str]:
+    """The refs a message stands for, minus those nested in another of them."""
+    nested = {r for ref in refs for m in found[ref] for r in refs_in(m)}
+    for a, ref in enumerate(refs):
+        for b, other in enumerate(refs):
+            if a != b and other not in nested and _inside(found[ref], found[other], a > b):
+                nested.add(ref)
+                break
+    return [r for r in refs if r not in nested]
+
+
+def _inside(inner: list[Message], outer: list[Message], later: bool) -> bool:
+    """Whether `inner` is a run of `outer` (when they are equal, only the later ref is inside)."""
+    if len(inner) > len(outer) or (len(inner) == len(outer) and not later):
+        return False
+    n = len(inner)
+    return any(outer[i : i + n] == inner for i in range(len(outer) - n + 1))
+
+
 def _combine(
-    messages: Sequence[Message], current: list[Message], rounds: list[_Round]
+    messages: Sequence[Message], current: list[_Item], rounds: list[_Round]
 ) -> UncompressResult:
     missing = list(dict.fromkeys(r for step in rounds for r in step.missing))
     return UncompressResult(
-        messages=current,
+        messages=[item.message for item in current],
         messages_expanded=sum(step.expanded for step in rounds),
         messages_passthrough=rounds[0].passthrough if rounds else len(messages),
         missing_ids=tuple(missing),

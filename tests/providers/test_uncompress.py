@@ -49,18 +49,53 @@ def test_one_layer_unless_recursive() -> None:
     assert deep.messages_expanded == 2
 
 
-def test_circular_refs_stop_at_the_depth_cap() -> None:
+def test_circular_refs_end_when_a_ref_recurs_and_say_so() -> None:
     a, b = "aaaaaa0001", "bbbbbb0002"
     to_a, to_b = user(ref_marker(a, 1, 1)), user(ref_marker(b, 1, 1))
     out = uncompress([to_a], {a: [to_b], b: [to_a]}, recursive=True)
     assert out.messages == [to_a]
-    assert out.messages_expanded == 10
+    assert out.messages_expanded == 2
+    assert out.missing_ids == (a,)
 
 
-def test_a_ref_standing_for_itself_is_left_alone() -> None:
+def test_a_ref_standing_for_itself_is_left_alone_and_reported() -> None:
     loop = user(ref_marker("abcdef0123", 1, 1))
     out = uncompress([loop], {"abcdef0123": [loop]}, recursive=True)
     assert (out.messages, out.messages_expanded) == ([loop], 0)
+    assert out.missing_ids == ("abcdef0123",)
+
+
+def test_recursion_has_no_depth_limit() -> None:
+    # 60 layers, each a summary of the previous one and one new message (what 60 compactions
+    # of a conversation stored before refs were resolved to originals).
+    verbatim: dict[str, list[Message]] = {}
+    layer, originals = user("first"), [user("first")]
+    for k in range(60):
+        group = [layer, assistant(f"answer {k}")]
+        originals.append(assistant(f"answer {k}"))
+        ref, layer = stand_in(group)
+        verbatim[ref] = group
+    out = uncompress([layer], verbatim, recursive=True)
+    assert out.messages == originals
+    assert out.missing_ids == ()
+    assert out.messages_expanded == 60
+
+
+def test_a_quoted_marker_whose_originals_are_inside_another_refs_is_not_expanded_twice() -> None:
+    # A store maps every ref to original messages, so a summary quoting an older marker carries
+    # two known refs; the older one's originals are a run of the newer one's.
+    older, newer = [user("a"), assistant("b")], [user("a"), assistant("b"), user("c")]
+    old_ref, new_ref = make_ref_id(older), make_ref_id(newer)
+    text = f"{ref_marker(new_ref, 3, 9)}\nSummary: earlier, {ref_marker(old_ref, 2, 5)}"
+    same = f"{ref_marker(new_ref, 2, 9)} quoting {ref_marker(old_ref, 2, 5)}"
+    found = {old_ref: older, new_ref: newer, "abcdef0011": older}
+    assert uncompress([user(text)], found).messages == newer
+    both = uncompress([user(same)], {old_ref: older, new_ref: older})
+    assert both.messages == older
+    # Two refs for different runs are both restored, in order.
+    pair = user(f"{ref_marker(old_ref, 2, 5)} {ref_marker('abcdef0022', 1, 1)}")
+    out = uncompress([pair], {old_ref: older, "abcdef0022": [user("z")]})
+    assert out.messages == [*older, user("z")]
 
 
 def test_a_lookup_function_is_called_once_per_round_with_every_id() -> None:

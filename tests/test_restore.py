@@ -1,0 +1,105 @@
+"""Restore is complete at any depth, or says exactly what is missing."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from proxy.checkpoint import restore
+from tests.inprocess import Proxy, running
+from tests.test_cli import run
+
+Message = dict[str, Any]
+SECRET = {"server": {"secret": "test-secret", "admin_key": "admin-key"}}
+
+
+def turn(k: int) -> list[Message]:
+    """One exchange whose keys are not in sorted order, with a tool call and its result."""
+    call = f"call_{k}"
+    return [
+        {"role": "user", "content": f"Step {k}: read src/mod{k}.py " + "please now " * 30},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call, "type": "function", "function": {"name": "read", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call, "content": f"def f{k}():\n" + "    pass\n" * 150},
+        {"role": "assistant", "content": f"Done with step {k}. " + "all good " * 20},
+    ]
+
+
+async def grow(proxy: Proxy, turns: int) -> tuple[list[Message], list[str], dict[str, Any]]:
+    """A conversation sent turn by turn; (its messages, the actions, the last forwarded body)."""
+    messages: list[Message] = [{"role": "system", "content": "You are a coding agent."}]
+    actions = []
+    for k in range(turns):
+        messages += turn(k)
+        r = await proxy.chat({"model": "gpt-4o", "messages": messages})
+        actions.append(r.headers["x-compactd-action"])
+    return messages, actions, proxy.upstream.last_json()
+
+
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "compactd.toml"
+    path.write_text("[default_policy]\nbudget_tokens = 1500\n")
+    return path
+
+
+async def test_fifty_compactions_restore_exactly_in_one_call(tmp_path: Path) -> None:
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        messages, actions, last = await grow(proxy, 60)
+        api = await proxy.uncompress(last["messages"], recursive=False)
+        info = await proxy.services.store.get_conversation(None, proxy.conversations[-1])
+    assert actions.count("compacted") >= 50
+    # One call, one round: every ref maps to original messages, however many events came before.
+    assert api.json()["missing_ids"] == []
+    assert api.json()["messages"] == messages
+    assert info is not None
+    restored = restore(info)
+    assert restored is not None
+    assert restored.missing_ids == []
+    covered = messages[: restored.checkpoint.covered_through + 1]
+    # Exactly as the client sent them: same keys, same order, nulls kept.
+    assert json.dumps(restored.messages) == json.dumps(covered)
+    cli = run(
+        "restore", info.conversation, "--config", str(config(tmp_path)), data=tmp_path / "data"
+    )
+    assert cli.returncode == 0, cli.stderr
+    assert json.dumps(json.loads(cli.stdout)["messages"]) == json.dumps(covered)
+
+
+async def test_restore_says_what_is_missing_and_exits_non_zero(tmp_path: Path) -> None:
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        _, actions, last = await grow(proxy, 8)
+        conversation = proxy.conversations[-1]
+    assert "compacted" in actions
+    database = sqlite3.connect(tmp_path / "data" / "compactd.db")
+    with database:
+        database.execute("DELETE FROM refs")
+    database.close()
+    cli = run("restore", conversation, "--config", str(config(tmp_path)), data=tmp_path / "data")
+    assert cli.returncode == 1
+    out = json.loads(cli.stdout)
+    assert out["missing_ids"]
+    assert b"missing" in cli.stderr
+    refs = [m for m in last["messages"] if "[compactd:ref=" in str(m.get("content"))]
+    assert refs
+
+
+async def test_the_admin_key_uncompresses_any_tenants_messages(tmp_path: Path) -> None:
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        messages, _, last = await grow(proxy, 6)
+        admin = await proxy.uncompress(last["messages"], key="admin-key")
+        stranger = await proxy.uncompress(last["messages"], key="sk-stranger")
+    assert admin.status_code == 200
+    assert admin.json()["messages"] == messages
+    assert admin.json()["missing_ids"] == []
+    assert stranger.json()["missing_ids"]
+    assert stranger.json()["messages"] != messages
