@@ -118,7 +118,8 @@ async def test_a_master_killed_mid_session_fails_open_then_recovers_and_loses_no
     upstream: tuple[FakeUpstream, str], make_proxy: Any, redis_cluster: LocalCluster
 ) -> None:
     fake, base = upstream
-    store = {"url": redis_cluster.url, "timeout_ms": 300, "min_replicas_ack": 1}
+    # Generous timeouts: on a busy machine a healthy WAIT must not be mistaken for the gap.
+    store = {"url": redis_cluster.url, "timeout_ms": 1500, "min_replicas_ack": 1}
     convs = [f"failover-{i}" for i in range(6)]
     async with make_proxy(base, store=store, **SMALL) as url, httpx.AsyncClient() as http:
         driver = Driver(url, fake)
@@ -147,7 +148,7 @@ async def test_a_slot_migrating_mid_session_is_followed_and_loses_nothing(
     upstream: tuple[FakeUpstream, str], make_proxy: Any, redis_cluster: LocalCluster
 ) -> None:
     fake, base = upstream
-    store = {"url": redis_cluster.url, "timeout_ms": 300}
+    store = {"url": redis_cluster.url, "timeout_ms": 1500}
     convs = [f"migrate-{i}" for i in range(6)]
     async with make_proxy(base, store=store, **SMALL) as url, httpx.AsyncClient() as http:
         driver = Driver(url, fake)
