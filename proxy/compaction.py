@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy import rewrite
+from proxy.bodycache import BodyCache
 from proxy.budget import Budget, ModelTable, compute_budget, parse_context_window
 from proxy.checkpoint import (
     CompactionError,
@@ -137,13 +138,14 @@ class Compactor:
         self.tenancy = tenancy
         self.completer = completer
         self.request_stream_usage = settings.accounting.request_stream_usage
+        self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
 
     def read(self, raw: bytes, headers: Sequence[tuple[bytes, bytes]]) -> ChatRequest:
         """The request value for these bytes and the client's headers (tenant from their key)."""
-        return read_request(raw, headers, self.tenancy)
+        return read_request(raw, headers, self.tenancy, parse=self.bodies.parse)
 
     async def decide(self, request: ChatRequest, *, window: int | None = None) -> Outcome:
         """What to forward. Never raises: a failure forwards the original bytes.
@@ -230,9 +232,10 @@ class Compactor:
         budget = compute_budget(info, request.body, policy, self.settings.tokens.safety_margin)
         counter = self.tokenizers.for_model(info)
         fixed = request.dialect.fixed_tokens(counter, request.body)
-        if len(request.raw) > COUNT_IN_THREAD_BYTES:
+        counted = counter.cached_total(request.messages)  # a known history: no thread hop
+        if counted is None and len(request.raw) > COUNT_IN_THREAD_BYTES:
             counted = await asyncio.to_thread(counter.count_messages, request.messages)
-        else:
+        elif counted is None:
             counted = counter.count_messages(request.messages)
         return _Counted(budget, counter, fixed, fixed + counted)
 

@@ -143,10 +143,12 @@ class TokenSettings:
     models_file: str = ""
     safety_margin: int = 64
     cache_size: int = 100_000
+    body_cache_mb: int = 16
 
     def validate(self, p: str) -> None:
         _check(self.safety_margin >= 0, f"{p}.safety_margin", "must be >= 0")
         _check(self.cache_size >= 0, f"{p}.cache_size", "must be >= 0")
+        _check(self.body_cache_mb >= 0, f"{p}.body_cache_mb", "must be >= 0 (0 = off)")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -111,15 +111,17 @@ def read_request(
     raw_headers: Sequence[tuple[bytes, bytes]],
     tenancy: Tenancy,
     dialect: Dialect = CHAT,
+    parse: Callable[[bytes], Any] = orjson.loads,
 ) -> ChatRequest:
     """Parse the body once and derive everything the decision needs from it and the headers
-    (the tenant in one call, `Tenancy.identify`)."""
+    (the tenant in one call, `Tenancy.identify`). `parse`: orjson.loads or a drop-in that
+    reuses earlier parses (proxy.bodycache)."""
     started = time.perf_counter()
     headers = raw_header_map(raw_headers)
     identity = tenancy.identify(headers)
     frozen = MappingProxyType(headers)
     try:
-        body = orjson.loads(raw)
+        body = parse(raw)
     except orjson.JSONDecodeError:
         body = None
     if not isinstance(body, dict):

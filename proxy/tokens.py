@@ -196,6 +196,21 @@ class TokenCounter:
                     self._cache.popitem(last=False)
         return total
 
+    def cached_total(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
+        """`count_messages(messages)` if every message's count is cached, else None (without
+        counting anything): a caller can count a known history inline and only send the work
+        of new messages to a thread."""
+        keys = [self._key(m) for m in messages]
+        total = REPLY_PRIMING
+        with self._lock:
+            get = self._cache.get
+            for key in keys:
+                value = None if key is None else get(key)
+                if value is None:
+                    return None
+                total += value
+        return total
+
     def count_tools(self, body: Mapping[str, Any]) -> int:
         """Tokens of the request's tool (or legacy function) definitions (cached)."""
         tools = body.get("tools")

@@ -1,0 +1,184 @@
+"""Parse a long conversation's next turn by parsing only what is new in it.
+
+A client resends the whole history on every turn, and an SDK serializes the same history to the
+same bytes: the next turn's body is the previous body with a few messages added before the
+messages array's closing bracket. So for a large body we look for a recent body (same leading
+bytes) whose bytes up to its last message are a prefix of this one; then only the new messages
+are parsed (orjson over a few KB instead of the whole body), and the earlier messages are the
+same objects as last time. Everything per-message that is cached by content (token counts)
+then finds its strings' hashes already computed: the turn costs its new messages, end to end.
+
+Soundness: the reused prefix is byte-identical and ends at an element boundary of the array;
+the new part is accepted only if `[` + new + `]` parses as an array and the rest of the object
+(everything around the array) parses with a `messages` of `[]` in it; otherwise, or for any
+other shape, the body is parsed whole, as before. Shared message objects are read, never
+mutated (the request path treats messages as immutable values).
+
+Memory is bounded by the bytes of the bodies kept (`max_bytes`, least recently used first out).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+MIN_BYTES = 64 * 1024
+"""Smaller bodies are parsed whole: orjson is faster than any bookkeeping for them."""
+KEY_BYTES = 512
+"""Bodies are looked up by their first bytes (the fields before the messages, the system
+prompt's start); several conversations may share them."""
+PER_KEY = 4
+_WS = b" \t\r\n"
+_TAIL_ATTEMPTS = 16
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A body parsed before, and where its messages array lies in its bytes."""
+
+    raw: bytes
+    start: int
+    """Index just after the array's `[`."""
+    cut: int
+    """End of the array's last element (before any whitespace and the `]`)."""
+    end: int
+    """Index of the array's closing `]`."""
+    body: dict[str, Any]
+
+
+class BodyCache:
+    """`parse(raw)`: `orjson.loads(raw)`, reusing the parse of a recent body it extends."""
+
+    def __init__(self, max_bytes: int = 32 << 20) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._seen: OrderedDict[bytes, list[_Seen]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def parse(self, raw: bytes) -> Any:
+        """The parsed body (raises orjson.JSONDecodeError as orjson.loads would)."""
+        if len(raw) < MIN_BYTES or self._max_bytes <= 0:
+            return orjson.loads(raw)
+        key = raw[:KEY_BYTES]
+        for seen in self._seen.get(key, ()):
+            found = _extend(seen, raw)
+            if found is not None:
+                self.hits += 1
+                self._remember(key, found)
+                return found.body
+        self.misses += 1
+        body = orjson.loads(raw)
+        if isinstance(body, dict) and isinstance(body.get("messages"), list):
+            located = _locate(raw, body)
+            if located is not None:
+                self._remember(key, located)
+        return body
+
+    def _remember(self, key: bytes, seen: _Seen) -> None:
+        old = self._seen.pop(key, [])
+        # The new body supersedes those it extends (the same conversation, turns earlier).
+        kept = [e for e in old if not seen.raw.startswith(memoryview(e.raw)[: e.cut])]
+        kept = kept[: PER_KEY - 1]
+        self._bytes += len(seen.raw) - _size(old) + _size(kept)
+        self._seen[key] = [seen, *kept]
+        while self._bytes > self._max_bytes and self._seen:
+            _, dropped = self._seen.popitem(last=False)
+            self._bytes -= _size(dropped)
+
+
+def _size(entries: list[_Seen]) -> int:
+    return sum(len(e.raw) for e in entries)
+
+
+def _before_space(raw: bytes, end: int, floor: int) -> int:
+    """The index after the last non-whitespace byte before `end` (not below `floor`)."""
+    while end > floor and raw[end - 1] in _WS:
+        end -= 1
+    return end
+
+
+def _fields(raw: bytes, start: int, end: int) -> dict[str, Any] | None:
+    """The object around the array (its `messages` emptied), if those bytes parse as one."""
+    try:
+        rest = orjson.loads(raw[:start] + b"]" + raw[end + 1 :])
+    except orjson.JSONDecodeError:
+        return None
+    return rest if isinstance(rest, dict) and rest.get("messages") == [] else None
+
+
+def _ends(raw: bytes, start: int, floor: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Candidates for the messages array's closing `]`, from the right (above `floor`), each
+    with the fields around it; the caller checks which is the one."""
+    end = len(raw)
+    for _ in range(_TAIL_ATTEMPTS):
+        end = raw.rfind(b"]", floor, end)
+        if end < 0:
+            return
+        fields = _fields(raw, start, end)
+        if fields is not None:
+            yield end, fields
+
+
+def _locate(raw: bytes, body: dict[str, Any]) -> _Seen | None:
+    """Where the messages array of `raw` (parsed whole as `body`) lies, verified."""
+    if not body["messages"]:
+        return None
+    at = raw.find(b'"messages"')
+    if at < 0:
+        return None
+    i = at + len(b'"messages"')
+    while raw[i : i + 1] in (b" ", b"\t", b"\r", b"\n"):
+        i += 1
+    if raw[i : i + 1] != b":":
+        return None
+    i += 1
+    while raw[i : i + 1] in (b" ", b"\t", b"\r", b"\n"):
+        i += 1
+    if raw[i : i + 1] != b"[":
+        return None
+    start = i + 1
+    expected = {k: v for k, v in body.items() if k != "messages"}
+    for end, fields in _ends(raw, start, start):
+        if {k: v for k, v in fields.items() if k != "messages"} == expected:
+            return _Seen(raw, start, _before_space(raw, end, start), end, body)
+    return None
+
+
+def _extend(seen: _Seen, raw: bytes) -> _Seen | None:
+    """`raw` parsed by extending `seen`, if `raw` is `seen`'s bytes plus new messages."""
+    cut = seen.cut
+    # bytes.startswith/endswith compare with memcmp (a memoryview == goes item by item).
+    if len(raw) <= cut or not raw.startswith(memoryview(seen.raw)[:cut]):
+        return None
+    tail = memoryview(seen.raw)[seen.end + 1 :]
+    end = len(raw) - len(tail) - 1
+    if end >= cut and raw[end] == ord("]") and raw.endswith(tail):
+        return _with_new(seen, raw, end, seen.body)  # the same bytes around the array
+    for end, fields in _ends(raw, seen.start, cut):
+        found = _with_new(seen, raw, end, fields)
+        if found is not None:
+            return found
+    return None
+
+
+def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _Seen | None:
+    """The body of `raw`: `seen`'s messages, those between its cut and `end`, and `fields`."""
+    middle = raw[seen.cut : end].strip(_WS)
+    new: Any = []
+    if middle:
+        if middle[:1] != b",":
+            return None
+        try:
+            new = orjson.loads(b"[" + middle[1:] + b"]")
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(new, list) or not new:
+            return None
+    messages = seen.body["messages"] + new if new else seen.body["messages"]
+    body = {k: messages if k == "messages" else v for k, v in fields.items()}
+    return _Seen(raw, seen.start, _before_space(raw, end, seen.cut), end, body)

@@ -1,0 +1,145 @@
+"""The body cache parses every body exactly as orjson.loads does, reusing what it can."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from proxy import bodycache
+from proxy.bodycache import BodyCache
+
+TRICKY = ['"messages": [', "]", '],"model":"x"}', ",{", "\\", '"', "é", "\u2028", "}]}"]
+
+
+def text(i: int, size: int = 3000) -> str:
+    return (f"line {i} " + TRICKY[i % len(TRICKY)] + " ") * (size // 20)
+
+
+def conversation(n: int) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for i in range(n):
+        msgs.append({"role": "user" if i % 2 == 0 else "assistant", "content": text(i)})
+    return msgs
+
+
+DUMPERS = {
+    "compact": lambda b: json.dumps(b, separators=(",", ":"), ensure_ascii=False).encode(),
+    "spaced": lambda b: json.dumps(b).encode(),
+    "indented": lambda b: json.dumps(b, indent=2).encode(),
+    "orjson": orjson.dumps,
+}
+
+
+@pytest.mark.parametrize("dump", DUMPERS.values(), ids=DUMPERS.keys())
+@pytest.mark.parametrize("order", ["messages-first", "messages-last", "messages-middle"])
+def test_a_growing_conversation_parses_as_a_whole_parse_would_and_reuses_its_past(
+    dump: Any, order: str
+) -> None:
+    cache = BodyCache()
+    fields = {"model": "gpt-4.1", "tools": [{"type": "function", "function": {"name": "f"}}]}
+    for turn in range(30, 60):
+        msgs = conversation(turn)
+        if order == "messages-first":
+            body = {"messages": msgs, **fields}
+        elif order == "messages-last":
+            body = {**fields, "messages": msgs}
+        else:
+            body = {"model": "gpt-4.1", "messages": msgs, "max_tokens": turn}  # tail changes
+        raw = dump(body)
+        parsed = cache.parse(raw)
+        assert parsed == orjson.loads(raw)
+        assert list(parsed) == list(body)  # key order kept (a rewrite re-serializes it)
+    assert cache.misses == 1  # the first turn only
+    assert cache.hits == 29
+
+
+def test_reused_messages_are_the_same_objects_as_last_turn() -> None:
+    cache = BodyCache()
+    first = cache.parse(orjson.dumps({"model": "m", "messages": conversation(40)}))
+    second = cache.parse(orjson.dumps({"model": "m", "messages": conversation(41)}))
+
+    assert all(a is b for a, b in zip(first["messages"], second["messages"], strict=False))
+    assert second["messages"] is not first["messages"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m.__setitem__(5, {"role": "user", "content": "edited"}),  # an edit
+        lambda m: m.pop(),  # a regenerate: one message fewer
+        lambda m: m.__setitem__(-1, {**m[-1], "content": m[-1]["content"] + "!"}),
+        lambda m: m.insert(1, {"role": "user", "content": "inserted"}),
+    ],
+)
+def test_an_edited_history_is_parsed_whole(change: Any) -> None:
+    cache = BodyCache()
+    msgs = conversation(40)
+    cache.parse(orjson.dumps({"model": "m", "messages": msgs}))
+    changed = list(msgs)
+    change(changed)
+    raw = orjson.dumps({"model": "m", "messages": changed})
+
+    assert cache.parse(raw) == orjson.loads(raw)
+
+
+def test_bodies_that_are_not_what_they_seem_are_parsed_whole() -> None:
+    cache = BodyCache()
+    base = orjson.dumps({"model": "m", "messages": conversation(40)})
+    cache.parse(base)
+    # Same prefix, then something that is not a next message; then a duplicate messages key.
+    for raw in (
+        base[:-2] + b',"x"]}',
+        base[:-2] + b",{}]",
+        base[:-1] + b',"messages":[]}',
+        base[:-2] + b',{"role":"user","content":"a"}],"messages":[]}',
+    ):
+        try:
+            expected = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            with pytest.raises(orjson.JSONDecodeError):
+                cache.parse(raw)
+            continue
+        assert cache.parse(raw) == expected
+
+
+def test_small_bodies_skip_the_cache_and_memory_is_bounded() -> None:
+    cache = BodyCache(max_bytes=300_000)
+    small = orjson.dumps({"model": "m", "messages": conversation(2)})
+    assert len(small) < bodycache.MIN_BYTES
+    cache.parse(small)
+    for c in range(10):  # ten conversations of ~100 KB, each seen once
+        cache.parse(orjson.dumps({"model": f"m{c}", "messages": conversation(35)}))
+
+    assert cache.hits == 0
+    assert cache._bytes <= 300_000
+
+
+@given(
+    turns=st.lists(
+        st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "assistant"]), "content": st.text(max_size=40)}
+            ),
+            max_size=3,
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    dump=st.sampled_from(list(DUMPERS.values())),
+    tail=st.dictionaries(st.sampled_from(["model", "n", "stop"]), st.text(max_size=5), max_size=2),
+)
+@example(turns=[[{"role": "user", "content": "]"}]], dump=orjson.dumps, tail={})
+def test_any_sequence_of_growing_bodies_parses_exactly(
+    turns: list[list[dict[str, str]]], dump: Any, tail: dict[str, str]
+) -> None:
+    cache = BodyCache()
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "x" * bodycache.MIN_BYTES}]
+    for added in turns:
+        msgs = msgs + added
+        raw = dump({"messages": msgs, **tail})
+        assert cache.parse(raw) == orjson.loads(raw)
