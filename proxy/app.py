@@ -15,12 +15,14 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
+from proxy.asgi import send_error
 from proxy.config import Settings
 from proxy.errors import NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
 from proxy.metrics import Metrics
 from proxy.providers.registry import ProviderRegistry
+from proxy.server import HeadLimits, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
 
@@ -55,8 +57,9 @@ class CompactdApp:
     """Top-level ASGI app: /v1/* goes straight to the relay; the rest to a Starlette router.
     Every HTTP exchange passes through the access log (date header, metric, log line)."""
 
-    def __init__(self, router: Starlette) -> None:
+    def __init__(self, router: Starlette, limits: HeadLimits | None = None) -> None:
         self.router = router
+        self.limits = limits or HeadLimits()
         self.handler: Handler | None = None
         self.metrics: Metrics | None = None
         self._access = AccessLog(self._dispatch, lambda: self.metrics)
@@ -65,6 +68,10 @@ class CompactdApp:
         await self._access(scope, receive, send)
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and head_too_large(scope, self.limits):
+            # Our uvicorn protocol refuses these before parsing; this covers any other server.
+            await send_error(send, self.limits.refusal(), [(b"connection", b"close")])
+            return
         if scope["type"] == "http" and scope["path"].startswith("/v1/") and self.handler:
             await self.handler(scope, receive, send)
             return
@@ -131,5 +138,5 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={404: not_found, **EXCEPTION_HANDLERS},
     )
-    app = CompactdApp(router)
+    app = CompactdApp(router, head_limits(settings))
     return app

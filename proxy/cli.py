@@ -47,6 +47,7 @@ def _serve(args: argparse.Namespace) -> int:
     s = settings.server
     from proxy.banner import describe, emit  # noqa: PLC0415
     from proxy.logs import configure_logging  # noqa: PLC0415
+    from proxy.server import head_limits, protocol_options  # noqa: PLC0415
     from proxy.services import check_settings  # noqa: PLC0415
 
     configure_logging(s.log_level)
@@ -65,6 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         # `server`; uvicorn's own would make a second of each.
         "date_header": False,
         "server_header": False,
+        **protocol_options(head_limits(settings)),
     }
     if s.workers > 1:
         from proxy.metrics import multiprocess_dir  # noqa: PLC0415

@@ -46,6 +46,8 @@ class ServerSettings:
     port: int = 8787
     workers: int = 1
     max_body_bytes: int = 32 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
     log_level: str = "info"
     data_dir: str = ""
     secret: str = ""
@@ -64,6 +66,8 @@ class ServerSettings:
             )
         _check(self.workers >= 1, f"{p}.workers", "must be >= 1")
         _check(self.max_body_bytes > 0, f"{p}.max_body_bytes", "must be > 0")
+        _check(self.max_header_bytes >= 1024, f"{p}.max_header_bytes", "must be >= 1024")
+        _check(self.max_headers >= 8, f"{p}.max_headers", "must be >= 8")
         levels = ("debug", "info", "warning", "error")
         _check(self.log_level in levels, f"{p}.log_level", f"must be one of {levels}")
 

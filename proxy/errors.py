@@ -25,6 +25,14 @@ class BodyTooLargeError(ProxyError):
     code = "request_too_large"
 
 
+class HeadersTooLargeError(ProxyError):
+    """The request's headers exceed `server.max_header_bytes` or `server.max_headers`."""
+
+    status = 431
+    type = "invalid_request_error"
+    code = "request_headers_too_large"
+
+
 class BadPathError(ProxyError):
     """The path cannot be mapped onto the upstream safely."""
 

@@ -47,9 +47,11 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[str]]
 
 @pytest.fixture
 def make_proxy(tmp_path: Path) -> ProxyFactory:
-    """Start compactd (real uvicorn) in front of an upstream URL with config overrides."""
+    """Start compactd (real uvicorn, with compactd's own bounded HTTP protocol, as `compactd
+    serve` runs it) in front of an upstream URL with config overrides."""
     from proxy.app import create_app
     from proxy.config import load_settings
+    from proxy.server import head_limits, protocol_options
 
     def factory(upstream_url: str, **sections: Any) -> AbstractAsyncContextManager[str]:
         overrides: dict[str, Any] = {"upstream": {"url": upstream_url}, **sections}
@@ -58,6 +60,7 @@ def make_proxy(tmp_path: Path) -> ProxyFactory:
         server.setdefault("data_dir", str(tmp_path / "data"))
         overrides["server"] = server
         settings = load_settings(None, env={}, overrides=overrides)
-        return serve(create_app(settings), lifespan="on")
+        options = protocol_options(head_limits(settings))
+        return serve(create_app(settings), lifespan="on", **options)
 
     return factory

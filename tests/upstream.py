@@ -235,8 +235,9 @@ class FakeUpstream:
 
 
 @contextlib.asynccontextmanager
-async def serve(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
-    """Serve an ASGI app on a free loopback port with a real uvicorn server."""
+async def serve(app: Any, *, lifespan: str = "off", **options: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app on a free loopback port with a real uvicorn server (`options`: more
+    uvicorn.Config arguments, e.g. compactd's own HTTP protocol)."""
     import socket
 
     import uvicorn
@@ -245,7 +246,9 @@ async def serve(app: Any, *, lifespan: str = "off") -> AsyncIterator[str]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, access_log=False)
+    config = uvicorn.Config(
+        app, log_level="warning", lifespan=lifespan, access_log=False, **options
+    )
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     try:

@@ -1,0 +1,153 @@
+"""The HTTP server's side of compactd's limits: request heads are bounded before they are parsed.
+
+An ASGI app sees a request only once its whole head (request line and headers) has been parsed,
+which is too late: httptools grows a header by concatenation, so one unauthenticated 64 MB
+header held the worker's CPU for seconds and hundreds of MB of memory. `BoundedHttpToolsProtocol`
+counts the bytes and headers of each request head as they arrive and answers an OpenAI-shaped
+431 (then closes the connection) as soon as either passes its limit (`server.max_header_bytes`,
+`server.max_headers`). `head_too_large` checks the same limits in the app, for servers other
+than ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import Scope
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from proxy.config import Settings
+from proxy.errors import HeadersTooLargeError, error_body
+
+LINGER_SECONDS = 2.0
+"""How long a refused connection's remaining input is read and discarded before closing."""
+
+
+@dataclass(frozen=True)
+class HeadLimits:
+    """Most bytes in one request head (request line + headers) and most header fields."""
+
+    max_bytes: int = 64 * 1024
+    max_headers: int = 100
+
+    def refusal(self) -> HeadersTooLargeError:
+        """The error a request over these limits gets."""
+        return HeadersTooLargeError(
+            f"Request headers exceed the limit of {self.max_bytes} bytes"
+            f" or {self.max_headers} fields."
+        )
+
+
+def head_limits(settings: Settings) -> HeadLimits:
+    """The limits `[server]` sets."""
+    return HeadLimits(settings.server.max_header_bytes, settings.server.max_headers)
+
+
+def head_too_large(scope: Scope, limits: HeadLimits) -> bool:
+    """Whether a parsed request's headers are over the limits (the app's own check)."""
+    headers = scope["headers"]
+    if len(headers) > limits.max_headers:
+        return True
+    return sum(len(k) + len(v) + 4 for k, v in headers) > limits.max_bytes
+
+
+def refusal_bytes(limits: HeadLimits) -> bytes:
+    """A complete HTTP/1.1 431 response that closes the connection."""
+    exc = limits.refusal()
+    body = error_body(exc.message, exc.type, exc.code)
+    head = (
+        f"HTTP/1.1 {exc.status} Request Header Fields Too Large\r\n"
+        "content-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+class _HeadTooLargeError(Exception):
+    """Raised from a parser callback to stop parsing a request head over the limits."""
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, refusing request heads over `limits` while they arrive.
+
+    An incomplete head is measured by the bytes fed to the parser, checked after each socket
+    read, so at most one read (256 KiB) past the limit is ever parsed; a complete one by its
+    request target and fields, before the app sees it. The refusal is a 431 followed by a
+    lingering close: the client's unread bytes are discarded for a moment instead of resetting
+    the connection, which would destroy the answer before the client read it.
+    """
+
+    def __init__(self, *args: Any, limits: HeadLimits, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._limits = limits
+        self._fed = 0  # bytes fed while the current head is incomplete
+        self._size = 0  # the current head's target and fields, as parsed
+        self._fields = 0
+        self._in_head = True
+        self._refused = False
+
+    def _over(self, size: int) -> bool:
+        return size > self._limits.max_bytes or self._fields > self._limits.max_headers
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # lingering: discard what the client still sends
+        if self._in_head:
+            self._fed += len(data)
+        super().data_received(data)
+        if self._in_head and not self._refused and self._over(self._fed):
+            self._refuse()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head, self._size, self._fields = True, 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        self._size += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._fields += 1
+        self._size += len(name) + len(value) + 4
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        if self._over(self._size):
+            self._refused = True
+            raise _HeadTooLargeError  # the parser stops; uvicorn calls send_400_response
+        self._in_head, self._fed = False, 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._fed = True, 0
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refused:
+            self._refuse()
+            return
+        super().send_400_response(msg)
+
+    def _refuse(self) -> None:
+        self._refused = True
+        transport: asyncio.Transport = self.transport
+        if transport.is_closing():
+            return
+        self.logger.warning("request head over the limits: refused with 431")
+        transport.write(refusal_bytes(self._limits))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, transport.close)
+
+
+def protocol_options(limits: HeadLimits) -> dict[str, Any]:
+    """uvicorn options that bound request heads: our protocol, and h11's limit should anyone
+    choose h11 instead."""
+    return {
+        "http": functools.partial(BoundedHttpToolsProtocol, limits=limits),
+        "h11_max_incomplete_event_size": limits.max_bytes,
+    }
