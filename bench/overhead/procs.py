@@ -65,7 +65,7 @@ class PinnedServer:
         name: str,
         argv: Sequence[str],
         port: int,
-        core: int,
+        core: int | str,
         env: dict[str, str] | None = None,
         health_path: str = "/healthz",
     ) -> None:

@@ -45,6 +45,8 @@ class Target:
     transport: str = ""
     pythonpath: str = ""
     """For A/B runs: a directory holding a patched `proxy` package that compactd imports first."""
+    workers: int = 1
+    """compactd's `--workers`; with more than one, it may run on every core (see server_for)."""
 
 
 TARGETS = (
@@ -67,14 +69,17 @@ def scenarios(seconds: float, requests: int) -> list[Scenario]:
 
 
 def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedServer:
-    """A pinned server process for target `t` (not started)."""
+    """A pinned server process for target `t` (not started). A multi-worker compactd is pinned
+    to every core (its workers must have a core each to scale); the load generator and nginx
+    stay pinned to theirs, so on two cores worker two shares a core with them."""
     port = free_port()
     if t.kind == "naive":
         argv = [sys.executable, str(HERE / "naive.py"), t.transport, str(port), upstream]
         return PinnedServer(t.name, argv, port, core)
     exe = Path(sys.executable).parent / "compactd"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
-    argv = [*base, "serve", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    argv = [*base, "serve", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--workers", str(t.workers)]
     env = {
         "COMPACTD_UPSTREAM_URL": upstream,
         "COMPACTD_UPSTREAM_TRANSPORT": t.transport,
@@ -83,7 +88,13 @@ def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedSer
     }
     if t.pythonpath:
         env["PYTHONPATH"] = t.pythonpath
-    return PinnedServer(t.name, argv, port, core, env=env)
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0) | {core}))
+    return PinnedServer(t.name, argv, port, cpus if t.workers > 1 else core, env=env)
+
+
+def total_cpu(pids: list[int]) -> float:
+    """CPU seconds used so far by all of a target's worker processes."""
+    return sum(cpu_seconds(p) for p in pids)
 
 
 def split_rounds(scs: list[Scenario], rounds: int) -> list[Scenario]:
@@ -99,7 +110,7 @@ def split_rounds(scs: list[Scenario], rounds: int) -> list[Scenario]:
 
 
 async def interleaved(
-    live: dict[str, tuple[str, int]],
+    live: dict[str, tuple[str, list[int]]],
     scs: list[Scenario],
     rounds: int,
     expected: bytes,
@@ -115,8 +126,8 @@ async def interleaved(
     for rnd in range(rounds):
         for sc in split_rounds(scs, rounds):
             for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
-                url, pid = live[name]
-                cpu = functools.partial(cpu_seconds, pid) if pid else None
+                url, pids = live[name]
+                cpu = functools.partial(total_cpu, pids) if pids else None
                 res = await run_scenario(url, sc, expected, ref, cpu)
                 prev = out[name].get(sc.name)
                 out[name][sc.name] = prev.merged(res) if prev else res
@@ -168,6 +179,8 @@ async def main_async(args: argparse.Namespace) -> int:
     ref = sse_events()
     scs = [sc for sc in scenarios(args.seconds, args.requests) if sc.name in args.scenarios]
     chosen = [t for t in TARGETS if not args.only or t.name in args.only.split(",")]
+    for n in (int(w) for w in args.workers.split(",") if w.strip() and int(w) > 1):
+        chosen.append(Target(f"compactd-aiohttp-w{n}", "compactd", "aiohttp", workers=n))
     for variant in args.variant:
         name, _, path = variant.partition("=")
         chosen.append(Target(name, "compactd", "aiohttp", str(Path(path).resolve())))
@@ -179,11 +192,11 @@ async def main_async(args: argparse.Namespace) -> int:
         contextlib.ExitStack() as stack,
     ):
         # Every proxy is started up front (pinned to the same core, idle until its turn).
-        live: dict[str, tuple[str, int]] = {}
+        live: dict[str, tuple[str, list[int]]] = {}
         servers: dict[str, PinnedServer] = {}
         for t in chosen:
             if t.kind == "direct":
-                live[t.name] = (up.base_url + "/chat/completions", 0)
+                live[t.name] = (up.base_url + "/chat/completions", [])
                 continue
             try:
                 server = stack.enter_context(server_for(t, up.base_url, proxy_core, Path(data)))
@@ -192,7 +205,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 print(f"   {t.name} {results[t.name]}", file=sys.stderr)
                 continue
             servers[t.name] = server
-            live[t.name] = (f"{server.url}/v1/chat/completions", server.worker_pids()[-1])
+            workers = server.worker_pids()[1:] if t.workers > 1 else server.worker_pids()[-1:]
+            live[t.name] = (f"{server.url}/v1/chat/completions", workers)
             if t.kind == "compactd":
                 got = await probe(live[t.name][0], large_body())
                 probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
@@ -241,6 +255,11 @@ def main() -> int:
         default=[],
         metavar="NAME=DIR",
         help="also run compactd (aiohttp) importing `proxy` from DIR first (name it compactd-…)",
+    )
+    parser.add_argument(
+        "--workers",
+        default="1",
+        help="compactd worker counts, e.g. 1,2: adds compactd-aiohttp-w2 (on every core)",
     )
     parser.add_argument("--nice", type=int, default=0, help="scheduling priority (root: <0)")
     parser.add_argument("--profile", default="", help="directory for py-spy profiles")
