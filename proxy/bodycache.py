@@ -20,11 +20,13 @@ Memory is bounded by the bytes of the bodies kept (`max_bytes`, least recently u
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from proxy.digest import Message, message_digest
 
 MIN_BYTES = 64 * 1024
 """Smaller bodies are parsed whole: orjson is faster than any bookkeeping for them."""
@@ -48,6 +50,8 @@ class _Seen:
     end: int
     """Index of the array's closing `]`."""
     body: dict[str, Any]
+    digests: list[str] = field(default_factory=list)
+    """Digests of the first messages, filled in when a decision first needs them."""
 
 
 class BodyCache:
@@ -57,6 +61,8 @@ class BodyCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._seen: OrderedDict[bytes, list[_Seen]] = OrderedDict()
+        self._by_messages: dict[int, _Seen] = {}
+        """Entries by the id of their messages list (which they keep alive)."""
         self.hits = 0
         self.misses = 0
 
@@ -79,16 +85,34 @@ class BodyCache:
                 self._remember(key, located)
         return body
 
+    def digests(self, messages: Sequence[Message]) -> list[str]:
+        """`[message_digest(m) for m in messages]`, computing only those of messages new since
+        a body this one extends (when `messages` came from `parse`)."""
+        seen = self._by_messages.get(id(messages))
+        if seen is None or seen.body["messages"] is not messages:
+            return [message_digest(m) for m in messages]
+        known = seen.digests
+        known.extend(message_digest(m) for m in messages[len(known) :])
+        return list(known)
+
     def _remember(self, key: bytes, seen: _Seen) -> None:
         old = self._seen.pop(key, [])
         # The new body supersedes those it extends (the same conversation, turns earlier).
         kept = [e for e in old if not seen.raw.startswith(memoryview(e.raw)[: e.cut])]
         kept = kept[: PER_KEY - 1]
-        self._bytes += len(seen.raw) - _size(old) + _size(kept)
+        self._forget([e for e in old if e not in kept])
+        self._bytes += len(seen.raw)
         self._seen[key] = [seen, *kept]
+        self._by_messages[id(seen.body["messages"])] = seen
         while self._bytes > self._max_bytes and self._seen:
             _, dropped = self._seen.popitem(last=False)
-            self._bytes -= _size(dropped)
+            self._forget(dropped)
+
+    def _forget(self, entries: list[_Seen]) -> None:
+        for e in entries:
+            self._bytes -= len(e.raw)
+            if self._by_messages.get(id(e.body["messages"])) is e:
+                del self._by_messages[id(e.body["messages"])]
 
 
 def _size(entries: list[_Seen]) -> int:
@@ -179,6 +203,7 @@ def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _See
             return None
         if not isinstance(new, list) or not new:
             return None
-    messages = seen.body["messages"] + new if new else seen.body["messages"]
+    messages = seen.body["messages"] + new if new else list(seen.body["messages"])
     body = {k: messages if k == "messages" else v for k, v in fields.items()}
-    return _Seen(raw, seen.start, _before_space(raw, end, seen.cut), end, body)
+    cut = _before_space(raw, end, seen.cut)
+    return _Seen(raw, seen.start, cut, end, body, list(seen.digests))

@@ -35,7 +35,7 @@ from proxy.checkpoint import (
 )
 from proxy.config import PolicySettings, Settings
 from proxy.decision import REWRITTEN, Action, ChatRequest, Outcome, read_request
-from proxy.digest import message_digest, prefix_digests
+from proxy.digest import prefix_digests
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
@@ -278,8 +278,8 @@ class Compactor:
         self, request: ChatRequest, tenant: str, policy: PolicySettings, counted: _Counted
     ) -> _Plan:
         assert request.messages is not None
+        digests = self.bodies.digests(request.messages)  # computed for new messages only
         messages = list(request.messages)
-        digests = [message_digest(m) for m in messages]
         history = _History(messages, digests, prefix_digests(digests))
         base = await self._replayable(request, tenant, history)
         candidate = messages

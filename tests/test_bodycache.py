@@ -143,3 +143,60 @@ def test_any_sequence_of_growing_bodies_parses_exactly(
         msgs = msgs + added
         raw = dump({"messages": msgs, **tail})
         assert cache.parse(raw) == orjson.loads(raw)
+
+
+def test_digests_are_computed_once_per_message_across_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cache = BodyCache()
+    computed: list[object] = []
+    real = bodycache.message_digest
+
+    def counting(message: Any) -> str:
+        computed.append(message)
+        return real(message)
+
+    monkeypatch.setattr(bodycache, "message_digest", counting)
+    for turn in (40, 41, 42):
+        msgs = cache.parse(orjson.dumps({"model": "m", "messages": conversation(turn)}))["messages"]
+        assert cache.digests(msgs) == [real(m) for m in msgs]
+    unrelated = conversation(3)
+    assert cache.digests(unrelated) == [real(m) for m in unrelated]
+
+    assert len(computed) == 43 + 4  # each message of the conversation once, then the others
+
+
+async def test_long_conversations_through_the_proxy_compact_replay_and_restore_exactly(
+    upstream: Any, make_proxy: Any
+) -> None:
+    """Bodies over MIN_BYTES take the cache's path turn after turn; a provider that changed a
+    shared message would show as a wrong forward or restore on a later turn."""
+    import httpx
+
+    fake, base = upstream
+    key = {"authorization": "Bearer sk-long"}
+    sent: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+    async with make_proxy(base, default_policy={"budget_tokens": 6000}) as url:
+        async with httpx.AsyncClient() as http:
+            for turn in range(34, 44):
+                msgs = conversation(turn)
+                raw = orjson.dumps({"model": "gpt-4o", "messages": msgs})
+                assert len(raw) > bodycache.MIN_BYTES
+                r = await http.post(f"{url}/v1/chat/completions", content=raw, headers=key)
+                assert r.status_code == 200
+                sent.append((msgs, fake.last.json()["messages"]))
+            restored = [
+                (
+                    await http.post(
+                        f"{url}/compactd/v1/uncompress",
+                        json={"messages": fwd, "recursive": True},
+                        headers=key,
+                    )
+                ).json()
+                for _, fwd in sent
+            ]
+
+    assert any(fwd != msgs for msgs, fwd in sent)  # compacted
+    for (msgs, _), back in zip(sent, restored, strict=True):
+        assert back["missing_ids"] == []
+        assert back["messages"] == msgs
