@@ -15,6 +15,7 @@ import orjson
 
 from proxy import __version__
 from proxy.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
+from proxy.stats import GROUP_BY
 
 if TYPE_CHECKING:
     from proxy.store.base import Store
@@ -348,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
             cmd.add_argument("--json", action="store_true")
         if name == "stats":
             cmd.add_argument("--since", default="7d")
-            cmd.add_argument("--by", choices=("tenant", "policy", "model"), default="policy")
+            cmd.add_argument("--by", choices=GROUP_BY, default="policy")
         cmd.set_defaults(func=func)
     return parser
 

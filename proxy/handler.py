@@ -29,6 +29,7 @@ from proxy.headers import RawHeaders, compactd_headers, header, request_headers,
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.rewrite import upstream_headers
+from proxy.stats import fail_open_reason
 from proxy.store.base import Store, UsageRecord
 from proxy.tenant import ANONYMOUS
 from proxy.usage import SSEUsageTap, Usage, usage_from_json
@@ -283,6 +284,8 @@ class _ChatExchange:
                     prompt_tokens=self.usage.prompt_tokens if self.usage else 0,
                     cached_tokens=self.usage.cached_tokens if self.usage else 0,
                     completion_tokens=self.usage.completion_tokens if self.usage else 0,
+                    api=req.dialect.name,
+                    fail_open=fail_open_reason(out.error) if out.action == "error" else "",
                 )
             )
 

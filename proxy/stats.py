@@ -1,22 +1,26 @@
 """Savings accounting: tokens and money per tenant, policy or model, net of prompt caching.
 
-Input is what `Store.usage` returns (one aggregate per tenant, policy, model and day) or plain
-`UsageRecord`s (one request each). Prices come from the model table (USD per 1M tokens).
+Input is what `Store.usage` returns (one aggregate per tenant, policy, model and day, with other
+APIs' counters under `apis`) or plain `UsageRecord`s (one request each). Prices come from the
+model table (USD per 1M tokens).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal, Protocol
 
-from proxy.store.base import UsageRecord
+from proxy.store.base import DEFAULT_API, UsageRecord
 
-GroupBy = Literal["tenant", "policy", "model"]
-GROUP_BY: tuple[GroupBy, ...] = ("tenant", "policy", "model")
+GroupBy = Literal["tenant", "policy", "model", "api"]
+GROUP_BY: tuple[GroupBy, ...] = ("tenant", "policy", "model", "api")
+UNRECORDED = "unrecorded"
+"""The reason of a fail-open counted before reasons were recorded."""
+_REASON = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 _SINCE = re.compile(r"\s*(\d+)\s*([dw])\s*", re.IGNORECASE)
 _MILLION = 1_000_000
 
@@ -62,6 +66,10 @@ class StatsRow:
     """gross_saved_usd - cache_loss_usd: may be negative, which is worth knowing."""
     shadow_would_save_usd: float = 0.0
     unpriced_models: tuple[str, ...] = ()
+    fail_opens: int = 0
+    """Requests forwarded unchanged because something failed (action `error`)."""
+    fail_open_reasons: tuple[tuple[str, int], ...] = ()
+    """(reason, count) pairs, most frequent first (`provider`, `store`, `timeout` ...)."""
 
     @property
     def saved_share(self) -> float:
@@ -87,10 +95,20 @@ class _Sums:
     completion_tokens: int = 0
     compacted_tokens_after: int = 0
     has_compacted_after: bool = True
+    fail_opens: int = 0
+    reasons: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def add(self, row: Mapping[str, Any]) -> None:
         actions: Mapping[str, int] = row.get("actions") or {}
         self.requests += int(row.get("requests", 0))
+        errors = int(actions.get("error", 0))
+        self.fail_opens += errors
+        told = row.get("fail_opens") or {}
+        for reason, n in told.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + int(n)
+        if errors > sum(int(n) for n in told.values()):
+            untold = errors - sum(int(n) for n in told.values())
+            self.reasons[UNRECORDED] = self.reasons.get(UNRECORDED, 0) + untold
         self.compactions += int(actions.get("compacted", 0))
         self.shadow += sum(int(n) for a, n in actions.items() if a.startswith("shadow"))
         self.active += int(actions.get("compacted", 0)) + int(actions.get("replayed", 0))
@@ -103,14 +121,30 @@ class _Sums:
             self.has_compacted_after = False
 
 
-def _as_row(item: Mapping[str, Any] | UsageRecord) -> Mapping[str, Any]:
+def fail_open_reason(error: str | None) -> str:
+    """The bounded label a fail-open is counted under (the metric's reason): `provider` for a
+    provider's failure, else the short reason itself (`store`, `timeout`, an exception type)."""
+    if not error:
+        return UNRECORDED
+    if error.startswith("provider"):
+        return "provider"
+    return error if _REASON.fullmatch(error) else "other"
+
+
+def _as_rows(item: Mapping[str, Any] | UsageRecord) -> Iterator[Mapping[str, Any]]:
+    """One row per API: the aggregate itself (chat completions), then each of its `apis`."""
     if isinstance(item, UsageRecord):
         row = dataclasses.asdict(item)
         row["requests"] = 1
         row["actions"] = {item.action: 1}
+        row["fail_opens"] = {item.fail_open: 1} if item.fail_open else {}
         row["compacted_tokens_after"] = item.tokens_after if item.action == "compacted" else 0
-        return row
-    return item
+        yield row
+        return
+    yield {**item, "api": DEFAULT_API}
+    for api, counters in (item.get("apis") or {}).items():
+        keys = {k: item.get(k, "") for k in ("tenant", "policy", "model", "day")}
+        yield {**counters, **keys, "api": api}
 
 
 def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
@@ -154,7 +188,13 @@ def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
         saved_usd=gross - loss,
         shadow_would_save_usd=would_save * blended / _MILLION,
         unpriced_models=() if p_in > 0 else (model,),
+        fail_opens=s.fail_opens,
+        fail_open_reasons=_ranked(s.reasons),
     )
+
+
+def _ranked(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(((k, n) for k, n in counts.items() if n), key=lambda kv: (-kv[1], kv[0])))
 
 
 def _merge(key: str, rows: Iterable[StatsRow]) -> StatsRow:
@@ -167,6 +207,11 @@ def _merge(key: str, rows: Iterable[StatsRow]) -> StatsRow:
             if f.name == "unpriced_models":
                 merged = sorted({*total.unpriced_models, *row.unpriced_models})
                 fields[f.name] = tuple(merged)
+            elif f.name == "fail_open_reasons":
+                counts = dict(total.fail_open_reasons)
+                for reason, n in row.fail_open_reasons:
+                    counts[reason] = counts.get(reason, 0) + n
+                fields[f.name] = _ranked(counts)
             else:
                 fields[f.name] = getattr(total, f.name) + getattr(row, f.name)
         total = StatsRow(key=key, **fields)
@@ -176,9 +221,9 @@ def _merge(key: str, rows: Iterable[StatsRow]) -> StatsRow:
 def compute_stats(
     rows: Iterable[Mapping[str, Any] | UsageRecord], *, by: GroupBy, model_table: PriceTable
 ) -> list[StatsRow]:
-    """Accounting grouped by tenant, policy or model, sorted by key.
+    """Accounting grouped by tenant, policy, model or API, sorted by key.
 
-    Per (tenant, policy, model) over the period, then added up into the groups; with that
+    Per (tenant, policy, model, API) over the period, then added up into the groups; with that
     model's prices per 1M tokens p_in, p_cached, p_out:
 
     - sent = tokens_after, except shadow requests, which forwarded tokens_before;
@@ -199,11 +244,11 @@ def compute_stats(
     if by not in GROUP_BY:
         raise ValueError(f"by must be one of {GROUP_BY}, not {by!r}")
     # Priced at the finest grain, so every grouping adds up to the same total.
-    sums: dict[tuple[str, str, str], _Sums] = {}
+    sums: dict[tuple[str, str, str, str], _Sums] = {}
     for item in rows:
-        row = _as_row(item)
-        grain = (str(row.get("tenant", "")), str(row.get("policy", "")), str(row.get("model", "")))
-        sums.setdefault(grain, _Sums()).add(row)
+        for row in _as_rows(item):
+            grain = tuple(str(row.get(k, "")) for k in ("tenant", "policy", "model", "api"))
+            sums.setdefault(grain, _Sums()).add(row)  # type: ignore[arg-type]
     index = GROUP_BY.index(by)
     groups: dict[str, list[StatsRow]] = {}
     for grain, s in sums.items():
@@ -238,6 +283,7 @@ def _row_json(row: StatsRow) -> dict[str, Any]:
     for name in ("cost_usd", "gross_saved_usd", "cache_loss_usd", "saved_usd"):
         out[name] = round(out[name], 6)
     out["shadow_would_save_usd"] = round(out["shadow_would_save_usd"], 6)
+    out["fail_open_reasons"] = dict(row.fail_open_reasons)
     return out
 
 
@@ -251,6 +297,58 @@ def stats_json(
         "rows": [_row_json(r) for r in rows],
         "total": _row_json(total(rows)),
     }
+
+
+SERIES_METRICS = (
+    "requests",
+    "compactions",
+    "tokens_without",
+    "tokens_sent",
+    "tokens_saved",
+    "cache_hit_share",
+    "saved_usd",
+    "shadow_tokens_would_save",
+    "shadow_would_save_usd",
+    "fail_opens",
+)
+"""What `series_json` gives per day for each group (and the total)."""
+
+
+def series_json(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    by: GroupBy,
+    since: date,
+    model_table: PriceTable,
+    today: date | None = None,
+) -> dict[str, Any]:
+    """Savings over time: `stats_json` for the whole period, plus one value per UTC day from
+    `since` through today for every metric in SERIES_METRICS, per group and in total.
+
+    Each day is priced on its own (its own cache-hit share), so the days' money may differ a
+    little from the period's, which prices the period as one; tokens and counts add up exactly.
+    """
+    today = today or datetime.now(UTC).date()
+    days = [(since + timedelta(days=i)).isoformat() for i in range((today - since).days + 1)]
+    days = sorted({*days, *(str(r.get("day", "")) for r in rows)} - {""})
+    per_day: dict[str, list[Mapping[str, Any]]] = {d: [] for d in days}
+    for row in rows:
+        per_day[str(row.get("day", ""))].append(row)
+    table = compute_stats(rows, by=by, model_table=model_table)
+    keys = [r.key for r in table]
+    series: dict[str, dict[str, list[float]]] = {
+        k: {m: [] for m in SERIES_METRICS} for k in [*keys, "total"]
+    }
+    for day in days:
+        day_rows = compute_stats(per_day[day], by=by, model_table=model_table)
+        found = {r.key: r for r in day_rows}
+        found["total"] = total(day_rows)
+        for key, metrics in series.items():
+            point = found.get(key, StatsRow(key=key))
+            for metric in SERIES_METRICS:
+                value = getattr(point, metric)
+                metrics[metric].append(round(value, 6) if isinstance(value, float) else value)
+    return {**stats_json(table, by=by, since=since), "days": days, "series": series}
 
 
 _COLUMNS = (

@@ -30,6 +30,11 @@ def check_ids(tenant: str | None, conversation: str) -> None:
         raise ValueError(f"invalid conversation id {conversation[:40]!r}")
 
 
+DEFAULT_API = "chat.completions"
+"""The API of usage counters stored without an API prefix (all of them, before APIs were told
+apart)."""
+
+
 class StoreError(Exception):
     """The store could not do what was asked (down, timed out, inconsistent)."""
 
@@ -110,6 +115,10 @@ class UsageRecord:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    api: str = DEFAULT_API
+    """The API the request came in on (the decision's dialect, e.g. `chat.completions`)."""
+    fail_open: str = ""
+    """With action `error`: why it failed open, as the metric's bounded reason (`provider` ...)."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +181,8 @@ class Store(Protocol):
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates from `since_day` on: one dict per (tenant, policy, model, day) with keys
         tenant, policy, model, day, requests, actions ({action: count}), tokens_before,
-        tokens_after, prompt_tokens, cached_tokens, completion_tokens."""
+        tokens_after, prompt_tokens, cached_tokens, completion_tokens (chat completions'), and
+        where recorded fail_opens ({reason: count}) and apis ({api: the same counters})."""
 
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.store.base import (
+    DEFAULT_API,
     Checkpoint,
     Message,
     TenantMismatchError,
@@ -143,11 +144,20 @@ def refresh_due(ttl: float, remaining: float) -> bool:
     return ttl - remaining > min(60.0, ttl / 100)
 
 
+API_SEPARATOR = "/"
+
+
 def usage_increments(record: UsageRecord) -> dict[str, int]:
-    """Counter name -> increment for one request (`action:<name>` counts actions)."""
+    """Counter name -> increment for one request (`action:<name>` counts actions,
+    `fail_open:<reason>` fail-opens). A request on another API than chat completions has its
+    counters under `<api>/`, so one (tenant, policy, model, day) aggregate holds every API."""
     incs = {"requests": 1, f"action:{record.action}": 1}
+    if record.fail_open:
+        incs[f"fail_open:{record.fail_open}"] = 1
     for metric in USAGE_METRICS:
         incs[metric] = int(getattr(record, metric))
+    if record.api != DEFAULT_API:
+        return {f"{record.api}{API_SEPARATOR}{name}": n for name, n in incs.items()}
     return incs
 
 
@@ -161,22 +171,38 @@ def usage_delta(record: UsageRecord) -> UsageDelta:
 def usage_row(
     tenant: str, policy: str, model: str, day: str, counters: Mapping[str, int]
 ) -> dict[str, Any]:
-    """One aggregate as `Store.usage` returns it."""
+    """One aggregate as `Store.usage` returns it: chat completions' counters at the top level,
+    other APIs' (if any) under `apis` as {api: counters of the same shape}."""
+    by_api: dict[str, dict[str, int]] = {}
+    for name, n in counters.items():
+        api, _, counter = name.rpartition(API_SEPARATOR)
+        by_api.setdefault(api or DEFAULT_API, {})[counter] = int(n)
     row: dict[str, Any] = {
         "tenant": tenant,
         "policy": policy,
         "model": model,
         "day": day,
-        "requests": int(counters.get("requests", 0)),
-        "actions": {
-            name.removeprefix("action:"): int(n)
-            for name, n in sorted(counters.items())
-            if name.startswith("action:")
-        },
+        **_usage_counters(by_api.pop(DEFAULT_API, {})),
     }
-    for metric in USAGE_METRICS:
-        row[metric] = int(counters.get(metric, 0))
+    if by_api:
+        row["apis"] = {api: _usage_counters(c) for api, c in sorted(by_api.items())}
     return row
+
+
+def _usage_counters(counters: Mapping[str, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {"requests": int(counters.get("requests", 0))}
+    for kind in ("action", "fail_open"):
+        prefix = f"{kind}:"
+        found = {
+            name.removeprefix(prefix): int(n)
+            for name, n in sorted(counters.items())
+            if name.startswith(prefix)
+        }
+        if found or kind == "action":  # `fail_opens` only where a reason was recorded
+            out[f"{kind}s"] = found
+    for metric in USAGE_METRICS:
+        out[metric] = int(counters.get(metric, 0))
+    return out
 
 
 def days_since(since_day: str, today: dt.date | None = None) -> list[str]:
