@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hmac
 import logging
+from datetime import date
 from typing import Any
 
 import orjson
@@ -22,9 +23,16 @@ from proxy.errors import (
 )
 from proxy.providers.uncompress import uncompress_async
 from proxy.services import Services
-from proxy.stats import compute_stats, parse_since, stats_json
-from proxy.store.base import Store, StoreError, TenantMismatchError, UnreadableValueError
+from proxy.stats import GROUP_BY, GroupBy, compute_stats, parse_since, stats_json
+from proxy.store.base import (
+    ConversationInfo,
+    Store,
+    StoreError,
+    TenantMismatchError,
+    UnreadableValueError,
+)
 from proxy.tenant import credential
+from proxy.views import conversation_summary
 
 log = logging.getLogger("compactd.api")
 
@@ -120,19 +128,35 @@ async def list_conversations(request: Request) -> Response:
     services = _services(request)
     tenant = _caller(request, services)
     infos = await services.store.list_conversations(tenant)
-    return _Json({"data": [_conversation_json(i, originals=False) for i in infos]})
+    return _Json({"data": [conversation_summary(i) for i in infos]})
 
 
-async def get_conversation(request: Request) -> Response:
-    """One conversation: metadata, checkpoints and originals (the caller's own only)."""
-    services = _services(request)
+async def visible_conversation(request: Request, services: Services) -> ConversationInfo:
+    """The `{conv}` of the path, if the caller may see it; else 404 (never "not yours")."""
     tenant = _caller(request, services)
     try:
         info = await services.store.get_conversation(tenant, request.path_params["conv"])
     except ValueError:
         info = None
     if info is None:
-        return _error(NotFoundError("No such conversation."))
+        raise NotFoundError("No such conversation.")
+    return info
+
+
+def grouping(request: Request) -> tuple[GroupBy, date]:
+    """`by` and `since` of a stats query (InvalidRequestError if either is bad)."""
+    by = request.query_params.get("by", "policy")
+    try:
+        if by not in GROUP_BY:
+            raise ValueError(f"by must be one of {', '.join(GROUP_BY)}")  # noqa: TRY301
+        return by, parse_since(request.query_params.get("since", "7d"))
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+async def get_conversation(request: Request) -> Response:
+    """One conversation: metadata, checkpoints and originals (the caller's own only)."""
+    info = await visible_conversation(request, _services(request))
     return _Json(_conversation_json(info, originals=True))
 
 
@@ -210,18 +234,12 @@ async def stats(request: Request) -> Response:
     services = _services(request)
     if _caller(request, services) is not None:
         return _error(UnauthorizedError("Stats need the admin key."))
-    by = request.query_params.get("by", "policy")
-    try:
-        if by not in ("tenant", "policy", "model"):
-            raise ValueError("by must be tenant, policy or model")  # noqa: TRY301
-        since = parse_since(request.query_params.get("since", "7d"))
-    except ValueError as exc:
-        return _error(InvalidRequestError(str(exc)))
+    by, since = grouping(request)
     if services.accountant is not None:
         await services.accountant.flush()  # this worker's latest counts, not a second old
     rows = await services.store.usage(None, since.isoformat())
-    table = compute_stats(rows, by=by, model_table=services.models)  # type: ignore[arg-type]
-    return _Json(stats_json(table, by=by, since=since))  # type: ignore[arg-type]
+    table = compute_stats(rows, by=by, model_table=services.models)
+    return _Json(stats_json(table, by=by, since=since))
 
 
 ROUTES = [

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from proxy import ui
 from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.asgi import send_error
@@ -20,6 +21,7 @@ from proxy.config import Settings
 from proxy.errors import NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
+from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.metrics import Metrics
 from proxy.providers.registry import ProviderRegistry
 from proxy.server import HeadLimits, head_limits, head_too_large
@@ -134,7 +136,7 @@ def create_app(
         )
 
     router = Starlette(
-        routes=ROUTES,
+        routes=[*ROUTES, *INSIGHT_ROUTES, *ui.routes()],
         lifespan=lifespan,
         exception_handlers={404: not_found, **EXCEPTION_HANDLERS},
     )
