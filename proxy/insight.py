@@ -36,6 +36,8 @@ async def savings(request: Request) -> Response:
     services = _services(request)
     tenant = _caller(request, services)
     by, since = grouping(request)
+    if services.accountant is not None:
+        await services.accountant.flush()  # this worker's latest counts, not a second old
     rows = await services.store.usage(tenant, since.isoformat())
     body = series_json(rows, by=by, since=since, model_table=services.models)
     used = {str(r.get("policy")) for r in rows}
