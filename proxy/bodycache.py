@@ -19,6 +19,7 @@ Memory is bounded by the bytes of the bodies kept (`max_bytes`, least recently u
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Any
 import orjson
 
 from proxy.digest import Message, message_digest
+from proxy.tokens import REPLY_PRIMING, TokenCounter
 
 MIN_BYTES = 64 * 1024
 """Smaller bodies are parsed whole: orjson is faster than any bookkeeping for them."""
@@ -52,6 +54,8 @@ class _Seen:
     body: dict[str, Any]
     digests: list[str] = field(default_factory=list)
     """Digests of the first messages, filled in when a decision first needs them."""
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Encoding -> (how many first messages, their tokens without the reply priming)."""
 
 
 class BodyCache:
@@ -94,6 +98,28 @@ class BodyCache:
         known = seen.digests
         known.extend(message_digest(m) for m in messages[len(known) :])
         return list(known)
+
+    async def count(
+        self, messages: Sequence[Message], counter: TokenCounter, *, in_thread: bool
+    ) -> int:
+        """`counter.count_messages(messages)`, counting only messages new since a body this one
+        extends; a history not known yet is counted whole (in a thread if `in_thread`, unless
+        every message's count is cached)."""
+        seen = self._by_messages.get(id(messages))
+        if seen is not None and seen.body["messages"] is not messages:
+            seen = None
+        known, subtotal = (0, 0) if seen is None else seen.counts.get(counter.encoding_name, (0, 0))
+        if known:
+            new = messages[known:]
+            total = subtotal + (counter.count_messages(new) if new else REPLY_PRIMING)
+        else:
+            found = counter.cached_total(messages)
+            if found is None and in_thread:
+                found = await asyncio.to_thread(counter.count_messages, messages)
+            total = counter.count_messages(messages) if found is None else found
+        if seen is not None:
+            seen.counts[counter.encoding_name] = (len(messages), total - REPLY_PRIMING)
+        return total
 
     def _remember(self, key: bytes, seen: _Seen) -> None:
         old = self._seen.pop(key, [])
@@ -206,4 +232,4 @@ def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _See
     messages = seen.body["messages"] + new if new else list(seen.body["messages"])
     body = {k: messages if k == "messages" else v for k, v in fields.items()}
     cut = _before_space(raw, end, seen.cut)
-    return _Seen(raw, seen.start, cut, end, body, list(seen.digests))
+    return _Seen(raw, seen.start, cut, end, body, list(seen.digests), dict(seen.counts))

@@ -14,7 +14,6 @@ the same request with that window (never in shadow mode or on bypass).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import time
@@ -232,11 +231,9 @@ class Compactor:
         budget = compute_budget(info, request.body, policy, self.settings.tokens.safety_margin)
         counter = self.tokenizers.for_model(info)
         fixed = request.dialect.fixed_tokens(counter, request.body)
-        counted = counter.cached_total(request.messages)  # a known history: no thread hop
-        if counted is None and len(request.raw) > COUNT_IN_THREAD_BYTES:
-            counted = await asyncio.to_thread(counter.count_messages, request.messages)
-        elif counted is None:
-            counted = counter.count_messages(request.messages)
+        counted = await self.bodies.count(  # a known history: only its new messages
+            request.messages, counter, in_thread=len(request.raw) > COUNT_IN_THREAD_BYTES
+        )
         return _Counted(budget, counter, fixed, fixed + counted)
 
     async def _compact(

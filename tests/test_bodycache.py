@@ -200,3 +200,29 @@ async def test_long_conversations_through_the_proxy_compact_replay_and_restore_e
     for (msgs, _), back in zip(sent, restored, strict=True):
         assert back["missing_ids"] == []
         assert back["messages"] == msgs
+
+
+async def test_counts_of_a_growing_conversation_count_only_new_messages() -> None:
+    from proxy.encodings import load_encoding
+    from proxy.tokens import TokenCounter
+
+    cache = BodyCache()
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=0)  # no per-message cache
+    fresh = TokenCounter(load_encoding("o200k_base"), cache_size=0)
+    counted: list[object] = []
+    real = counter._message
+
+    def spy(message: Any) -> int:
+        counted.append(message)
+        return real(message)
+
+    counter._message = spy  # type: ignore[method-assign]
+    totals = []
+    for turn in (40, 41, 41, 43):
+        msgs = cache.parse(orjson.dumps({"model": "m", "messages": conversation(turn)}))["messages"]
+        totals.append(
+            (await cache.count(msgs, counter, in_thread=True), fresh.count_messages(msgs))
+        )
+
+    assert all(got == expected for got, expected in totals)
+    assert len(counted) == 41 + 1 + 0 + 2  # each message once over the four turns
