@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import re
 from collections.abc import Sequence
 from typing import Protocol
 
 from proxy.metrics import Metrics
 from proxy.store import codec
-from proxy.store.base import StoreError, UsageDelta, UsageRecord
+from proxy.store.base import StoreError, UsageDelta, UsageRecord, key_name
 
 log = logging.getLogger("compactd.accounting")
 
 _Key = tuple[str, str, str, str]
-_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
-_DIGEST_CHARS = 12
 
 
 class UsageSink(Protocol):
@@ -41,16 +37,8 @@ class UsageSink(Protocol):
 
 
 def usage_model(model: str, limit: int) -> str:
-    """The name a model's usage is kept under: printable ASCII, at most `limit` characters.
-
-    Model names come from clients and become store keys that live for months. A longer name
-    keeps its start plus a digest of the whole, so distinct names stay distinct but bounded.
-    """
-    head = _UNPRINTABLE.sub("?", model[: limit + 1]) or "unknown"
-    if len(model) <= limit:
-        return head
-    digest = hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
-    return f"{head[: max(limit - _DIGEST_CHARS - 1, 1)]}~{digest}"
+    """The name a model's usage is kept under (bounded, printable: see `key_name`)."""
+    return key_name(model, limit)
 
 
 class Accountant:

@@ -9,7 +9,6 @@ next turn (DESIGN.md, promise 2).
 from __future__ import annotations
 
 import dataclasses
-import re
 import threading
 import tomllib
 from collections.abc import Mapping
@@ -34,9 +33,8 @@ _FIELDS = (
 )
 _INT_FIELDS = frozenset({"context_window", "max_output"})
 
-# Model names come from clients, so the lookup memo and the learned windows are bounded.
+# Model names come from clients, so the lookup memo is bounded.
 _MEMO_SIZE = 4096
-_LEARNED_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -118,13 +116,12 @@ def _packaged_table() -> Path:
 
 
 class ModelTable:
-    """Glob-matched model entries (first match wins) plus windows learned at run time."""
+    """Glob-matched model entries (first match wins)."""
 
     def __init__(self, entries: tuple[ModelInfo, ...], default: ModelInfo) -> None:
         self.entries = entries
         self.default = default
         self._memo: dict[str, ModelInfo] = {}
-        self._learned: dict[str, int] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -167,46 +164,8 @@ class ModelTable:
         return found
 
     def lookup(self, model: str) -> ModelInfo:
-        """The entry for `model`, with its learned context window if one was recorded."""
-        info = self.match(model)
-        window = self._learned.get(model.lower())
-        return info if window is None else info.with_window(window)
-
-    def learn_window(self, model: str, window: int) -> ModelInfo:
-        """Record the window an upstream reported for `model`; later lookups use it."""
-        if window <= 0:
-            raise ValueError(f"window must be > 0, not {window}")
-        with self._lock:
-            if len(self._learned) >= _LEARNED_SIZE:
-                self._learned.clear()
-            self._learned[model.lower()] = window
-        return self.lookup(model)
-
-    def forget_window(self, model: str) -> None:
-        """Drop a learned window so the table's figure applies again."""
-        with self._lock:
-            self._learned.pop(model.lower(), None)
-
-
-# OpenAI phrasings: "This model's maximum context length is 128000 tokens. However, ..." and
-# "Input tokens exceed the configured limit of 272000 tokens."
-_WINDOW_RE = re.compile(
-    r"(?:maximum context length is|configured limit of|context window of)"
-    r"\s+([0-9][0-9,]*)\s+tokens",
-    re.IGNORECASE,
-)
-
-
-def parse_context_window(message: str) -> int | None:
-    """The token limit an upstream context-length error states, if it states one.
-
-    For the "configured limit" phrasing the figure is an input limit, not the whole window; using
-    it as the window reserves the output twice, which errs on the safe side.
-    """
-    found = _WINDOW_RE.search(message)
-    if found is None:
-        return None
-    return int(found.group(1).replace(",", "")) or None
+        """The entry for `model` (windows learned from upstream errors: `proxy.windows`)."""
+        return self.match(model)
 
 
 @dataclass(frozen=True)
@@ -221,7 +180,8 @@ class Budget:
     target: int
 
 
-def _requested_output(body: Mapping[str, Any]) -> int | None:
+def requested_output(body: Mapping[str, Any]) -> int | None:
+    """The completion tokens a request reserves (`max_completion_tokens`, `max_tokens`)."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -240,7 +200,7 @@ def compute_budget(
     likely to be refused upstream anyway, and compaction must still have a target to aim at.
     """
     window = info.context_window
-    reserved = _requested_output(body) or info.max_output
+    reserved = requested_output(body) or info.max_output
     margin = max(0, safety_margin)
     floor = max(1, window // 32)
     budget = max(window - reserved - margin, floor)

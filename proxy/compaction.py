@@ -23,7 +23,7 @@ from typing import Any
 
 from proxy import rewrite
 from proxy.bodycache import BodyCache
-from proxy.budget import Budget, ModelTable, compute_budget, parse_context_window
+from proxy.budget import Budget, ModelTable, compute_budget, requested_output
 from proxy.checkpoint import (
     CompactionError,
     compaction_for,
@@ -51,6 +51,7 @@ from proxy.store.base import (
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.tenant import Tenancy
 from proxy.tokens import TokenCounter, Tokenizers
+from proxy.windows import LearnedWindows, retry_window, validated_window
 
 log = logging.getLogger("compactd.compaction")
 
@@ -127,6 +128,7 @@ class Compactor:
         metrics: Metrics,
         tenancy: Tenancy,
         completer: CompleterFactory | None = None,
+        windows: LearnedWindows | None = None,
     ) -> None:
         self.settings = settings
         self.tokenizers = tokenizers
@@ -136,6 +138,7 @@ class Compactor:
         self.metrics = metrics
         self.tenancy = tenancy
         self.completer = completer
+        self.windows = windows
         self.request_stream_usage = settings.accounting.request_stream_usage
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
         self._chains = {
@@ -198,7 +201,7 @@ class Compactor:
         if first.retried or request.body is None or not request.model:
             return None
         sent = first.tokens_after or first.tokens_before or 0
-        window = self.learn_window(request.model, upstream_message, sent)
+        window = self.learn_window(request, upstream_message, sent)
         if window is None or first.action in ("bypass", "shadow"):
             return None
         retry = await self.decide(request, window=window)
@@ -210,15 +213,28 @@ class Compactor:
             return None
         return dataclasses.replace(retry, retried=True)
 
-    def learn_window(self, model: str, upstream_message: str, sent: int) -> int | None:
-        """What an upstream's context-length answer teaches about `model`'s window; recorded so
-        later requests are compacted before they are sent. The one place this is learned."""
-        window = parse_context_window(upstream_message) or int(sent * 0.7)
-        if window <= 0:
+    def learn_window(self, request: ChatRequest, upstream_message: str, sent: int) -> int | None:
+        """The window to retry this request under. When the upstream's answer is trustworthy
+        (`proxy.windows.validated_window`) it is also learned for every later request of the
+        model on this upstream; otherwise it serves this retry only. The one place this is
+        learned."""
+        if sent <= 0:
             return None
-        self.models.learn_window(model, window)
-        log.info("learned context window", extra={"model": model, "window": window})
-        return window
+        info = self.models.lookup(request.model)
+        minimum = self.settings.tokens.min_learned_window
+        learned = validated_window(
+            upstream_message,
+            sent=sent,
+            requested_output=requested_output(request.body or {}) or 0,
+            info=info,
+            minimum=minimum,
+        )
+        if learned is None:
+            return retry_window(upstream_message, sent=sent, info=info, minimum=minimum)
+        if self.windows is not None:
+            self.windows.learn(request.model, learned)
+        log.info("learned context window", extra={"model": request.model, "window": learned})
+        return learned
 
     async def _count(
         self, request: ChatRequest, policy: PolicySettings, window: int | None
@@ -228,6 +244,8 @@ class Compactor:
         info = self.models.lookup(request.model)
         if window is not None:
             info = info.with_window(window)
+        elif self.windows is not None:
+            info = self.windows.apply(request.model, info)
         budget = compute_budget(info, request.body, policy, self.settings.tokens.safety_margin)
         counter = self.tokenizers.for_model(info)
         fixed = request.dialect.fixed_tokens(counter, request.body)

@@ -148,9 +148,13 @@ class TokenSettings:
     safety_margin: int = 64
     cache_size: int = 100_000
     body_cache_mb: int = 16
+    min_learned_window: int = 8192
+    learned_window_seconds: int = 86_400
 
     def validate(self, p: str) -> None:
         _check(self.safety_margin >= 0, f"{p}.safety_margin", "must be >= 0")
+        _check(self.min_learned_window >= 1024, f"{p}.min_learned_window", "must be >= 1024")
+        _check(self.learned_window_seconds >= 60, f"{p}.learned_window_seconds", "must be >= 60")
         _check(self.cache_size >= 0, f"{p}.cache_size", "must be >= 0")
         _check(self.body_cache_mb >= 0, f"{p}.body_cache_mb", "must be >= 0 (0 = off)")
 

@@ -25,6 +25,7 @@ from proxy.store.base import Store
 from proxy.store.factory import open_store
 from proxy.tenant import Tenancy, load_or_create_secret
 from proxy.tokens import Tokenizers
+from proxy.windows import LearnedWindows
 
 log = logging.getLogger("compactd.services")
 
@@ -52,6 +53,8 @@ class Services:
 
     async def aclose(self) -> None:
         """Write pending usage, then release connections."""
+        if self.compactor.windows is not None:
+            await self.compactor.windows.aclose()
         if self.accountant is not None:
             await self.accountant.aclose()
         await self.upstream.aclose()
@@ -133,6 +136,8 @@ async def build_services(
     for warning in await _store_warnings(store):
         log.warning("store: %s", warning)
     metrics = Metrics(multiprocess=os.environ.get(MULTIPROC_ENV))
+    windows = LearnedWindows(store, up.url, settings.tokens)
+    windows.start()
     compactor = Compactor(
         settings=settings,
         tokenizers=tokenizers,
@@ -143,6 +148,7 @@ async def build_services(
         metrics=metrics,
         tenancy=tenancy,
         completer=completer_factory(upstream, up.api_key),
+        windows=windows,
     )
     accountant = None
     if settings.accounting.enabled:

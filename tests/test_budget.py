@@ -1,4 +1,4 @@
-"""Model table (glob precedence, validation, learned windows) and request budgets."""
+"""Model table (glob precedence, validation) and request budgets."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from proxy.budget import (
     ModelInfo,
     ModelTable,
     compute_budget,
-    parse_context_window,
 )
 from proxy.config import ConfigError, PolicySettings
 from proxy.encodings import BUNDLED
@@ -90,28 +89,6 @@ def test_unknown_model_gets_the_conservative_default(table: ModelTable) -> None:
     info = table.lookup("llama-3.3-70b-instruct")
     assert info is table.default
     assert info.context_window <= 32_768
-
-
-def test_learned_window_overrides_the_table_for_that_model_only(table: ModelTable) -> None:
-    local = ModelTable(table.entries, table.default)
-    learned = local.learn_window("gpt-4o-2024-11-20", 64_000)
-    assert learned.context_window == local.lookup("gpt-4o-2024-11-20").context_window == 64_000
-    assert local.lookup("gpt-4o").context_window == 128_000
-    local.forget_window("gpt-4o-2024-11-20")
-    assert local.lookup("gpt-4o-2024-11-20").context_window == 128_000
-
-
-@pytest.mark.parametrize(
-    ("message", "window"),
-    [
-        ("This model's maximum context length is 128000 tokens. However, your messages "
-         "resulted in 130000 tokens.", 128_000),
-        ("Input tokens exceed the configured limit of 272,000 tokens.", 272_000),
-        ("Rate limit reached", None),
-    ],
-)  # fmt: skip
-def test_context_window_is_read_from_upstream_errors(message: str, window: int | None) -> None:
-    assert parse_context_window(message) == window
 
 
 def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.store.redis_server import RedisServer
+from tests.tiny_model import tiny_model
 from tests.upstream import respond, sse_chunks, stream
 
 SMALL = {"default_policy": {"budget_tokens": 600}}
@@ -42,9 +43,8 @@ def sdk(url: str, key: str = "sk-alpha") -> openai.AsyncOpenAI:
 async def chat(
     client: openai.AsyncOpenAI, messages: list[dict[str, Any]], **kw: Any
 ) -> httpx.Headers:
-    raw = await client.chat.completions.with_raw_response.create(
-        model="gpt-4o", messages=messages, **kw
-    )
+    kw.setdefault("model", "gpt-4o")
+    raw = await client.chat.completions.with_raw_response.create(messages=messages, **kw)
     raw.parse()
     return raw.headers
 
@@ -208,30 +208,38 @@ async def test_bypass_is_honoured_only_when_the_policy_allows_it(
     assert (fake.last.body == body) is allowed
 
 
-async def test_context_length_error_is_retried_once_compacted(upstream, make_proxy) -> None:
+async def test_context_length_error_is_retried_once_compacted(
+    upstream, make_proxy, tmp_path
+) -> None:
     fake, base = upstream
-    overflow = {
-        "error": {
-            "message": "This model's maximum context length is 500 tokens. However, your messages resulted in 900 tokens.",
-            "type": "invalid_request_error",
-            "param": "messages",
-            "code": "context_length_exceeded",
-        }
-    }
-    fake.then(respond(400, overflow))
-    msgs = history(5)
-    async with make_proxy(base, default_policy={"budget_tokens": 100000}) as url:
+    msgs = history(8)
+    async with make_proxy(
+        base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
+    ) as url:
         client = sdk(url)
-        h = await chat(client, msgs)
+        sent = int((await chat(client, msgs, model="tiny-1"))["x-compactd-tokens-before"])
+        overflow = {
+            "error": {
+                "message": f"This model's maximum context length is 1100 tokens. However, your "
+                f"messages resulted in {sent} tokens.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+        fake.then(respond(400, overflow))
+        h = await chat(client, msgs, model="tiny-1")
         # The window is remembered: the next request is compacted before it is sent.
         h2 = await chat(
-            client, [*msgs, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
+            client,
+            [*msgs, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}],
+            model="tiny-1",
         )
         await client.close()
-    assert len(fake.received) == 3
+    assert len(fake.received) == 4
     assert h["x-compactd-retried"] == "context-length"
     assert h["x-compactd-action"] == "compacted"
-    assert int(h["x-compactd-tokens-after"]) < 500
+    assert int(h["x-compactd-tokens-after"]) < 1100
     assert h2["x-compactd-action"] in ("compacted", "replayed")
 
 
@@ -399,7 +407,7 @@ async def test_concurrent_requests_of_one_conversation_agree_on_one_checkpoint(
 
 
 async def test_context_length_retry_keeps_the_requests_policy_and_conversation(
-    upstream, make_proxy
+    upstream, make_proxy, tmp_path
 ) -> None:
     fake, base = upstream
     overflow = {
@@ -423,11 +431,13 @@ async def test_context_length_retry_keeps_the_requests_policy_and_conversation(
         "authorization": "Bearer sk-alpha",
     }
     # The default policy is off: a retry that lost the header match would not compact.
-    async with make_proxy(base, default_policy={"mode": "off"}, policies=[team]) as url:
+    async with make_proxy(
+        base, default_policy={"mode": "off"}, policies=[team], tokens=tiny_model(tmp_path)
+    ) as url:
         async with httpx.AsyncClient(headers=ALPHA) as http:
             r = await http.post(
                 f"{url}/v1/chat/completions",
-                json={"model": "gpt-4o", "messages": history(5)},
+                json={"model": "tiny-1", "messages": history(8)},
                 headers=headers,
             )
             info = await http.get(

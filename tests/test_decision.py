@@ -13,6 +13,7 @@ from proxy.decision import Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
 from tests.inprocess import MockUpstream, context_length_error, reply, running
+from tests.tiny_model import tiny_model
 
 SMALL = {"default_policy": {"budget_tokens": 600}}
 
@@ -151,17 +152,20 @@ async def test_a_later_provider_reaching_the_target_makes_good_a_failure(tmp_pat
 
 
 async def test_a_context_length_error_is_retried_with_the_learned_window(tmp_path: Path) -> None:
-    upstream = MockUpstream().then(context_length_error(500))
-    raw = body(history(5))
-    async with running(tmp_path, upstream, default_policy={"budget_tokens": 100000}) as proxy:
+    upstream = MockUpstream().then(context_length_error(1100))
+    raw = body(history(8), model="tiny-1")
+    policy = {"budget_tokens": 100000}
+    async with running(
+        tmp_path, upstream, default_policy=policy, tokens=tiny_model(tmp_path)
+    ) as proxy:
         r = await proxy.chat(raw)
     first, retried = proxy.upstream.received
     assert first.content == raw
     assert r.status_code == 200
     assert r.headers["x-compactd-retried"] == "context-length"
     assert r.headers["x-compactd-action"] == "compacted"
-    assert 0 < int(r.headers["x-compactd-tokens-after"]) < 500
-    assert json.loads(retried.content)["messages"][-1] == history(5)[-1]
+    assert 0 < int(r.headers["x-compactd-tokens-after"]) < 1100
+    assert json.loads(retried.content)["messages"][-1] == history(8)[-1]
 
 
 async def test_shadow_relays_a_context_length_error_as_it_is(tmp_path: Path) -> None:

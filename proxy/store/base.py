@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,22 @@ _ID_PATTERN = re.compile(r"[A-Za-z0-9._:@=+/-]{1,128}")
 def valid_id(value: str) -> bool:
     """Whether a tenant or conversation id is safe to use as part of a store key."""
     return _ID_PATTERN.fullmatch(value) is not None
+
+
+_UNPRINTABLE = re.compile(r"[^\x21-\x7e]")
+_DIGEST_CHARS = 12
+
+
+def key_name(text: str, limit: int) -> str:
+    """A client-chosen name (a model) as key material: printable ASCII, at most `limit` chars.
+
+    A longer name keeps its start plus a digest of the whole, so distinct names stay distinct
+    but bounded; nothing a client sends can make a key of megabytes."""
+    head = _UNPRINTABLE.sub("?", text[: limit + 1]) or "unknown"
+    if len(text) <= limit:
+        return head
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST_CHARS]
+    return f"{head[: max(limit - _DIGEST_CHARS - 1, 1)]}~{digest}"
 
 
 def check_ids(tenant: str | None, conversation: str) -> None:
@@ -183,6 +200,13 @@ class Store(Protocol):
         tenant, policy, model, day, requests, actions ({action: count}), tokens_before,
         tokens_after, prompt_tokens, cached_tokens, completion_tokens (chat completions'), and
         where recorded fail_opens ({reason: count}) and apis ({api: the same counters})."""
+
+    async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:
+        """Record a context window learned from an upstream (scope) for a model, expiring after
+        `ttl_seconds`; the latest write wins."""
+
+    async def windows(self, scope: str) -> dict[str, int]:
+        """Every unexpired learned window of a scope: model -> window."""
 
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""

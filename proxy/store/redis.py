@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.store import codec, redis_find, redis_save, redis_usage
+from proxy.store import codec, redis_find, redis_save, redis_usage, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
@@ -229,6 +229,19 @@ class RedisStore:
         return await self._io(
             lambda r: redis_usage.usage(r, self._keys, tenant, since_day), slow=True, usage=True
         )
+
+    async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:
+        """Record a learned context window in the upstream's hash."""
+        await self._io(
+            lambda r: windows_ops.redis_put(
+                r, self._keys, scope, model, window=window, ttl=ttl_seconds
+            ),
+            slow=True,
+        )
+
+    async def windows(self, scope: str) -> dict[str, int]:
+        """Every live learned window of an upstream."""
+        return await self._io(lambda r: windows_ops.redis_windows(r, self._keys, scope), slow=True)
 
     async def ping(self) -> None:
         """Raise StoreError unless Redis answers PING."""

@@ -82,3 +82,7 @@ class KeyLayout:
     def usage_tenants(self, day: str) -> str:
         """set: tenants with usage on that day."""
         return f"{self.prefix}{{u:{day}}}:tenants"
+
+    def windows(self, scope: str) -> str:
+        """hash: model -> JSON [learned context window, expires at] for one upstream."""
+        return f"{self.prefix}{{w:{scope}}}:windows"

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.store import codec, sqlite_ops, sqlite_usage
+from proxy.store import codec, sqlite_ops, sqlite_usage, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
@@ -183,6 +183,14 @@ class SqliteStore:
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
         return await self._run(sqlite_usage.usage, tenant, since_day, slow=True, lane=self._usage)
+
+    async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:
+        """Record a learned context window (rare: only after a validated overflow)."""
+        await self._run(windows_ops.sqlite_put, scope, model, window, ttl_seconds, slow=True)
+
+    async def windows(self, scope: str) -> dict[str, int]:
+        """Every live learned window of an upstream."""
+        return await self._run(windows_ops.sqlite_windows, scope, write=False, slow=True)
 
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""

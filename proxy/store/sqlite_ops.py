@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS refs (
     tenant TEXT NOT NULL, conversation TEXT NOT NULL, ref_id TEXT NOT NULL, body BLOB NOT NULL,
     PRIMARY KEY (tenant, conversation, ref_id)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS refs_by_id ON refs (tenant, ref_id);
+CREATE TABLE IF NOT EXISTS windows (
+    scope TEXT NOT NULL, model TEXT NOT NULL, window INTEGER NOT NULL, expires_at REAL NOT NULL,
+    PRIMARY KEY (scope, model)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS summaries (
     tenant TEXT NOT NULL, digest TEXT NOT NULL, body BLOB NOT NULL, expires_at REAL NOT NULL,
     PRIMARY KEY (tenant, digest)) WITHOUT ROWID;

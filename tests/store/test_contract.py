@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
@@ -305,6 +306,22 @@ async def test_a_usage_batch_adds_to_the_same_aggregates_as_single_records(
     assert rows[(A, today)]["tokens_before"] == 19
     assert rows[(B, today)]["requests"] == 1
     assert rows[(A, yesterday)]["actions"] == {"replayed": 2}
+
+
+async def test_learned_windows_are_per_scope_latest_wins_and_expire(backend: Backend) -> None:
+    await backend.store.put_window("up1", "gpt-4o", 64_000, 1000)
+    await backend.store.put_window("up1", "gpt-4o", 32_000, 1000)
+    await backend.store.put_window("up1", "o3", 100_000, 1)
+    await backend.store.put_window("up2", "gpt-4o", 8_000, 1000)
+
+    both = await backend.store.windows("up1")
+    await asyncio.sleep(1.2)  # o3's entry expires
+    later = await backend.store.windows("up1")
+
+    assert both == {"gpt-4o": 32_000, "o3": 100_000}
+    assert later == {"gpt-4o": 32_000}
+    assert await backend.store.windows("up2") == {"gpt-4o": 8_000}
+    assert await backend.store.windows("nowhere") == {}
 
 
 async def test_ids_that_would_break_the_key_layout_are_rejected(backend: Backend) -> None:
