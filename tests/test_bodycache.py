@@ -176,7 +176,8 @@ async def test_long_conversations_through_the_proxy_compact_replay_and_restore_e
     fake, base = upstream
     key = {"authorization": "Bearer sk-long"}
     sent: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
-    async with make_proxy(base, default_policy={"budget_tokens": 6000}) as url:
+    store = {"timeout_ms": 3000}  # a busy machine must not make every turn fail open
+    async with make_proxy(base, store=store, default_policy={"budget_tokens": 6000}) as url:
         async with httpx.AsyncClient() as http:
             for turn in range(34, 44):
                 msgs = conversation(turn)

@@ -28,6 +28,9 @@ from tests.upstream import FakeUpstream
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = "[default_policy]\nbudget_tokens = 600\n"
 TURNS = range(3, 13)
+SLOW_MACHINE_TIMEOUT_MS = "3000"
+"""A store call that fails open on one instance and not the other would forward different
+bytes: the test is about agreement, so a busy machine must not turn into fail-open."""
 
 
 def compose_env(store_url: str, upstream: str) -> dict[str, str]:
@@ -37,6 +40,7 @@ def compose_env(store_url: str, upstream: str) -> dict[str, str]:
     env["COMPACTD_STORE_URL"] = store_url
     env["COMPACTD_UPSTREAM_URL"] = upstream
     env["COMPACTD_SECRET"] = "one-secret-for-every-instance"
+    env["COMPACTD_STORE_TIMEOUT_MS"] = SLOW_MACHINE_TIMEOUT_MS
     return env
 
 
@@ -58,6 +62,7 @@ def store_env(
         "COMPACTD_STORE_URL": url,
         "COMPACTD_UPSTREAM_URL": base,
         "COMPACTD_SECRET": "one-secret-for-every-instance",
+        "COMPACTD_STORE_TIMEOUT_MS": SLOW_MACHINE_TIMEOUT_MS,
     }
 
 
