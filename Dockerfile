@@ -6,7 +6,8 @@
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-# Only what the wheel needs (pyproject's readme and force-included config files).
+# Only what the wheel needs (pyproject's readme and force-included config files). The dashboard's
+# files (proxy/ui/static: HTML, JS, CSS, the vendored uPlot) are package data inside `proxy`.
 COPY pyproject.toml README.md ./
 COPY config ./config
 COPY proxy ./proxy
@@ -35,6 +36,7 @@ WORKDIR /data
 # The embedded store (SQLite) and the generated server secret live here; with Redis
 # (REDIS_URL) only the secret does. Keep it on a volume so tenants stay stable across restarts.
 VOLUME ["/data"]
+# The proxy (/v1), its API (/compactd/v1), the dashboard (/compactd/ui/), /metrics, /healthz.
 EXPOSE 8787
 
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \

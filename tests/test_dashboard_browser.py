@@ -71,11 +71,11 @@ async def browser(tmp_path: Path) -> AsyncIterator[Any]:
 
 @pytest.fixture
 async def dashboard(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, int]]]:
-    """compactd on a real socket with three weeks of history and today's traffic."""
+    """compactd on a real socket with four weeks of history and today's traffic."""
     data = tmp_path / "data"
     data.mkdir()
     tenants = [tenant_id(dd.SECRET.encode(), k) for k in (dd.ALPHA, dd.BETA)]
-    await dd.seed_history(data / "compactd.db", tenants)
+    await dd.seed_history(data / "compactd.db", tenants, days=29)
     overrides = {**dd.config(data), "upstream": {"url": "http://upstream.test/v1"}}
     settings = load_settings(None, env={}, overrides=overrides)
     upstream = dd.upstream()
@@ -173,10 +173,10 @@ async def test_an_operator_reads_savings_inspects_a_conversation_and_tenants_sta
             n(series["tokens_sent"][busiest]),
         ]
     )
+    await _shot(page, tmp_path, "dashboard-savings")
     await page.locator("#daily summary").click()
     today = page.locator("#daily-table tbody tr").last
     await expect(today.locator("td").nth(2)).to_have_text(n(series["tokens_without"][-1]))
-    await _shot(page, tmp_path, "dashboard-savings")
 
     # --- shadow mode: what the search team's shadow policy would have saved
     await page.get_by_role("link", name="Shadow mode").click()
