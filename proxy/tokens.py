@@ -48,31 +48,40 @@ class Encoder(Protocol):
 _SHORT = 32
 _SHORT_ENTRIES = 4096
 _PIECE = 1 << 16
+_RUN = 1 << 13
 _ASCII_LETTERS = frozenset(string.ascii_letters)
 
 
-def pieces(text: str, size: int = _PIECE) -> Iterator[str]:
+def pieces(text: str, size: int = _PIECE, run: int = _RUN) -> Iterator[str]:
     """`text` in pieces of about `size` characters whose token counts add up to the text's.
 
     Cuts go where the pre-tokenizer of cl100k_base and o200k_base always ends one pre-token and
     starts the next, and BPE never merges across pre-tokens: just after a line break followed
     by neither whitespace nor a slash (only those can join a line break to what follows, the
     slash after punctuation in o200k), or at a single space between a non-space character and
-    an ASCII letter (the space always opens the word's pre-token). A text without such a point
-    stays whole."""
+    an ASCII letter (the space always opens the word's pre-token).
+
+    Such a point is looked for only within `run` characters past `size` (a shorter tail
+    without one stays whole). Past that the text is one huge run (base64, minified data, a
+    repeated character) and is cut at `size` anyway: encoding one multi-megabyte pre-token takes
+    seconds, and the search itself would rescan the rest of the text for every piece. A forced
+    cut splits one pre-token, so it moves the count by a token or so in `size` characters;
+    every other cut keeps it exact."""
     start, n = 0, len(text)
     while n - start > size:
-        cut = _cut(text, start + size)
+        cut = _cut(text, start + size, start + size + run)
         if cut < 0:
-            break
+            if n - start <= size + run:
+                break  # a tail without a cut point, but a bounded one: keep it whole
+            cut = start + size
         yield text[start:cut]
         start = cut
     yield text[start:]
 
 
-def _cut(text: str, at: int) -> int:
-    """The first safe cut at or after `at` (see `pieces`), or -1."""
-    last = len(text) - 1
+def _cut(text: str, at: int, end: int) -> int:
+    """The first safe cut in [at, end) (see `pieces`), or -1."""
+    last = min(len(text) - 1, end)
     while at < last:
         newline, space = text.find("\n", at, last), text.find(" ", at, last)
         if newline < 0 and space < 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import random
+import string
 import struct
 from typing import Any
 
@@ -435,3 +436,18 @@ def test_a_long_text_is_cut_near_the_piece_size_and_counted_whole() -> None:
     assert all(len(p) <= (1 << 16) + 20 for p in parts)
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=0)
     assert counter.count_text(text) == len(load_encoding("o200k_base").encode_ordinary(text))
+
+
+def test_a_huge_run_without_cut_points_is_counted_in_bounded_pieces() -> None:
+    # Base64 and minified data have no safe cut for megabytes; counted whole, 20 MB took >10 s.
+    encoding = load_encoding("o200k_base")
+    rnd = random.Random(3)
+    blob = "".join(rnd.choice(string.ascii_letters + string.digits + "+/") for _ in range(400_000))
+    parts = list(pieces(blob, 1 << 16))
+    counter = TokenCounter(encoding, cache_size=0)
+
+    assert "".join(parts) == blob
+    assert max(len(p) for p in parts) <= (1 << 16) + (1 << 13)  # the tail may stay whole
+    exact = len(encoding.encode_ordinary(blob))
+    assert exact <= counter.count_text(blob) <= exact + 2 * len(parts)
+    assert counter.count_text("a" * 1_000_000) == len(encoding.encode_ordinary("a" * 1_000_000))
