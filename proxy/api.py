@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.errors import (
+    BodyTooLargeError,
     InvalidRequestError,
     NotFoundError,
     ProxyError,
@@ -150,7 +151,7 @@ def grouping(request: Request) -> tuple[GroupBy, date]:
         if by not in GROUP_BY:
             raise ValueError(f"by must be one of {', '.join(GROUP_BY)}")  # noqa: TRY301
         return by, parse_since(request.query_params.get("since", "7d"))
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:
         raise InvalidRequestError(str(exc)) from None
 
 
@@ -177,8 +178,9 @@ async def uncompress(request: Request) -> Response:
     """Restore compacted messages from the caller's stored originals."""
     services = _services(request)
     tenant = _caller(request, services)
+    raw = await _bounded_body(request, services.settings.server.max_api_body_bytes)
     try:
-        body = orjson.loads(await request.body())
+        body = orjson.loads(raw)
         messages = body["messages"]
         recursive = bool(body.get("recursive", False))
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
@@ -207,6 +209,21 @@ async def uncompress(request: Request) -> Response:
             "missing_ids": list(result.missing_ids),
         }
     )
+
+
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 past `limit` bytes before more is buffered."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BodyTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(f"Request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _tenants(store: Store) -> list[str]:

@@ -50,6 +50,9 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
             connector=aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=30),
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            # Past these the upstream's response is refused as a 502 (proxy.forward).
+            max_line_size=up.max_response_header_bytes,
+            max_field_size=up.max_response_header_bytes,
         )
 
     return AiohttpTransport(client=session, limits=limits)
@@ -120,6 +123,7 @@ def create_app(
             max_body=settings.server.max_body_bytes,
             accountant=services.accountant,
             strip_usage_null=settings.accounting.strip_usage_null,
+            max_sse_event_bytes=settings.accounting.max_sse_event_bytes,
             retry_context_errors=settings.upstream.retry_context_errors,
         )
         try:

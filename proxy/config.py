@@ -47,6 +47,7 @@ class ServerSettings:
     workers: int = 1
     max_body_bytes: int = 32 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
+    max_api_body_bytes: int = 8 * 1024 * 1024
     max_headers: int = 100
     log_level: str = "info"
     data_dir: str = ""
@@ -68,6 +69,7 @@ class ServerSettings:
         _check(self.max_body_bytes > 0, f"{p}.max_body_bytes", "must be > 0")
         _check(self.max_header_bytes >= 1024, f"{p}.max_header_bytes", "must be >= 1024")
         _check(self.max_headers >= 8, f"{p}.max_headers", "must be >= 8")
+        _check(self.max_api_body_bytes > 0, f"{p}.max_api_body_bytes", "must be > 0")
         levels = ("debug", "info", "warning", "error")
         _check(self.log_level in levels, f"{p}.log_level", f"must be one of {levels}")
 
@@ -84,12 +86,18 @@ class UpstreamSettings:
     api_key: str = ""
     allowed_keys: tuple[str, ...] = ()
     retry_context_errors: bool = True
+    max_response_header_bytes: int = 16 * 1024
 
     def validate(self, p: str) -> None:
         _check(self.url.startswith(("http://", "https://")), f"{p}.url", "must be an http(s) URL")
         _check(self.connect_timeout > 0, f"{p}.connect_timeout", "must be > 0")
         _check(self.read_timeout >= 0, f"{p}.read_timeout", "must be >= 0 (0 = no limit)")
         _check(self.max_connections > 0, f"{p}.max_connections", "must be > 0")
+        _check(
+            self.max_response_header_bytes >= 1024,
+            f"{p}.max_response_header_bytes",
+            "must be >= 1024",
+        )
         _check(self.transport in ("aiohttp", "httpx"), f"{p}.transport", "aiohttp or httpx")
         for i, key in enumerate(self.allowed_keys):
             # Never echo the value: a raw API key pasted here must not reach logs or terminals.
@@ -167,11 +175,13 @@ class AccountingSettings:
     flush_interval_ms: int = 1000
     max_pending: int = 10_000
     max_model_chars: int = 128
+    max_sse_event_bytes: int = 1 << 20
 
     def validate(self, p: str) -> None:
         _check(self.flush_interval_ms > 0, f"{p}.flush_interval_ms", "must be > 0")
         _check(self.max_pending > 0, f"{p}.max_pending", "must be > 0")
         _check(self.max_model_chars >= 16, f"{p}.max_model_chars", "must be >= 16")
+        _check(self.max_sse_event_bytes >= 4096, f"{p}.max_sse_event_bytes", "must be >= 4096")
 
 
 @dataclass(frozen=True)

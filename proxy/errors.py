@@ -81,6 +81,14 @@ class UpstreamUnreachableError(ProxyError):
     code = "upstream_unreachable"
 
 
+class UpstreamBadResponseError(ProxyError):
+    """The upstream answered something the transport would not parse (e.g. oversized headers)."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_bad_response"
+
+
 class UpstreamTimeoutError(ProxyError):
     """The upstream did not connect or answer in time."""
 

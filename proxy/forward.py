@@ -8,7 +8,9 @@ chose to send. The relay passes the upstream's raw bytes on as they arrive.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, Callable
+import re
+import string
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -17,6 +19,7 @@ from starlette.types import Send
 from proxy.errors import (
     BadPathError,
     ProxyError,
+    UpstreamBadResponseError,
     UpstreamTimeoutError,
     UpstreamUnreachableError,
     sse_error_event,
@@ -24,6 +27,47 @@ from proxy.errors import (
 from proxy.headers import RawHeaders, header, response_headers
 
 log = logging.getLogger("compactd.forward")
+
+
+CHAT_PATH = b"/chat/completions"
+_PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
+_UNRESERVED = frozenset(string.ascii_letters.encode() + string.digits.encode() + b"-._~")
+
+
+def route(sub_path: bytes) -> bytes:
+    """What a path below /v1 names, for choosing how to handle it.
+
+    Percent-encoded unreserved characters are the characters themselves (RFC 3986 §6.2.2.2), and
+    empty segments and a trailing slash are dropped, as most servers do: `/chat/%63ompletions`
+    and `/chat/completions/` are the chat route, with compaction, policy and accounting, not a
+    way around them. A path that only names a route once its slashes are decoded is refused.
+    """
+    if sub_path == CHAT_PATH:
+        return CHAT_PATH
+    plain = _PERCENT.sub(_unreserved, sub_path)
+    named = b"/" + b"/".join(s for s in plain.split(b"/") if s)
+    if named != CHAT_PATH and _squashed(_decoded(sub_path)) == CHAT_PATH:
+        raise BadPathError("Invalid request path.")
+    return named
+
+
+def _unreserved(m: re.Match[bytes]) -> bytes:
+    byte = int(m.group(1), 16)
+    return bytes([byte]) if byte in _UNRESERVED else m.group(0)
+
+
+def _decoded(path: bytes) -> bytes:
+    """Fully percent-decoded (a few rounds: some servers decode twice), with `\\` as `/`."""
+    for _ in range(3):
+        decoded = _PERCENT.sub(lambda m: bytes([int(m.group(1), 16)]), path)
+        if decoded == path:
+            break
+        path = decoded
+    return path.replace(b"\\", b"/")
+
+
+def _squashed(path: bytes) -> bytes:
+    return b"/" + b"/".join(s for s in path.split(b"/") if s)
 
 
 @dataclass(frozen=True)
@@ -75,16 +119,17 @@ class Upstream:
         self._base_path = base.raw_path.rstrip(b"/")
         self._timeout = timeouts.as_extension()
         # Built once (httpx.URL is immutable): parsing one costs ~3 % of a small request's CPU.
-        self._chat_url = self._build(b"/chat/completions", b"")
+        self._chat_url = self._build(CHAT_PATH, b"")
 
     def url(self, sub_path: bytes, query: bytes) -> httpx.URL:
-        """Upstream URL for a client path below /v1; refuses paths that could climb out of it."""
-        if sub_path == b"/chat/completions" and not query:
+        """Upstream URL for a client path below /v1; refuses paths that could climb out of it,
+        however they are encoded (`%2e%2e`, `%2f..%2f`, `..%5c`, double encoding)."""
+        if sub_path == CHAT_PATH and not query:
             return self._chat_url
+        decoded = _decoded(sub_path)
         if not sub_path.startswith(b"/") or b"\\" in sub_path:
             raise BadPathError("Invalid request path.")
-        segments = sub_path.lower().replace(b"%2e", b".").split(b"/")
-        if b".." in segments or b"." in segments:
+        if any(segment in (b".", b"..") for segment in decoded.split(b"/")):
             raise BadPathError("Invalid request path.")
         return self._build(sub_path, query)
 
@@ -108,13 +153,66 @@ class Upstream:
             method, url, headers=headers, content=content, extensions={"timeout": self._timeout}
         )
         try:
-            return await self._transport.handle_async_request(request)
+            response = await self._transport.handle_async_request(request)
         except httpx.HTTPError as exc:
             raise upstream_error(exc) from exc
+        except Exception as exc:
+            raise UpstreamBadResponseError(
+                f"The upstream's response could not be read ({type(exc).__name__})."
+            ) from exc
+        if isinstance(response.stream, httpx.AsyncByteStream):
+            response.stream = _ReadErrors(response.stream)
+        return response
 
     async def aclose(self) -> None:
         """Close pooled connections."""
         await self._transport.aclose()
+
+
+class _ReadErrors(httpx.AsyncByteStream):
+    """A response body whose transport's own exceptions surface as httpx.ReadError.
+
+    A transport raises its own types for what it will not parse (aiohttp: a ClientResponseError
+    for a response header over its limit). Escaping, they were our plain-text 500; as httpx
+    errors they are the upstream failing: a 502 before the response starts, a cut stream after.
+    """
+
+    def __init__(self, inner: httpx.AsyncByteStream) -> None:
+        self._inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except httpx.HTTPError:
+            raise
+        except Exception as exc:
+            raise httpx.ReadError(f"{type(exc).__name__} while reading the upstream") from exc
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+async def peek(response: httpx.Response, limit: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """Read a response body up to `limit` bytes: (the whole body, None) if it fits, else (b"",
+    every chunk, those read included, for `relay`), so a long body is relayed whole."""
+    chunks = response.aiter_raw()
+    read: list[bytes] = []
+    size = 0
+    async for chunk in chunks:
+        read.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"", _chain(read, chunks)
+    await response.aclose()
+    return b"".join(read), None
+
+
+async def _chain(read: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    for chunk in read:
+        yield chunk
+    async for chunk in rest:
+        yield chunk
 
 
 def is_event_stream(headers: RawHeaders) -> bool:
@@ -138,8 +236,12 @@ async def relay(
     extra_headers: RawHeaders,
     tap: Callable[[bytes], bytes] | None = None,
     flush: Callable[[], bytes] | None = None,
+    *,
+    body: AsyncIterator[bytes] | None = None,
 ) -> RelayResult:
     """Stream the upstream response to the client as it arrives; always closes the upstream.
+
+    `body`: the response's chunks when the caller already started reading them (see `peek`).
 
     A failure after the headers went out cannot change the status: an SSE stream ends with an
     `error` event (never a fake `[DONE]`, which would make a truncated answer look complete);
@@ -158,7 +260,7 @@ async def relay(
                 "headers": raw + extra_headers,
             }
         )
-        async for chunk in response.aiter_raw():
+        async for chunk in body if body is not None else response.aiter_raw():
             out = tap(chunk) if tap is not None else chunk
             if out:
                 result.bytes_sent += len(out)

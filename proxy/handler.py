@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -23,7 +24,7 @@ from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
 from proxy.decision import ChatRequest, Outcome
 from proxy.errors import BodyTooLargeError, ProxyError
-from proxy.forward import Upstream, is_event_stream, relay
+from proxy.forward import CHAT_PATH, Upstream, is_event_stream, peek, relay, route
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
 from proxy.logs import log_request, request_log
@@ -32,11 +33,10 @@ from proxy.rewrite import upstream_headers
 from proxy.stats import fail_open_reason
 from proxy.store.base import Store, UsageRecord
 from proxy.tenant import ANONYMOUS
-from proxy.usage import SSEUsageTap, Usage, usage_from_json
+from proxy.usage import MAX_EVENT_BYTES, SSEUsageTap, Usage, usage_from_json
 
 log = logging.getLogger("compactd.handler")
 
-CHAT_PATH = b"/chat/completions"
 # An upstream 400 is read (to look for a context-length error) only up to this size.
 OVERFLOW_BODY_LIMIT = 64 * 1024
 JSON_USAGE_LIMIT = 4 * 1024 * 1024
@@ -70,6 +70,7 @@ class Handler:
     accountant: Accountant | None = None
     """Usage aggregation (None: accounting off)."""
     strip_usage_null: bool = True
+    max_sse_event_bytes: int = MAX_EVENT_BYTES
     retry_context_errors: bool = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -92,11 +93,13 @@ class Handler:
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
         sub_path = raw_path[len(b"/v1") :]
-        url = self.upstream.url(sub_path, scope.get("query_string", b""))
         method: str = scope["method"]
-        if method == "POST" and sub_path == CHAT_PATH:
-            await self._chat(scope, receive, send, url)
+        query = scope.get("query_string", b"")
+        if method == "POST" and route(sub_path) == CHAT_PATH:
+            # However the client spelled the path, the chat route goes to the canonical URL.
+            await self._chat(scope, receive, send, self.upstream.url(CHAT_PATH, query))
             return
+        url = self.upstream.url(sub_path, query)
         declared = content_length(scope)
         if declared is not None and declared > self.max_body:
             raise BodyTooLargeError(f"Request body exceeds the limit of {self.max_body} bytes.")
@@ -186,7 +189,10 @@ class _ChatExchange:
 
     async def _maybe_retry(self, response: httpx.Response) -> httpx.Response | None:
         """A context-length 400 is answered by compacting under the learned window, once."""
-        body = await _read_limited(response, OVERFLOW_BODY_LIMIT)
+        body, longer = await peek(response, OVERFLOW_BODY_LIMIT)
+        if longer is not None:  # too long for a context-length error: relayed whole, as it is
+            await self._relay(response, longer)
+            return None
         message = context_overflow_message(body)
         retry = None
         if message:
@@ -199,21 +205,27 @@ class _ChatExchange:
         self.error = retry.error
         return await self._send(retry)
 
-    async def _relay(self, response: httpx.Response) -> None:
+    async def _relay(
+        self, response: httpx.Response, body: AsyncIterator[bytes] | None = None
+    ) -> None:
         raw = response.headers.raw
         encoding = (header(raw, b"content-encoding") or b"").decode("latin-1")
         tap: SSEUsageTap | _Copy | None = None
         if self.outcome.injected_usage and is_event_stream(raw) and not encoding:
-            tap = SSEUsageTap(strip_usage_chunk=True, strip_usage_null=self.h.strip_usage_null)
+            tap = SSEUsageTap(
+                strip_usage_chunk=True,
+                strip_usage_null=self.h.strip_usage_null,
+                max_event_bytes=self.h.max_sse_event_bytes,
+            )
         elif self.h.accountant is not None:
             tap = (
-                SSEUsageTap(content_encoding=encoding)
+                SSEUsageTap(content_encoding=encoding, max_event_bytes=self.h.max_sse_event_bytes)
                 if is_event_stream(raw)
                 else _Copy(JSON_USAGE_LIMIT)
             )
         flush = tap.close if isinstance(tap, SSEUsageTap) else None
         result = await relay(
-            self.send, response, self._our_headers(), tap.feed if tap else None, flush
+            self.send, response, self._our_headers(), tap.feed if tap else None, flush, body=body
         )
         self.error = self.error or result.error
         if isinstance(tap, SSEUsageTap):
@@ -288,20 +300,6 @@ class _ChatExchange:
                     fail_open=fail_open_reason(out.error) if out.action == "error" else "",
                 )
             )
-
-
-async def _read_limited(response: httpx.Response, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        async for chunk in response.aiter_raw():
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                break
-    finally:
-        await response.aclose()
-    return b"".join(chunks)
 
 
 async def _send_buffered(

@@ -18,6 +18,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 OUR_PREFIX = b"x-compactd-"
+# `Expect: 100-continue` is answered by our own server when the app reads the body; passed on,
+# it makes the upstream leg wait for a 100 an upstream may never send, on a body already read.
+NOT_FORWARDED = frozenset({b"host", b"expect"})
 
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -31,13 +34,13 @@ def _connection_named(headers: Iterable[tuple[bytes, bytes]]) -> set[bytes]:
 
 
 def request_headers(headers: Iterable[tuple[bytes, bytes]], *, keep_length: bool) -> RawHeaders:
-    """Client headers to send upstream: no hop-by-hop, no Host, no x-compactd-*.
+    """Client headers to send upstream: no hop-by-hop, no Host or Expect, no x-compactd-*.
 
     Content-Length is kept only when the body is relayed unchanged as a stream (file uploads), so
     the upstream sees the same framing; otherwise the transport sets it for the bytes we send.
     """
     headers = list(headers)
-    drop = HOP_BY_HOP | _connection_named(headers) | {b"host"}
+    drop = HOP_BY_HOP | _connection_named(headers) | NOT_FORWARDED
     if not keep_length:
         drop = drop | {b"content-length"}
     out: RawHeaders = []

@@ -19,6 +19,10 @@ _EOL = re.compile(rb"\r\n|\r|\n")
 _USAGE_KEY = b'"usage"'
 _USAGE_NULL = b'"usage":null'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+MAX_EVENT_BYTES = 1 << 20
+"""Longest SSE event the tap holds (`accounting.max_sse_event_bytes`); past it, it stops."""
+MAX_JSON_BYTES = 16 << 20
+"""Most bytes a compressed JSON body is inflated to when reading its usage."""
 # zlib with 32 + MAX_WBITS accepts both gzip and zlib-wrapped deflate streams.
 _AUTO_WBITS = 32 + zlib.MAX_WBITS
 
@@ -67,7 +71,10 @@ def usage_from_json(body: bytes, content_encoding: str = "") -> Usage | None:
     try:
         decoder = _decoder(content_encoding)
         if decoder is not None:
-            body = decoder.decompress(body) + decoder.flush()
+            body = decoder.decompress(body, MAX_JSON_BYTES)
+            if decoder.unconsumed_tail:
+                return None  # a bomb, or a body far larger than any we read usage from
+            body += decoder.flush()
     except (ValueError, zlib.error):
         return None
     if _USAGE_KEY not in body:
@@ -104,6 +111,7 @@ class SSEUsageTap:
         strip_usage_chunk: bool = False,
         strip_usage_null: bool = False,
         content_encoding: str = "",
+        max_event_bytes: int = MAX_EVENT_BYTES,
     ) -> None:
         if strip_usage_chunk and content_encoding.strip().lower() not in ("", "identity"):
             raise ValueError("cannot strip a chunk from a compressed stream; ask for identity")
@@ -119,6 +127,8 @@ class SSEUsageTap:
         self._pos = 0  # where to resume looking for the end of the first event in _buf
         self._cr = False  # a CR was seen: use the general line scanner from now on
         self._closed = not readable
+        self._max_event = max_event_bytes
+        self._gave_up = False
         self.usage: Usage | None = None
         """The last `usage` seen in the stream."""
         self.stripped = False
@@ -126,20 +136,34 @@ class SSEUsageTap:
 
     def feed(self, chunk: bytes) -> bytes:
         """Parse a copy of `chunk`; return the bytes to forward now."""
+        if self._gave_up:
+            return chunk
         if self._closed:
             return chunk if not self._strip else b""
         data = chunk
         if self._decoder is not None:
             try:
-                data = self._decoder.decompress(chunk)
+                data = self._decoder.decompress(chunk, self._max_event + 1)
             except zlib.error:
                 self._buf, self._closed = bytearray(), True  # unreadable: stop looking
+                return chunk
+            if self._decoder.unconsumed_tail:  # inflates past any event we would hold
+                self._give_up()
                 return chunk
         if not self._cr and b"\r" in data:
             self._cr, self._pos = True, 0  # rescan the held event line by line
         self._buf += data
         out = self._scan(final=False)
+        if len(self._buf) > self._max_event:
+            # One event without an end this long is not one we read: stop holding it.
+            out += self._give_up()
         return out if self._strip else chunk
+
+    def _give_up(self) -> bytes:
+        """Stop reading the stream; the held bytes (strip mode) go out unchanged."""
+        held = bytes(self._buf) if self._strip else b""
+        self._buf, self._closed, self._gave_up = bytearray(), True, True
+        return held
 
     def close(self) -> bytes:
         """End of stream: the held-back bytes (strip mode), after a last look for usage."""

@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import pytest
 from proxy.access import route_class
 from tests.conftest import ProxyFactory
 from tests.test_compaction_e2e import history
-from tests.upstream import FakeUpstream
+from tests.upstream import FakeUpstream, serve_raw
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 # The README's header table says on which responses each header appears; these are the ones it
@@ -140,8 +139,7 @@ async def test_a_compacted_chat_response_names_its_providers(
         assert response.headers.get(f"x-compactd-{name}"), name
 
 
-@contextlib.asynccontextmanager
-async def closing_upstream() -> AsyncIterator[str]:
+def closing_upstream() -> contextlib.AbstractAsyncContextManager[str]:
     """An upstream that reads the request, then closes the connection without a byte."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -149,13 +147,7 @@ async def closing_upstream() -> AsyncIterator[str]:
         writer.close()
         await writer.wait_closed()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.close()
-        await server.wait_closed()
+    return serve_raw(handle)
 
 
 @pytest.mark.parametrize("transport", ["aiohttp", "httpx"])

@@ -263,3 +263,19 @@ async def serve(app: Any, *, lifespan: str = "off", **options: Any) -> AsyncIter
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
         sock.close()
+
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def serve_raw(handle: RawHandler) -> AsyncIterator[str]:
+    """A bare asyncio server for upstreams no HTTP server would be (misbehaving on purpose):
+    yields its base URL ending in /v1."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.close()
+        await server.wait_closed()

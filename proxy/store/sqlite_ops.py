@@ -82,6 +82,14 @@ def _marks(items: Sequence[Any]) -> str:
     return ",".join("?" * len(items))
 
 
+_BATCH = 500  # ids per `IN (…)`: well under SQLite's limit on bound parameters (32,766)
+
+
+def _batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    for start in range(0, len(items), _BATCH):
+        yield items[start : start + _BATCH]
+
+
 def purge_expired(con: sqlite3.Connection, now: float) -> None:
     """Delete every conversation and summary whose retention has passed."""
     expired = "SELECT tenant, conversation FROM conversations WHERE expires_at <= ?"
@@ -196,22 +204,29 @@ def resolve_refs(
 ) -> dict[str, list[Message]]:
     """Reference id -> originals, for live conversations of this tenant."""
     out: dict[str, list[Message]] = {}
+    now = time.time()
     with transaction(con, "DEFERRED"):
-        rows = con.execute(
-            "SELECT r.conversation, r.ref_id, r.body FROM refs r JOIN conversations c"  # noqa: S608
-            " ON c.tenant = r.tenant AND c.conversation = r.conversation"
-            f" WHERE r.tenant = ? AND r.ref_id IN ({_marks(ref_ids)}) AND c.expires_at > ?",
-            (tenant, *ref_ids, time.time()),
-        ).fetchall()
+        rows = [
+            row
+            for ids in _batches(ref_ids)
+            for row in con.execute(
+                "SELECT r.conversation, r.ref_id, r.body FROM refs r JOIN conversations c"  # noqa: S608
+                " ON c.tenant = r.tenant AND c.conversation = r.conversation"
+                f" WHERE r.tenant = ? AND r.ref_id IN ({_marks(ids)}) AND c.expires_at > ?",
+                (tenant, *ids, now),
+            ).fetchall()
+        ]
         for conv, ref, body in rows:
             digests = codec.load_ref(body, tenant)
-            found = dict(
-                con.execute(
+            found = {
+                digest: original
+                for part in _batches(digests)
+                for digest, original in con.execute(
                     "SELECT digest, body FROM originals WHERE tenant = ? AND conversation = ?"  # noqa: S608
-                    f" AND digest IN ({_marks(digests)})",
-                    (tenant, conv, *digests),
+                    f" AND digest IN ({_marks(part)})",
+                    (tenant, conv, *part),
                 ).fetchall()
-            )
+            }
             if ref not in out and all(d in found for d in digests):
                 out[ref] = [codec.load_original(found[d], tenant) for d in digests]
     return out
