@@ -1,0 +1,546 @@
+"""The cost of real sessions with and without compactd, net of prompt caching.
+
+    .venv/bin/python bench/cost.py [--corpus tau-bench,aider,...] [--limit 5] [--model gpt-5.4]
+        [--rule openai|anthropic] [--policies default,cap-16k,...] [--json out.json]
+        [--plot out.png] [--sessions]
+
+Every session of the chosen corpora (bench/quality's loaders and fact probes; longest first,
+`--limit` per corpus) is replayed turn by turn through compactd in-process (tests/inprocess.py:
+the real app, store and providers, an `httpx.MockTransport` upstream answering each request with
+the recorded assistant message), once per policy, each policy under its own API key (tenant).
+Every request the client sends and every request compactd forwards is priced with a prompt-cache
+model of the provider's published rules (bench/cache_model.py; one cache per session and arm, a
+turn every `--gap` seconds, entries living `--ttl` seconds) at the model's prices from
+config/models.toml. Output tokens are the recorded reply's tokens, the same in both arms.
+
+At the end of each session one more request asks about it (the session's messages, plus a user
+question when they do not end with one), and the quality probes of bench/quality are looked for
+in what compactd forwards: a fact is kept when it is still in the text or tool-call arguments of
+a non-system message. With the expand tool, "reachable" also counts facts inside the originals of
+the refs the forwarded messages carry (what the model could expand). That request is not priced.
+
+Policies: `default` (the shipped default policy), `cap-<N>k` (budget_tokens = N x 1000),
+`window-<P>%` (budget_fraction), each also with `+lossless` and `+expand` and both, where the
+policy keys exist. Prints markdown tables; `--json` keeps every session's figures, `--plot` draws
+net saving and facts kept against the budget cap, one line per corpus (needs matplotlib: the
+`bench` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.cache_model import (
+    ANTHROPIC_READ,
+    ANTHROPIC_WRITE,
+    Priced,
+    PromptCache,
+    Rule,
+    Segment,
+)
+from bench.quality import CORPUS_NAMES, Case, load, searchable
+from bench.session import table
+from proxy.budget import ModelInfo, ModelTable
+from proxy.config import PolicySettings
+from proxy.encodings import load_encoding
+from proxy.providers.units import refs_in
+from proxy.tokens import TokenCounter, Tokenizers
+from tests.inprocess import MockUpstream, reply, running
+from tests.upstream import chat_completion
+
+POLICY_HEADER = "x-bench-policy"
+PROBE = "Before we finish: sum up everything above that I may still need, with exact details."
+CAPS = (4, 8, 16, 32, 64)
+FRACTIONS = (0.25, 0.5)
+_MILLION = 1_000_000
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A benchmarked policy: its name and the [[policies]] keys that make it."""
+
+    name: str
+    keys: dict[str, Any]
+    cap: int | None = None
+    """The budget cap it stands for on the plot (tokens; None: not a cap policy)."""
+
+    @property
+    def variant(self) -> str:
+        """ "" for the base policy, else e.g. "+lossless"."""
+        return self.name[self.name.find("+") :] if "+" in self.name else ""
+
+    @property
+    def base(self) -> str:
+        return self.name.split("+", 1)[0]
+
+
+def _has_key(key: str) -> bool:
+    return key in {f.name for f in dataclasses.fields(PolicySettings)}
+
+
+def all_policies() -> list[Policy]:
+    """Every policy the issue asks for, with the variants whose keys exist in this build."""
+    bases = [Policy("default", {})]
+    bases += [Policy(f"cap-{k}k", {"budget_tokens": k * 1000}, cap=k * 1000) for k in CAPS]
+    bases += [Policy(f"window-{int(f * 100)}%", {"budget_fraction": f}) for f in FRACTIONS]
+    variants: list[tuple[str, dict[str, Any]]] = [("", {})]
+    if _has_key("lossless"):
+        variants.append(("+lossless", {"lossless": True}))
+    if _has_key("expand_tool"):
+        variants.append(("+expand", {"expand_tool": True}))
+        if _has_key("lossless"):
+            variants.append(("+lossless+expand", {"lossless": True, "expand_tool": True}))
+    return [
+        Policy(b.name + suffix, {**b.keys, **extra}, b.cap)
+        for b in bases
+        for suffix, extra in variants
+    ]
+
+
+@dataclass
+class Arm:
+    """One side of the comparison: the client's own requests, or what compactd forwarded."""
+
+    usd: float = 0.0
+    prompt: int = 0
+    cached: int = 0
+    """Prompt tokens read from the cache (and, under the Anthropic rule, written to it)."""
+    written: int = 0
+
+    def add(self, priced: Priced, usd: float) -> None:
+        self.usd += usd
+        self.prompt += priced.total
+        self.cached += priced.cached
+        self.written += priced.written
+
+    def merge(self, other: Arm) -> None:
+        for f in dataclasses.fields(Arm):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class Figures:
+    """What is summed over turns and sessions."""
+
+    turns: int = 0
+    plain: Arm = field(default_factory=Arm)
+    sent: Arm = field(default_factory=Arm)
+    compactions: int = 0
+    errors: int = 0
+    overhead_ms: list[float] = field(default_factory=list)
+    facts: int = 0
+    kept: int = 0
+    """Facts still in what is forwarded at the end of the session ..."""
+    reachable: int = 0
+    """... or in the originals of the refs it carries (what the expand tool can bring back)."""
+
+    @property
+    def saving(self) -> float:
+        """Net saving share of the bill (negative: compactd cost money)."""
+        return 1 - self.sent.usd / self.plain.usd if self.plain.usd else 0.0
+
+    @property
+    def kept_share(self) -> float:
+        return self.kept / self.facts if self.facts else 1.0
+
+
+_SUMMED = tuple(f.name for f in dataclasses.fields(Figures))
+
+
+@dataclass
+class SessionResult(Figures):
+    """One session under one policy."""
+
+    corpus: str = ""
+    session: str = ""
+    policy: str = ""
+    actions: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Pricing:
+    """A model's prices, per token, under a cache rule."""
+
+    input: float
+    cached: float
+    written: float
+    output: float
+
+    @classmethod
+    def of(cls, info: ModelInfo, rule: Rule) -> Pricing:
+        p_in = info.input_price / _MILLION
+        if rule == "anthropic":
+            return cls(
+                p_in, p_in * ANTHROPIC_READ, p_in * ANTHROPIC_WRITE, info.output_price / _MILLION
+            )
+        return cls(p_in, info.cached_input_price / _MILLION, p_in, info.output_price / _MILLION)
+
+    def cost(self, priced: Priced, output: int) -> float:
+        return (
+            priced.uncached * self.input
+            + priced.cached * self.cached
+            + priced.written * self.written
+            + output * self.output
+        )
+
+
+class Segmenter:
+    """Requests as cache segments: the tool schemas, then each message, tokenized once."""
+
+    def __init__(self) -> None:
+        self.encoding = load_encoding("o200k_base")
+        self._tokens: dict[bytes, tuple[int, ...]] = {}
+
+    def segment(self, value: Any) -> Segment:
+        key = orjson.dumps(value)
+        tokens = self._tokens.get(key)
+        if tokens is None:
+            tokens = tuple(self.encoding.encode(key.decode(), disallowed_special=()))
+            self._tokens[key] = tokens
+        return Segment(key, tokens)
+
+    def request(self, body: dict[str, Any]) -> list[Segment]:
+        head = [self.segment(body["tools"])] if body.get("tools") else []
+        return head + [self.segment(m) for m in body.get("messages", [])]
+
+
+def _head(body: dict[str, Any]) -> int:
+    """Segments the first Anthropic breakpoint covers: the tools and the leading system messages."""
+    n = 1 if body.get("tools") else 0
+    for m in body.get("messages", []):
+        if m.get("role") not in ("system", "developer"):
+            break
+        n += 1
+    return max(n, 1)
+
+
+def turns_of(case: Case) -> list[int]:
+    """Indices of the assistant messages after the first message: each is one request."""
+    return [i for i, m in enumerate(case.messages) if m.get("role") == "assistant" and i > 0]
+
+
+def probe_request(case: Case) -> list[dict[str, Any]]:
+    """The end-of-session question: the whole session, and a user question unless it ends so."""
+    messages = list(case.messages)
+    if messages[-1].get("role") != "user":
+        messages.append({"role": "user", "content": PROBE})
+    return messages
+
+
+class Replayer:
+    """Replays sessions through one in-process compactd that knows every policy."""
+
+    def __init__(
+        self, model: str, rule: Rule, ttl: float, gap: float, policies: Sequence[Policy]
+    ) -> None:
+        self.model = model
+        self.rule: Rule = rule
+        self.ttl = ttl
+        self.gap = gap
+        self.policies = list(policies)
+        table = ModelTable.load()
+        info = table.lookup(model)
+        self.pricing = Pricing.of(info, rule)
+        self.counter: TokenCounter = Tokenizers().for_model(info)
+        self.segmenter = Segmenter()
+        self.upstream = MockUpstream(default=self._answer)
+        self.reply: dict[str, Any] = {"role": "assistant", "content": ""}
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
+        message = {k: v for k, v in self.reply.items() if k in ("role", "content", "tool_calls")}
+        body = chat_completion()
+        body["choices"][0]["message"] = {**message, "refusal": None}
+        body["choices"][0]["finish_reason"] = "tool_calls" if message.get("tool_calls") else "stop"
+        return reply(200, body)(request)
+
+    def sections(self) -> dict[str, Any]:
+        policies = [
+            {
+                "name": p.name,
+                "match_header": POLICY_HEADER,
+                "match_header_values": [p.name],
+                **p.keys,
+            }
+            for p in self.policies
+            if p.name != "default"
+        ]
+        return {"policies": policies, "accounting": {"enabled": False}}
+
+    async def run(self, cases: Sequence[Case], progress: bool = True) -> list[SessionResult]:
+        out: list[SessionResult] = []
+        with tempfile.TemporaryDirectory(prefix="compactd-cost-") as tmp:
+            async with running(Path(tmp), self.upstream, **self.sections()) as proxy:
+                for n, case in enumerate(cases):
+                    for policy in self.policies:
+                        out.append(await self._session(proxy, case, policy))
+                    if progress:
+                        print(f"  {case.corpus} {n + 1}/{len(cases)} {case.id}", file=sys.stderr)
+        return out
+
+    async def _session(self, proxy: Any, case: Case, policy: Policy) -> SessionResult:
+        result = SessionResult(corpus=case.corpus, session=case.id, policy=policy.name)
+        result.facts = len(case.facts)
+        without, with_ = PromptCache(self.rule, self.ttl), PromptCache(self.rule, self.ttl)
+        key = f"sk-bench-{policy.name}"
+        headers = {POLICY_HEADER: policy.name} if policy.name != "default" else {}
+        for turn, index in enumerate(turns_of(case)):
+            body = self._body(case, case.messages[:index])
+            self.reply = case.messages[index]
+            response = await proxy.chat(body, key=key, **headers)
+            forwarded = orjson.loads(proxy.upstream.last.content)
+            if response.status_code != 200:
+                result.errors += 1
+                continue
+            action = response.headers.get("x-compactd-action", "")
+            result.actions[action] = result.actions.get(action, 0) + 1
+            result.compactions += action == "compacted"
+            result.errors += action == "error"
+            before = int(response.headers.get("x-compactd-tokens-before") or 0)
+            after = int(response.headers.get("x-compactd-tokens-after") or before)
+            result.overhead_ms.append(float(response.headers.get("x-compactd-overhead-ms") or 0))
+            now = turn * self.gap
+            plain = without.price(self.segmenter.request(body), now, _head(body)).scale(before)
+            sent = with_.price(self.segmenter.request(forwarded), now, _head(forwarded)).scale(
+                after
+            )
+            output = self.counter.count_message(self.reply)
+            result.turns += 1
+            result.plain.add(plain, self.pricing.cost(plain, output))
+            result.sent.add(sent, self.pricing.cost(sent, output))
+        await self._probe(proxy, case, result, key, headers)
+        return result
+
+    def _body(self, case: Case, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        if case.tools:
+            body["tools"] = case.tools
+        return body
+
+    async def _probe(
+        self, proxy: Any, case: Case, result: SessionResult, key: str, headers: dict[str, str]
+    ) -> None:
+        self.reply = {"role": "assistant", "content": "ok"}
+        response = await proxy.chat(self._body(case, probe_request(case)), key=key, **headers)
+        forwarded = orjson.loads(proxy.upstream.last.content)["messages"]
+        text = searchable(forwarded)
+        kept = {f for f in case.facts if f in text}
+        result.kept = len(kept)
+        result.reachable = len(kept)
+        if response.status_code == 200 and any(refs_in(m) for m in forwarded):
+            restored = await proxy.uncompress(forwarded, key=key)
+            if restored.status_code == 200:
+                full = searchable(restored.json()["messages"])
+                result.reachable = sum(1 for f in case.facts if f in full)
+
+
+def longest_first(cases: list[Case], counter: TokenCounter, limit: int) -> list[Case]:
+    """The `limit` longest sessions with at least two requests (0: all)."""
+    usable = [c for c in cases if len(turns_of(c)) >= 2]
+    usable.sort(key=lambda c: -counter.count_messages(c.messages))
+    return usable[:limit] if limit else usable
+
+
+# ---- figures --------------------------------------------------------------------------------
+
+
+@dataclass
+class Total(Figures):
+    """Sums over a set of sessions."""
+
+    sessions: int = 0
+    worst: float = 0.0
+    negative: int = 0
+
+    def add(self, r: SessionResult) -> None:
+        self.worst = r.saving if not self.sessions else min(self.worst, r.saving)
+        self.sessions += 1
+        self.negative += r.saving < -1e-9
+        for name in _SUMMED:
+            mine = getattr(self, name)
+            if isinstance(mine, Arm):
+                mine.merge(getattr(r, name))
+            else:
+                setattr(self, name, mine + getattr(r, name))
+
+    def row(self, key: str) -> dict[str, str]:
+        mean = statistics.fmean(self.overhead_ms) if self.overhead_ms else 0.0
+        p95 = (
+            sorted(self.overhead_ms)[int(0.95 * (len(self.overhead_ms) - 1))]
+            if self.overhead_ms
+            else 0
+        )
+        return {
+            "policy": key,
+            "sessions": str(self.sessions),
+            "usd": f"{self.plain.usd:.2f} → {self.sent.usd:.2f}",
+            "saving": f"{self.saving * 100:+.1f} %",
+            "worst": f"{self.worst * 100:+.1f} %",
+            "hit": f"{_share(self.plain.cached, self.plain.prompt)} → "
+            f"{_share(self.sent.cached, self.sent.prompt)}",
+            "events": str(self.compactions),
+            "tokens": f"{self.sent.prompt / 1e6:.2f}M / {self.plain.prompt / 1e6:.2f}M",
+            "facts": f"{_share(self.kept, self.facts)}"
+            + (f" ({_share(self.reachable, self.facts)})" if self.reachable != self.kept else ""),
+            "latency": f"{mean:.1f} / {p95:.1f}",
+            "errors": str(self.errors),
+        }
+
+
+def _share(a: int, b: int) -> str:
+    return f"{a / b * 100:.1f} %" if b else "—"
+
+
+COLUMNS = (
+    ("policy", "policy"),
+    ("sessions", "sessions"),
+    ("USD without → with", "usd"),
+    ("net saving", "saving"),
+    ("worst session", "worst"),
+    ("cache-hit share without → with", "hit"),
+    ("compaction events", "events"),
+    ("tokens forwarded / without", "tokens"),
+    ("facts kept (reachable)", "facts"),
+    ("added ms / turn, mean / p95", "latency"),
+    ("errors", "errors"),
+)
+
+
+def totals(results: Sequence[SessionResult], by: str = "policy") -> dict[str, Total]:
+    out: dict[str, Total] = {}
+    for r in results:
+        key = getattr(r, by) if by != "corpus+policy" else f"{r.corpus} · {r.policy}"
+        out.setdefault(key, Total()).add(r)
+    return out
+
+
+def matrix(results: Sequence[SessionResult], corpora: Sequence[str]) -> str:
+    """Net saving / facts kept per policy (rows) and corpus (columns)."""
+    cells = totals(results, "corpus+policy")
+    policies = list(dict.fromkeys(r.policy for r in results))
+    lines = ["| policy | " + " | ".join(corpora) + " |", "|" + "---|" * (len(corpora) + 1)]
+    for p in policies:
+        row = []
+        for c in corpora:
+            t = cells.get(f"{c} · {p}")
+            row.append(f"{t.saving * 100:+.1f} % / {t.kept_share * 100:.0f} %" if t else "—")
+        lines.append(f"| {p} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def choose_default(results: Sequence[SessionResult], min_facts: float = 0.9) -> str | None:
+    """The policy with the largest total net saving such that no session's net saving is
+    negative and at least `min_facts` of the facts are kept (over all sessions)."""
+    eligible = [
+        (t.saving, name)
+        for name, t in totals(results).items()
+        if t.negative == 0 and t.kept_share >= min_facts and t.errors == 0
+    ]
+    return max(eligible)[1] if eligible else None
+
+
+def plot(results: Sequence[SessionResult], policies: Sequence[Policy], path: Path) -> None:
+    """Net saving and facts kept against the budget cap, one line per corpus (and variant)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    cells = totals(results, "corpus+policy")
+    corpora = list(dict.fromkeys(r.corpus for r in results))
+    capped = [p for p in policies if p.cap]
+    variants = list(dict.fromkeys(p.variant for p in capped))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    for i, corpus in enumerate(corpora):
+        color = f"C{i}"
+        for variant in variants:
+            pts = [
+                (p.cap, cells.get(f"{corpus} · {p.name}")) for p in capped if p.variant == variant
+            ]
+            xs = [x for x, t in pts if t and x]
+            ts = [t for _, t in pts if t]
+            if not xs:
+                continue
+            style = {"": "-", "+lossless": "--", "+expand": ":", "+lossless+expand": "-."}
+            label = corpus + (f" {variant}" if variant else "")
+            ls = style.get(variant, "-")
+            ax1.plot(xs, [t.saving * 100 for t in ts], ls, color=color, marker="o", label=label)
+            ax2.plot(xs, [t.kept_share * 100 for t in ts], ls, color=color, marker="o", label=label)
+    for ax, title in ((ax1, "net saving, % of the bill"), (ax2, "facts kept, %")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("budget cap (tokens)")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+    ax1.axhline(0, color="black", lw=0.8)
+    ax2.axhline(90, color="grey", lw=0.8, ls="--")
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle("compactd on real sessions, net of prompt caching (bench/cost.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", default=",".join(CORPUS_NAMES))
+    parser.add_argument("--limit", type=int, default=5, help="sessions per corpus (0: all)")
+    parser.add_argument("--model", default="gpt-5.4")
+    parser.add_argument("--rule", choices=("openai", "anthropic"), default="openai")
+    parser.add_argument("--ttl", type=float, default=300.0, help="cache entry lifetime (s)")
+    parser.add_argument("--gap", type=float, default=30.0, help="seconds between turns")
+    parser.add_argument("--policies", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--json", type=Path, help="write every session's figures here")
+    parser.add_argument("--plot", type=Path, help="draw the PNG here (needs matplotlib)")
+    parser.add_argument("--sessions", action="store_true", help="print the per-session table")
+    args = parser.parse_args()
+    policies = all_policies()
+    if args.policies:
+        wanted = args.policies.split(",")
+        policies = [p for p in policies if p.name in wanted]
+    names = [c.strip() for c in args.corpus.split(",") if c.strip()]
+    replayer = Replayer(args.model, args.rule, args.ttl, args.gap, policies)
+    started = time.perf_counter()
+    results: list[SessionResult] = []
+    for name in names:
+        cases = longest_first(load([name], None), replayer.counter, args.limit)
+        results += await replayer.run(cases)
+    seconds = time.perf_counter() - started
+    print(
+        f"model {args.model} ({args.rule} cache rule, ttl {args.ttl:g} s, a turn every "
+        f"{args.gap:g} s); {args.limit or 'all'} longest sessions per corpus; {seconds:.0f} s\n"
+    )
+    print(table([t.row(k) for k, t in totals(results).items()], COLUMNS))
+    print("\nnet saving / facts kept, per corpus:\n")
+    print(matrix(results, names))
+    if args.sessions:
+        print()
+        rows = [t.row(k) for k, t in totals(results, "corpus+policy").items()]
+        print(table(rows, COLUMNS))
+    chosen = choose_default(results)
+    print(
+        f"\ndefault by the rule (largest net saving, no session negative, >= 90 % facts): {chosen}"
+    )
+    if args.json:
+        data = [{**dataclasses.asdict(r), "saving": r.saving} for r in results]
+        args.json.write_text(json.dumps(data, indent=1))
+    if args.plot:
+        plot(results, policies, args.plot)
+        print(f"plot: {args.plot}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

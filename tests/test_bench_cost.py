@@ -1,0 +1,119 @@
+"""bench/cost: the prompt-cache model follows the published rules; a replay prices both arms."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.cache_model import Priced, PromptCache, Segment, openai_cached
+from bench.cost import Arm, Policy, Replayer, SessionResult, all_policies, choose_default, totals
+from bench.quality import Case
+
+
+def seg(name: str, n: int) -> Segment:
+    return Segment(name.encode(), tuple(hash((name, i)) % 50000 for i in range(n)))
+
+
+def test_openai_minimum_and_steps() -> None:
+    assert openai_cached(1023) == 0
+    assert openai_cached(1024) == 1024
+    assert openai_cached(1151) == 1024
+    assert openai_cached(1152) == 1152
+
+
+def test_openai_longest_identical_prefix_within_ttl() -> None:
+    cache = PromptCache("openai", ttl=300)
+    system, a, b = seg("system", 1500), seg("a", 400), seg("b", 400)
+    assert cache.price([system, a], now=0).cached == 0  # nothing cached yet
+    second = cache.price([system, a, b], now=30)
+    assert second == Priced(2300, openai_cached(1900))
+    # A rewrite of the history (a compaction event) keeps only the common part.
+    assert cache.price([system, seg("summary", 100), b], now=60).cached == openai_cached(1500)
+    # Past the TTL nothing is cached.
+    assert cache.price([system, a, b], now=1000).cached == 0
+
+
+def test_openai_partial_segment_match() -> None:
+    cache = PromptCache("openai")
+    base = seg("tool-output", 3000)
+    cache.price([base], now=0)
+    edited = Segment(b"edited", (*base.tokens[:2000], 1, 2, 3))
+    assert cache.price([edited], now=1).cached == openai_cached(2000)
+
+
+def test_anthropic_writes_then_reads_at_breakpoints() -> None:
+    cache = PromptCache("anthropic")
+    system, a, b = seg("system", 1200), seg("a", 500), seg("b", 500)
+    first = cache.price([system, a], now=0, head=1)
+    assert (first.cached, first.written) == (0, 1700)
+    second = cache.price([system, a, b], now=10, head=1)
+    assert (second.cached, second.written, second.uncached) == (1700, 500, 0)
+    # Under the 1,024-token minimum nothing is written or read.
+    small = PromptCache("anthropic").price([seg("s", 100), seg("x", 100)], now=0)
+    assert (small.cached, small.written) == (0, 0)
+
+
+def test_scale_keeps_shares() -> None:
+    assert Priced(1000, 500, 100).scale(2000) == Priced(2000, 1000, 200)
+    assert Priced(0, 0).scale(10) == Priced(10, 0, 0)
+
+
+def test_policy_grid_and_default_rule() -> None:
+    names = [p.name for p in all_policies()]
+    assert names[0] == "default"
+    assert "cap-16k" in names
+    assert "window-25%" in names
+
+    def session(policy: str, usd: float, kept: int) -> SessionResult:
+        result = SessionResult(corpus="c", session="s1", policy=policy, facts=10, kept=kept)
+        result.plain.usd, result.sent.usd = 10, usd
+        return result
+
+    good, lossy = session("cap-8k", 8, 10), session("cap-4k", 5, 5)
+    negative, plain = session("cap-16k", 11, 10), session("default", 10, 10)
+    assert choose_default([good, lossy, negative, plain]) == "cap-8k"
+    assert totals([good, lossy])["cap-4k"].kept_share == 0.5
+
+
+def _case() -> Case:
+    tool_output = "\n".join(f"row {i}: value {i * 7} status ok" for i in range(300))
+    messages: list[dict[str, object]] = [{"role": "system", "content": "You are helpful."}]
+    for turn in range(8):
+        messages.append({"role": "user", "content": f"Question {turn}: look up order {turn}42."})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{turn}",
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": f'{{"order": "{turn}42"}}'},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": f"call_{turn}", "content": tool_output})
+        messages.append({"role": "assistant", "content": f"Order {turn}42 is fine."})
+    return Case("synthetic", "s1", messages, None, ["042", "742"])
+
+
+@pytest.mark.asyncio
+async def test_replay_prices_both_arms(tmp_path: Path) -> None:
+    """A compacting policy sends fewer tokens; the default sends exactly what the client did."""
+    policies = [Policy("default", {}), Policy("cap-4k", {"budget_tokens": 4000}, cap=4000)]
+    replayer = Replayer("gpt-5.4", "openai", 300, 30, policies)
+    results = await replayer.run([_case()], progress=False)
+    by = {r.policy: r for r in results}
+    plain, capped = by["default"], by["cap-4k"]
+    assert plain.turns == capped.turns == 16
+    assert plain.sent.usd == pytest.approx(plain.plain.usd)
+    assert plain.sent.prompt == plain.plain.prompt
+    assert plain.compactions == 0
+    assert plain.plain.cached > 0  # the growing history hits the cache
+    assert capped.compactions >= 1
+    assert capped.sent.prompt < capped.plain.prompt
+    assert capped.sent.usd < capped.plain.usd
+    assert plain.kept == plain.facts == 2
+    assert capped.reachable >= capped.kept
