@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.cache_model import Priced, PromptCache, Segment, openai_cached
-from bench.cost import Arm, Policy, Replayer, SessionResult, all_policies, choose_default, totals
+from bench.cost import Policy, Replayer, SessionResult, all_policies, choose_default, totals
 from bench.quality import Case
 
 
