@@ -1,6 +1,7 @@
 """Store latency: p50/p99 of find_checkpoint and save_compaction, Redis and SQLite.
 
     .venv/bin/python bench/store.py [--redis redis://127.0.0.1:6379/0] [--n 2000] [--concurrency 16]
+        [--min-replicas-ack N]      (--redis also takes redis+cluster://h1:p1,h2:p2)
 
 Realistic sizes: a 200-message agent conversation (user ~300 B, assistant ~1.2 KB, tool results
 ~3 KB: ~300 KB of history) with 5 checkpoints already stored (covered_through 29, 59, …, 149);
@@ -125,10 +126,17 @@ async def main() -> None:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--skip-sqlite", action="store_true")
+    ap.add_argument("--min-replicas-ack", type=int, default=0)
     args = ap.parse_args()
 
     prefix = f"compactd-bench-{uuid.uuid4().hex[:8]}:"
-    redis_store = await RedisStore.open(args.redis, timeout_ms=2000, pool_size=50, prefix=prefix)
+    redis_store = await RedisStore.open(
+        args.redis,
+        timeout_ms=2000,
+        pool_size=50,
+        prefix=prefix,
+        min_replicas_ack=args.min_replicas_ack,
+    )
     try:
         # The floor on this machine right now: one bare GET round trip, no store code.
         raw = redis_store._client
