@@ -24,6 +24,7 @@ from typing import Any
 from proxy import rewrite
 from proxy.bodycache import BodyCache
 from proxy.budget import Budget, ModelTable, compute_budget, requested_output
+from proxy.calibration import Calibration
 from proxy.checkpoint import (
     CompactionError,
     compaction_for,
@@ -33,7 +34,8 @@ from proxy.checkpoint import (
     worth_it,
 )
 from proxy.config import PolicySettings, Settings
-from proxy.decision import REWRITTEN, Action, ChatRequest, Outcome, read_request
+from proxy.decision import CHAT, REWRITTEN, Action, ChatRequest, Dialect, Outcome, read_request
+from proxy.dialects.native import Counting
 from proxy.digest import prefix_digests
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
@@ -65,7 +67,7 @@ CompleterFactory = Callable[[str | None], Completer]
 
 
 def compression_config(
-    policy: PolicySettings, *, counter: TokenCounter, fixed: int, limit: int, budget: int
+    policy: PolicySettings, *, counter: Counting, fixed: int, limit: int, budget: int
 ) -> CompressionConfig:
     """What a policy tells its providers (the proxy and `compactd compress` share this).
 
@@ -88,7 +90,7 @@ class _Counted:
     """The request's figures under its policy (and the learned window, on a retry)."""
 
     budget: Budget
-    counter: TokenCounter
+    counter: Counting
     fixed: int
     tokens: int
 
@@ -129,6 +131,7 @@ class Compactor:
         tenancy: Tenancy,
         completer: CompleterFactory | None = None,
         windows: LearnedWindows | None = None,
+        calibration: Calibration | None = None,
     ) -> None:
         self.settings = settings
         self.tokenizers = tokenizers
@@ -141,13 +144,17 @@ class Compactor:
         self.windows = windows
         self.request_stream_usage = settings.accounting.request_stream_usage
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
+        self.calibration = calibration
+        self._counters: dict[tuple[str, str], Counting] = {}
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
 
-    def read(self, raw: bytes, headers: Sequence[tuple[bytes, bytes]]) -> ChatRequest:
+    def read(
+        self, raw: bytes, headers: Sequence[tuple[bytes, bytes]], dialect: Dialect = CHAT
+    ) -> ChatRequest:
         """The request value for these bytes and the client's headers (tenant from their key)."""
-        return read_request(raw, headers, self.tenancy, parse=self.bodies.parse)
+        return read_request(raw, headers, self.tenancy, dialect, parse=self.bodies.parse)
 
     async def decide(self, request: ChatRequest, *, window: int | None = None) -> Outcome:
         """What to forward. Never raises: a failure forwards the original bytes.
@@ -247,11 +254,19 @@ class Compactor:
         elif self.windows is not None:
             info = self.windows.apply(request.model, info)
         budget = compute_budget(info, request.body, policy, self.settings.tokens.safety_margin)
-        counter = self.tokenizers.for_model(info)
-        fixed = request.dialect.fixed_tokens(counter, request.body)
-        counted = await self.bodies.count(  # a known history: only its new messages
-            request.messages, counter, in_thread=len(request.raw) > COUNT_IN_THREAD_BYTES
-        )
+        base = self.tokenizers.for_model(info)
+        counter = self._counter(request.dialect, base)
+        fixed = request.dialect.fixed_tokens(base, request.body)
+        in_thread = len(request.raw) > COUNT_IN_THREAD_BYTES
+        if self.calibration is not None:
+            # An API whose tokenizer is not public: the budget in our estimate's units.
+            budget = self.calibration.budget(request.dialect.name, request.model, budget)
+        if request.dialect is CHAT:  # a known history: only its new messages
+            counted = await self.bodies.count(request.messages, base, in_thread=in_thread)
+        elif in_thread:
+            counted = await asyncio.to_thread(counter.count_messages, request.messages)
+        else:
+            counted = counter.count_messages(request.messages)
         return _Counted(budget, counter, fixed, fixed + counted)
 
     async def _compact(
@@ -264,7 +279,12 @@ class Compactor:
             "tokens_before": counted.tokens,
             "tokens_after": counted.tokens,
         }
-        if policy.mode == "off" or (counted.tokens <= counted.budget.trigger and not forced):
+        if policy.mode == "off":
+            return self._outcome(request, "passthrough", **figures)
+        if request.dialect.history_elsewhere(request.body):
+            # The history is on the server: only what is sent can be counted, none compacted.
+            return self._outcome(request, "server-history", **figures)
+        if counted.tokens <= counted.budget.trigger and not forced:
             return self._outcome(request, "passthrough", **figures)
         if request.tenant is None:
             # No credential, no tenant to keep originals under: never compacted, never stored.
@@ -315,7 +335,12 @@ class Compactor:
         chain_input = candidate if base is not None else messages
         config = self._config(request, tenant, counted, policy)
         t0 = time.perf_counter()
-        outcome = await run_chain(chain_input, self._chains[policy.name], config)
+        outcome = await run_chain(
+            chain_input,
+            self._chains[policy.name],
+            config,
+            check=request.dialect.problems if request.dialect is not CHAT else None,
+        )
         self.metrics.observe_compaction(
             policy=policy.name,
             providers="+".join(outcome.providers) or "none",
@@ -412,6 +437,14 @@ class Compactor:
         finally:
             self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
 
+    def _counter(self, dialect: Dialect, base: TokenCounter) -> Counting:
+        """One counter per API and encoding for the process (each keeps its own cache)."""
+        key = (dialect.name, base.encoding_name)
+        found = self._counters.get(key)
+        if found is None:
+            found = self._counters[key] = dialect.counter(base)
+        return found
+
     def _config(
         self, request: ChatRequest, tenant: str, counted: _Counted, policy: PolicySettings
     ) -> CompressionConfig:
@@ -481,7 +514,12 @@ class Compactor:
             self.metrics.passthrough_bytes_changed(max(1, abs(len(content) - len(request.raw))))
             content = request.raw
         injected = False
-        if self.request_stream_usage and action != "bypass" and request.body is not None:
+        if (
+            self.request_stream_usage
+            and request.dialect.stream_usage_option
+            and action != "bypass"
+            and request.body is not None
+        ):
             spliced = rewrite.with_include_usage(content, request.body)
             if spliced is not None:
                 content, injected = spliced, True

@@ -6,9 +6,9 @@ exact bytes to send, counts, providers, error). Both are immutable: a retry afte
 error decides again from the same request, with the window the upstream reported.
 
 A `Dialect` maps an API's request body to the chat messages compaction works on (its units) and
-back. Chat Completions is the one implemented; an adapter for another API (the Responses API's
-items, Anthropic's content blocks) maps its items to chat messages and its own body back, and the
-decision (replay, chain, store, fail-open) stays the same.
+back. Chat Completions is the identity; the Responses API's items and Anthropic's content blocks
+are projected by the adapters in `proxy.dialects`, and the decision (replay, chain, store,
+fail-open) stays the same for all three.
 """
 
 from __future__ import annotations
@@ -23,13 +23,17 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from proxy import rewrite
+from proxy.dialects.native import Counting
 from proxy.digest import conversation_id, message_digest
+from proxy.providers.base import CompactionResult
 from proxy.store.base import valid_id
 from proxy.tenant import Identity, Tenancy, raw_header_map
 from proxy.tokens import TokenCounter
 
 Message = dict[str, Any]
-Action = Literal["passthrough", "replayed", "compacted", "bypass", "shadow", "error"]
+Action = Literal[
+    "passthrough", "replayed", "compacted", "bypass", "shadow", "error", "server-history"
+]
 REWRITTEN: frozenset[str] = frozenset({"replayed", "compacted"})
 """Actions whose bytes are ours; every other action sends the client's own bytes."""
 
@@ -47,11 +51,25 @@ class Dialect(Protocol):
     def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
         """The body's messages as chat messages, or None if it has none we can work on."""
 
+    @property
+    def stream_usage_option(self) -> bool:
+        """Whether streaming usage must be asked for (`stream_options.include_usage`)."""
+
     def fixed_tokens(self, counter: TokenCounter, body: Mapping[str, Any]) -> int:
         """What the request costs besides its messages (tool schemas, response format)."""
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
         """The request's bytes with its messages replaced (see `proxy.rewrite.with_messages`)."""
+
+    def history_elsewhere(self, body: Mapping[str, Any]) -> bool:
+        """Whether the request continues history the server keeps (it is then never compacted:
+        what is not in the request cannot be counted or kept)."""
+
+    def counter(self, base: TokenCounter) -> Counting:
+        """The counter for this API's messages, built on the model's chat counter."""
+
+    def problems(self, original: Sequence[Message], result: CompactionResult) -> list[str]:
+        """Invariants of this API a provider's result breaks (besides the chat validator's)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +77,7 @@ class ChatCompletions:
     """`POST /v1/chat/completions`: the messages are the body's `messages`, as they are."""
 
     name: str = "chat.completions"
+    stream_usage_option: bool = True
 
     def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
         """The `messages` list, if every item is an object (else the upstream judges it)."""
@@ -74,6 +93,20 @@ class ChatCompletions:
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
         """Only `messages` replaced; see `proxy.rewrite.with_messages`."""
         return rewrite.with_messages(body, messages)
+
+    def history_elsewhere(self, body: Mapping[str, Any]) -> bool:
+        """Chat requests carry their whole history."""
+        del body
+        return False
+
+    def counter(self, base: TokenCounter) -> Counting:
+        """The chat counter itself."""
+        return base
+
+    def problems(self, original: Sequence[Message], result: CompactionResult) -> list[str]:
+        """None beyond the chat validator's."""
+        del original, result
+        return []
 
 
 CHAT = ChatCompletions()

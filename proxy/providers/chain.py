@@ -28,6 +28,8 @@ from proxy.providers.validate import check_result
 log = logging.getLogger(__name__)
 
 RunSync = Callable[..., Awaitable[Any]]
+Check = Callable[[Sequence[Message], CompactionResult], list[str]]
+"""Extra invariants a result must keep (an API adapter's), on top of `check_result`."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,10 @@ async def run_chain(
     config: CompressionConfig,
     *,
     run_sync: RunSync = asyncio.to_thread,
+    check: Check | None = None,
 ) -> ChainOutcome:
-    """Run `providers` in order on `messages` until the request costs at most `config.limit`."""
+    """Run `providers` in order on `messages` until the request costs at most `config.limit`;
+    a result that breaks `check_result` (or `check`, if given) is discarded."""
     tokens_before = config.count_tokens(messages)
     current, tokens = messages, tokens_before
     verbatim: dict[str, list[Message]] = {}
@@ -99,6 +103,8 @@ async def run_chain(
             problems = await run_sync(
                 functools.partial(check_result, check_budget=False), current, result, config
             )
+            if not problems and check is not None:
+                problems = await run_sync(check, current, result)
         except (AttributeError, TypeError, KeyError, ValueError) as exc:  # malformed output
             problems = [f"result could not be validated: {type(exc).__name__}: {exc}"]
         if problems:

@@ -1,0 +1,146 @@
+"""What the Responses and Messages adapters share: the `Dialect` methods over a projection.
+
+An adapter is built from its API's functions: how the body is projected (`project`), what items
+cost beyond their projection (`cost`), which message is the turn a pending tool result continues
+(`pending`), what the request costs besides its history (`fixed`) and how projected messages go
+back into its field (`emit`); the rest is the same for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.dialects.breakpoints import Breakpoints, Place
+from proxy.dialects.native import (
+    Marks,
+    Message,
+    NativeCounter,
+    is_unchanged,
+    match_originals,
+    native,
+    native_problems,
+    opaque_tokens,
+)
+from proxy.providers.base import CompactionResult
+from proxy.tokens import TokenCounter
+
+Projector = Callable[[Mapping[str, Any]], "tuple[list[Message], Marks] | None"]
+Emitter = Callable[[Mapping[str, Any], Sequence[Message]], list[Any]]
+
+
+def _never(body: Mapping[str, Any]) -> bool:
+    del body
+    return False
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A `proxy.decision.Dialect` for an API whose items are projected onto chat messages."""
+
+    name: str
+    field: str
+    """The body field that holds the history (`input`, `messages`)."""
+    project: Projector
+    """The projected history and the client's breakpoints, or None."""
+    cost: Callable[[TokenCounter, Any], int]
+    """What a projected message's items cost beyond its projection."""
+    pending: Callable[[Sequence[Message]], int | None]
+    """The projected assistant message a pending tool result continues, if any."""
+    fixed: Callable[[TokenCounter, Mapping[str, Any]], int]
+    """What the request costs besides its history (instructions or system, tools)."""
+    emit: Emitter
+    """The field's new value for projected messages (with the request's body, for its
+    breakpoints and originals; an empty body for a restore)."""
+    history: Callable[[Mapping[str, Any]], bool] = _never
+    """Whether the request continues history the server keeps."""
+    stream_usage_option: bool = False
+
+    def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
+        """The projected history, or None if the body has none we can work on."""
+        projected = self.project(body)
+        return None if projected is None else projected[0]
+
+    def history_elsewhere(self, body: Mapping[str, Any]) -> bool:
+        """See `history`."""
+        return self.history(body)
+
+    def fixed_tokens(self, counter: TokenCounter, body: Mapping[str, Any]) -> int:
+        """See `fixed`."""
+        return self.fixed(counter, body)
+
+    def counter(self, base: TokenCounter) -> NativeCounter:
+        """Counts projections plus what only their items carry."""
+        return NativeCounter(base, self.cost)
+
+    def problems(self, original: Sequence[Message], result: CompactionResult) -> list[str]:
+        """The pending turn and native-item invariants (see `native_problems`)."""
+        return native_problems(original, result.messages, result.verbatim, self.pending(original))
+
+    def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
+        """The request with only its history field rebuilt from these projected messages."""
+        new = dict(body)
+        new[self.field] = self.emit(body, messages)
+        return orjson.dumps(new)
+
+    def to_native(self, messages: Sequence[Message]) -> list[Any]:
+        """Projected messages (restored originals, say) in the API's own shape."""
+        return self.emit({}, messages)
+
+
+@dataclass(frozen=True)
+class Way:
+    """How one API's projected messages go back (see `emit_all`)."""
+
+    project: Projector
+    project_native: Callable[[Any], Message | None]
+    items: Callable[[Any], list[Any]]
+    """The native items of an unchanged projection, as a fresh list."""
+    rebuild: Callable[[Message, Any], list[Any]]
+    """The native items of a projection a provider rewrote."""
+    stand_in: Callable[[Message], list[Any]]
+    """The native items of a stand-in compactd made."""
+    mark: str
+    default_ttl: int
+    place: Place
+
+
+def emit_all(
+    way: Way, body: Mapping[str, Any], messages: Sequence[Message]
+) -> list[tuple[Message, list[Any]]]:
+    """Every sent message with the native items it goes back as, breakpoints put back (and the
+    last lost one moved, see `Breakpoints`) against the request's own projection."""
+    projected = way.project(body) if body else None
+    current, marks = projected if projected is not None else ([], Marks(way.mark))
+    breakpoints = Breakpoints(marks, default_ttl=way.default_ttl, place=way.place)
+    out: list[tuple[Message, list[Any]]] = []
+    for sent in match_originals(messages, current):
+        m = sent.message
+        nat = native(m)
+        if nat is None:
+            items = way.stand_in(m)
+        elif sent.original is not None or is_unchanged(m, way.project_native):
+            items = way.items(nat)
+        else:
+            items = way.rebuild(m, nat)
+        breakpoints.add(sent.original, items)
+        out.append((m, items))
+    breakpoints.apply()
+    return out
+
+
+def tools_tokens(
+    counter: TokenCounter, tools: Any, to_chat: Callable[[Mapping[str, Any]], Message | None]
+) -> int:
+    """An API's tool list: client functions by the chat tool-schema rules (`to_chat` gives the
+    chat shape), built-in and server tools by their text."""
+    if not isinstance(tools, list) or not tools:
+        return 0
+    shaped = [(t, to_chat(t)) for t in tools if isinstance(t, Mapping)]
+    functions = [chat for _, chat in shaped if chat is not None]
+    return counter.count_tools({"tools": functions}) + sum(
+        opaque_tokens(counter, t) for t, chat in shaped if chat is None
+    )
