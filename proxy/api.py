@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.dialects import restore
 from proxy.errors import (
     BodyTooLargeError,
     InvalidRequestError,
@@ -181,12 +182,11 @@ async def uncompress(request: Request) -> Response:
     raw = await _bounded_body(request, services.settings.server.max_api_body_bytes)
     try:
         body = orjson.loads(raw)
-        messages = body["messages"]
+        # Each API's own shape in and out (proxy.dialects.restore); chat messages by default.
+        api, messages = restore.read(body)
         recursive = bool(body.get("recursive", False))
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise TypeError  # noqa: TRY301
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return _error(InvalidRequestError('Body must be {"messages": [...], "recursive": bool}.'))
+    except (orjson.JSONDecodeError, TypeError):
+        return _error(InvalidRequestError(restore.USAGE))
     store = services.store
     # The admin key restores any tenant's messages: each id is looked for in every tenant's data.
     tenants = [tenant] if tenant is not None else await _tenants(store)
@@ -203,7 +203,7 @@ async def uncompress(request: Request) -> Response:
     result = await uncompress_async(messages, lookup, recursive=recursive)
     return _Json(
         {
-            "messages": result.messages,
+            **restore.write(api, result.messages),
             "messages_expanded": result.messages_expanded,
             "messages_passthrough": result.messages_passthrough,
             "missing_ids": list(result.missing_ids),

@@ -110,21 +110,27 @@ def create_app(
         # the whole switch interval before the event loop gets it back. 2 ms instead of 5 keeps
         # the loop's longest wait during a compaction of a 1M-token history under ~7 ms.
         sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL))
+        up = settings.upstream
+        allowed = frozenset(k.strip().lower() for k in up.allowed_keys)
         app.handler = Handler(
             upstream=services.upstream,
             compactor=services.compactor,
             store=services.store,
             metrics=services.metrics,
-            gate=Gate(
-                tenancy=services.tenancy,
-                upstream_key=settings.upstream.api_key,
-                allowed=frozenset(k.strip().lower() for k in settings.upstream.allowed_keys),
-            ),
+            gate=Gate(tenancy=services.tenancy, upstream_key=up.api_key, allowed=allowed),
             max_body=settings.server.max_body_bytes,
             accountant=services.accountant,
             strip_usage_null=settings.accounting.strip_usage_null,
             max_sse_event_bytes=settings.accounting.max_sse_event_bytes,
             retry_context_errors=settings.upstream.retry_context_errors,
+            anthropic=services.anthropic,
+            # Upstream-key mode for Anthropic only with an Anthropic key: else clients' own.
+            anthropic_gate=Gate(
+                tenancy=services.tenancy,
+                upstream_key=up.anthropic_api_key,
+                allowed=allowed,
+                key_header="x-api-key",
+            ),
         )
         try:
             yield

@@ -14,6 +14,7 @@ the same request with that window (never in shadow mode or on bypass).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
+DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 
 Mode = Literal["enforce", "shadow", "off"]
 StoreErrorMode = Literal["forward-original", "compact-unstored"]
@@ -87,9 +88,16 @@ class UpstreamSettings:
     allowed_keys: tuple[str, ...] = ()
     retry_context_errors: bool = True
     max_response_header_bytes: int = 16 * 1024
+    anthropic_url: str = DEFAULT_ANTHROPIC_UPSTREAM
+    anthropic_api_key: str = ""
 
     def validate(self, p: str) -> None:
         _check(self.url.startswith(("http://", "https://")), f"{p}.url", "must be an http(s) URL")
+        _check(
+            self.anthropic_url.startswith(("http://", "https://")),
+            f"{p}.anthropic_url",
+            "must be an http(s) URL (without /v1: https://api.anthropic.com)",
+        )
         _check(self.connect_timeout > 0, f"{p}.connect_timeout", "must be > 0")
         _check(self.read_timeout >= 0, f"{p}.read_timeout", "must be >= 0 (0 = no limit)")
         _check(self.max_connections > 0, f"{p}.max_connections", "must be > 0")

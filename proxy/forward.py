@@ -30,6 +30,8 @@ log = logging.getLogger("compactd.forward")
 
 
 CHAT_PATH = b"/chat/completions"
+COMPACTED_PATHS = frozenset({CHAT_PATH, b"/responses", b"/messages"})
+"""The routes whose requests are compacted (proxy.dialects.apis): never reachable by spelling."""
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(string.ascii_letters.encode() + string.digits.encode() + b"-._~")
 
@@ -39,14 +41,15 @@ def route(sub_path: bytes) -> bytes:
 
     Percent-encoded unreserved characters are the characters themselves (RFC 3986 §6.2.2.2), and
     empty segments and a trailing slash are dropped, as most servers do: `/chat/%63ompletions`
-    and `/chat/completions/` are the chat route, with compaction, policy and accounting, not a
-    way around them. A path that only names a route once its slashes are decoded is refused.
+    and `/chat/completions/` are the chat route (`/responses/` that of the Responses API), with
+    compaction, policy and accounting, not a way around them. A path that only names a compacted
+    route once its slashes are decoded is refused.
     """
-    if sub_path == CHAT_PATH:
-        return CHAT_PATH
+    if sub_path in COMPACTED_PATHS:
+        return sub_path
     plain = _PERCENT.sub(_unreserved, sub_path)
     named = b"/" + b"/".join(s for s in plain.split(b"/") if s)
-    if named != CHAT_PATH and _squashed(_decoded(sub_path)) == CHAT_PATH:
+    if named not in COMPACTED_PATHS and _squashed(_decoded(sub_path)) in COMPACTED_PATHS:
         raise BadPathError("Invalid request path.")
     return named
 
@@ -238,13 +241,15 @@ async def relay(
     flush: Callable[[], bytes] | None = None,
     *,
     body: AsyncIterator[bytes] | None = None,
+    error_event: bytes | None = None,
 ) -> RelayResult:
     """Stream the upstream response to the client as it arrives; always closes the upstream.
 
     `body`: the response's chunks when the caller already started reading them (see `peek`).
 
     A failure after the headers went out cannot change the status: an SSE stream ends with an
-    `error` event (never a fake `[DONE]`, which would make a truncated answer look complete);
+    `error` event (never a fake `[DONE]`, which would make a truncated answer look complete;
+    `error_event` in the API's own shape, OpenAI's by default);
     any other body is cut off by raising, so the client sees a broken connection, not a short body.
     """
     raw = response_headers(response.headers.raw)
@@ -273,7 +278,8 @@ async def relay(
         await send(
             {
                 "type": "http.response.body",
-                "body": sse_error_event("The upstream connection failed mid-stream."),
+                "body": error_event
+                or sse_error_event("The upstream connection failed mid-stream."),
                 "more_body": True,
             }
         )

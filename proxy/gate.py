@@ -16,6 +16,9 @@ class Gate:
     tenancy: Tenancy
     upstream_key: str
     allowed: frozenset[str]
+    key_header: str = "authorization"
+    """How the upstream key is sent: `Authorization: Bearer <key>`, or the key as the value of
+    another header (`x-api-key` for Anthropic)."""
 
     def authorize(self, headers: RawHeaders) -> RawHeaders:
         """Swap the client's credential for the upstream key, or raise 401 if not admitted."""
@@ -25,4 +28,7 @@ class Gate:
         if found is None or key_fingerprint(self.tenancy.secret, found) not in self.allowed:
             raise UnauthorizedError("This API key is not admitted by the gateway.")
         kept = self.tenancy.without_credentials(headers)
-        return [*kept, (b"authorization", b"Bearer " + self.upstream_key.encode())]
+        key = self.upstream_key.encode()
+        if self.key_header == "authorization":
+            return [*kept, (b"authorization", b"Bearer " + key)]
+        return [*kept, (self.key_header.encode(), key)]

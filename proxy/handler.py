@@ -17,14 +17,15 @@ from proxy.asgi import (
     ClientDisconnectedError,
     content_length,
     read_body,
-    send_error,
     until_disconnect,
 )
 from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
-from proxy.decision import ChatRequest, Outcome
+from proxy.decision import REWRITTEN, ChatRequest, Outcome
+from proxy.dialects.apis import Api, compacted_api, is_anthropic
+from proxy.dialects.errors import anthropic_sse_error, send_api_error
 from proxy.errors import BodyTooLargeError, ProxyError
-from proxy.forward import CHAT_PATH, Upstream, is_event_stream, peek, relay, route
+from proxy.forward import Upstream, is_event_stream, peek, relay, route
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
 from proxy.logs import log_request, request_log
@@ -72,6 +73,9 @@ class Handler:
     strip_usage_null: bool = True
     max_sse_event_bytes: int = MAX_EVENT_BYTES
     retry_context_errors: bool = True
+    anthropic: Upstream | None = None
+    """The upstream for Anthropic's paths (`upstream.anthropic_url`); None: `upstream`."""
+    anthropic_gate: Gate | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -88,22 +92,28 @@ class Handler:
         except ProxyError as exc:
             if started:
                 raise
-            await send_error(send, exc, [])
+            anthropic = is_anthropic(_sub_path(scope), scope["headers"])
+            await send_api_error(send, exc, [], anthropic=anthropic)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
-        sub_path = raw_path[len(b"/v1") :]
+        sub_path = _sub_path(scope)
+        named = route(sub_path)
+        anthropic = is_anthropic(named, scope["headers"])
+        upstream = self.anthropic if anthropic and self.anthropic is not None else self.upstream
+        gate = self.anthropic_gate if anthropic and self.anthropic_gate is not None else self.gate
         method: str = scope["method"]
         query = scope.get("query_string", b"")
-        if method == "POST" and route(sub_path) == CHAT_PATH:
-            # However the client spelled the path, the chat route goes to the canonical URL.
-            await self._chat(scope, receive, send, self.upstream.url(CHAT_PATH, query))
+        api = compacted_api(method, named)
+        if api is not None:
+            # However the client spelled the path, a compacted route goes to its canonical URL.
+            route_to = _Route(api, upstream, gate)
+            await self._chat(scope, receive, send, upstream.url(named, query), route_to)
             return
-        url = self.upstream.url(sub_path, query)
+        url = upstream.url(sub_path, query)
         declared = content_length(scope)
         if declared is not None and declared > self.max_body:
             raise BodyTooLargeError(f"Request body exceeds the limit of {self.max_body} bytes.")
-        headers = self.gate.authorize(list(scope["headers"]))
+        headers = gate.authorize(list(scope["headers"]))
         stream = BodyStream(receive, self.max_body)
         has_body = declared not in (None, 0) or any(k == b"transfer-encoding" for k, _ in headers)
         headers = request_headers(headers, keep_length=has_body)
@@ -112,8 +122,8 @@ class Handler:
             stream.done.set()
 
         async def exchange() -> None:
-            response = await self.upstream.send(method, url, headers, content)
-            await relay(send, response, [])
+            response = await upstream.send(method, url, headers, content)
+            await relay(send, response, [], error_event=_error_event(anthropic))
 
         try:
             await until_disconnect(exchange(), receive, stream.done)
@@ -122,15 +132,38 @@ class Handler:
                 raise stream.error from None
             raise
 
-    async def _chat(self, scope: Scope, receive: Receive, send: Send, url: httpx.URL) -> None:
+    async def _chat(
+        self, scope: Scope, receive: Receive, send: Send, url: httpx.URL, route: _Route
+    ) -> None:
         raw = await read_body(receive, self.max_body, content_length(scope))
-        headers = self.gate.authorize(list(scope["headers"]))
+        headers = route.gate.authorize(list(scope["headers"]))
         # The request value is read once, from the client's own headers (its key is its tenant).
-        request = self.compactor.read(raw, scope["headers"])
+        request = self.compactor.read(raw, scope["headers"], route.api.dialect)
         outcome = await self.compactor.decide(request)
-        exchange = _ChatExchange(self, send, url, headers=headers, request=request, outcome=outcome)
+        exchange = _ChatExchange(
+            self, send, url, headers=headers, request=request, outcome=outcome, route=route
+        )
         cancelled = await until_disconnect(exchange.run(), receive)
         exchange.finish(cancelled=cancelled)
+
+
+@dataclass(frozen=True)
+class _Route:
+    """Where a compacted request goes and in which API's shapes it is answered."""
+
+    api: Api
+    upstream: Upstream
+    gate: Gate
+
+
+def _sub_path(scope: Scope) -> bytes:
+    raw_path: bytes = scope.get("raw_path") or scope["path"].encode()
+    return raw_path[len(b"/v1") :]
+
+
+def _error_event(anthropic: bool) -> bytes | None:
+    """The event ending a stream that fails mid-way, in the API's shape (None: OpenAI's)."""
+    return anthropic_sse_error("The upstream connection failed mid-stream.") if anthropic else None
 
 
 class _ChatExchange:
@@ -145,8 +178,10 @@ class _ChatExchange:
         headers: RawHeaders,
         request: ChatRequest,
         outcome: Outcome,
+        route: _Route,
     ) -> None:
         self.h = handler
+        self.route = route
         self.send = send
         self.url = url
         self.client_headers = headers
@@ -173,7 +208,8 @@ class _ChatExchange:
         except ProxyError as exc:
             # Nothing reached the client yet: our own error still carries our headers.
             self.status, self.error = exc.status, exc.message
-            await send_error(self.send, exc, self._our_headers())
+            anthropic = self.route.api.anthropic
+            await send_api_error(self.send, exc, self._our_headers(), anthropic=anthropic)
             return
         await self._relay(response)
 
@@ -181,7 +217,7 @@ class _ChatExchange:
         self.overhead = time.perf_counter() - self.request.started
         headers = upstream_headers(self.client_headers, injected_usage=outcome.injected_usage)
         t0 = time.perf_counter()
-        response = await self.h.upstream.send("POST", self.url, headers, outcome.content)
+        response = await self.route.upstream.send("POST", self.url, headers, outcome.content)
         self.ttfb = time.perf_counter() - t0
         self.status = response.status_code
         self.h.metrics.observe_upstream(response.status_code, self.ttfb)
@@ -211,31 +247,54 @@ class _ChatExchange:
         raw = response.headers.raw
         encoding = (header(raw, b"content-encoding") or b"").decode("latin-1")
         tap: SSEUsageTap | _Copy | None = None
+        read = self.route.api.read_usage
         if self.outcome.injected_usage and is_event_stream(raw) and not encoding:
             tap = SSEUsageTap(
                 strip_usage_chunk=True,
                 strip_usage_null=self.h.strip_usage_null,
                 max_event_bytes=self.h.max_sse_event_bytes,
             )
-        elif self.h.accountant is not None:
+        elif self.h.accountant is not None or self._calibrated():
             tap = (
-                SSEUsageTap(content_encoding=encoding, max_event_bytes=self.h.max_sse_event_bytes)
+                SSEUsageTap(
+                    content_encoding=encoding, max_event_bytes=self.h.max_sse_event_bytes, read=read
+                )
                 if is_event_stream(raw)
                 else _Copy(JSON_USAGE_LIMIT)
             )
         flush = tap.close if isinstance(tap, SSEUsageTap) else None
         result = await relay(
-            self.send, response, self._our_headers(), tap.feed if tap else None, flush, body=body
+            self.send,
+            response,
+            self._our_headers(),
+            tap.feed if tap else None,
+            flush,
+            body=body,
+            error_event=_error_event(self.route.api.anthropic),
         )
         self.error = self.error or result.error
         if isinstance(tap, SSEUsageTap):
             self.usage = tap.usage
         elif isinstance(tap, _Copy) and tap.size <= tap.limit:
-            self.usage = usage_from_json(b"".join(tap.chunks), encoding)
+            self.usage = usage_from_json(b"".join(tap.chunks), encoding, read)
+
+    def _calibrate(self, usage: Usage) -> None:
+        """Teach the calibration what the upstream counted for what we estimated we sent."""
+        calibration, out = self.h.compactor.calibration, self.outcome
+        if calibration is None or out.action == "server-history":
+            return  # the upstream counted history the request does not carry
+        sent = out.tokens_after if out.action in REWRITTEN else out.tokens_before
+        if sent:
+            calibration.observe(self.route.api.name, self.request.model, sent, usage.prompt_tokens)
+
+    def _calibrated(self) -> bool:
+        calibration = self.h.compactor.calibration
+        return calibration is not None and self.route.api.name in calibration.apis
 
     def _our_headers(self) -> RawHeaders:
         values = self.outcome.headers()
         values["overhead-ms"] = f"{self.overhead * 1000:.3f}"
+        values["api"] = self.route.api.name
         if self.outcome.retried:
             values["retried"] = "context-length"
         return compactd_headers(values)
@@ -283,6 +342,8 @@ class _ChatExchange:
         # Only requests the upstream accepted: a client with a made-up key or model name must
         # not be able to create rows that live for months.
         accepted = self.status is not None and 200 <= self.status < 300
+        if accepted and self.usage is not None:
+            self._calibrate(self.usage)
         if self.h.accountant is not None and req.body is not None and accepted:
             self.h.accountant.add(
                 UsageRecord(

@@ -14,6 +14,7 @@ import orjson
 
 from proxy.accounting import Accountant
 from proxy.budget import ModelTable
+from proxy.calibration import Calibration
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
@@ -42,6 +43,9 @@ class Services:
     secret: bytes
     tenancy: Tenancy
     upstream: Upstream
+    anthropic: Upstream
+    """`upstream.anthropic_url` + /v1, on the same connection pool as `upstream`."""
+    calibration: Calibration
     store: Store
     tokenizers: Tokenizers
     models: ModelTable
@@ -130,6 +134,8 @@ async def build_services(
         Path(settings.tokens.models_file) if settings.tokens.models_file else None
     )
     upstream = Upstream(transport, up.url, timeouts)
+    anthropic = Upstream(transport, up.anthropic_url.rstrip("/") + "/v1", timeouts)
+    calibration = Calibration()
     tokenizers = await asyncio.to_thread(Tokenizers, None, settings.tokens.cache_size)
     if store is None:
         store = await open_store(settings.store, directory)
@@ -149,6 +155,7 @@ async def build_services(
         tenancy=tenancy,
         completer=completer_factory(upstream, up.api_key),
         windows=windows,
+        calibration=calibration,
     )
     accountant = None
     if settings.accounting.enabled:
@@ -166,6 +173,8 @@ async def build_services(
         secret=secret,
         tenancy=tenancy,
         upstream=upstream,
+        anthropic=anthropic,
+        calibration=calibration,
         store=store,
         tokenizers=tokenizers,
         models=models,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,24 +36,35 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0
     """`prompt_tokens_details.cached_tokens`: the part of the prompt read from the prompt cache."""
+    cache_write_tokens: int = 0
+    """The part of the prompt written to the prompt cache (Anthropic bills it above input)."""
+
+
+UsageReader = Callable[[object, "Usage | None"], "Usage | None"]
+"""The usage one parsed event (or body) carries, given what the stream carried before; None if
+it carries none. Each API reads its own shape (`proxy.dialects.usage`)."""
 
 
 def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def usage_of(obj: object) -> Usage | None:
-    """The `usage` of a parsed response or chunk, or None if it carries none."""
+def usage_of(
+    obj: object, prompt: str = "prompt_tokens", completion: str = "completion_tokens"
+) -> Usage | None:
+    """The `usage` of a parsed response or chunk, or None if it carries none (`prompt` and
+    `completion` name its counters, `input_tokens` and `output_tokens` in the Responses API;
+    the cached part is in `<prompt>_details`)."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
-    details = usage.get("prompt_tokens_details")
+    details = usage.get(f"{prompt}_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else 0
     return Usage(
-        prompt_tokens=_count(usage.get("prompt_tokens")),
-        completion_tokens=_count(usage.get("completion_tokens")),
+        prompt_tokens=_count(usage.get(prompt)),
+        completion_tokens=_count(usage.get(completion)),
         cached_tokens=_count(cached),
     )
 
@@ -66,7 +78,15 @@ def _decoder(content_encoding: str) -> Any:
     raise ValueError(f"cannot read usage through content-encoding {content_encoding!r}")
 
 
-def usage_from_json(body: bytes, content_encoding: str = "") -> Usage | None:
+def chat_usage(obj: object, previous: Usage | None) -> Usage | None:
+    """Chat Completions: the `usage` of a response or of the usage chunk."""
+    del previous
+    return usage_of(obj)
+
+
+def usage_from_json(
+    body: bytes, content_encoding: str = "", read: UsageReader = chat_usage
+) -> Usage | None:
     """The `usage` of a complete JSON response body (gzip/deflate decoded), or None."""
     try:
         decoder = _decoder(content_encoding)
@@ -80,7 +100,7 @@ def usage_from_json(body: bytes, content_encoding: str = "") -> Usage | None:
     if _USAGE_KEY not in body:
         return None
     try:
-        return usage_of(orjson.loads(body))
+        return read(orjson.loads(body), None)
     except orjson.JSONDecodeError:
         return None
 
@@ -112,10 +132,12 @@ class SSEUsageTap:
         strip_usage_null: bool = False,
         content_encoding: str = "",
         max_event_bytes: int = MAX_EVENT_BYTES,
+        read: UsageReader = chat_usage,
     ) -> None:
         if strip_usage_chunk and content_encoding.strip().lower() not in ("", "identity"):
             raise ValueError("cannot strip a chunk from a compressed stream; ask for identity")
         self._strip = strip_usage_chunk
+        self._read = read
         self._strip_null = strip_usage_chunk and strip_usage_null
         readable = True
         try:
@@ -235,7 +257,7 @@ class SSEUsageTap:
             obj = orjson.loads(data)
         except orjson.JSONDecodeError:
             return True
-        usage = usage_of(obj)
+        usage = self._read(obj, self.usage)
         if usage is None:
             return True
         self.usage = usage

@@ -1,0 +1,48 @@
+"""Restore in each API's own shape: `POST /compactd/v1/uncompress` with an `api`.
+
+`{"messages": [...]}` restores chat messages (as ever). `{"api": "responses", "input": [...]}`
+and `{"api": "messages", "messages": [...]}` take what was forwarded in that API's shape (the
+stand-ins and rewrites compactd made among the client's own items), project it, expand every
+reference from the store, and give back the API's own items: the originals exactly as the
+client sent them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.dialects.messages import MESSAGES
+from proxy.dialects.responses import RESPONSES
+
+Message = dict[str, Any]
+_FIELDS = {"responses": "input", "messages": "messages"}
+USAGE = 'Body must be {"messages": [...]} or {"api": "responses"|"messages", ...}.'
+
+
+def read(body: Any) -> tuple[str, list[Message]]:
+    """(api, the chat messages to expand) of an uncompress body; TypeError if malformed."""
+    if not isinstance(body, Mapping):
+        raise TypeError(USAGE)
+    api = body.get("api", "chat.completions")
+    if api == "chat.completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise TypeError(USAGE)
+        return api, messages
+    if api not in _FIELDS or not isinstance(body.get(_FIELDS[api]), list):
+        raise TypeError(USAGE)
+    dialect = RESPONSES if api == "responses" else MESSAGES
+    projected = dialect.messages({_FIELDS[api]: body[_FIELDS[api]]})
+    if projected is None:
+        raise TypeError(USAGE)
+    return api, projected
+
+
+def write(api: str, messages: list[Message]) -> dict[str, Any]:
+    """The restored messages under the API's own key, in its own shape."""
+    if api == "responses":
+        return {"input": RESPONSES.to_native(messages)}
+    if api == "messages":
+        return {"messages": MESSAGES.to_native(messages)}
+    return {"messages": messages}

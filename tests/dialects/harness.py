@@ -1,0 +1,124 @@
+"""compactd in-process in front of the fake Responses and Messages upstreams.
+
+One transport serves both upstreams, as in production (one pool): requests to
+`http://openai.test/v1` reach the fake Responses API, those to `http://anthropic.test` the fake
+Messages API, both through httpx's ASGI transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from proxy.app import CompactdApp, create_app
+from proxy.config import load_settings
+from proxy.services import Services
+from tests.api_fakes import FakeMessages, FakeResponses
+from tests.inprocess import lifespan
+
+KEY = "sk-alpha"
+
+
+class _ByHost:
+    def __init__(self, responses: FakeResponses, messages: FakeMessages) -> None:
+        self.responses = responses
+        self.messages = messages
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        host = dict(scope["headers"]).get(b"host", b"")
+        app = self.messages if host.startswith(b"anthropic.test") else self.responses
+        await app(scope, receive, send)
+
+
+@dataclass
+class Harness:
+    app: CompactdApp
+    client: httpx.AsyncClient
+    responses: FakeResponses
+    messages: FakeMessages
+
+    @property
+    def services(self) -> Services:
+        services: Services = self.app.router.state.services
+        return services
+
+    async def create(self, body: dict[str, Any], key: str = KEY, **headers: str) -> httpx.Response:
+        """POST /v1/responses."""
+        return await self.client.post(
+            "/v1/responses",
+            content=json.dumps(body).encode(),
+            headers={
+                "authorization": f"Bearer {key}",
+                "content-type": "application/json",
+                **headers,
+            },
+        )
+
+    async def message(self, body: dict[str, Any], key: str = KEY, **headers: str) -> httpx.Response:
+        """POST /v1/messages, as the anthropic SDK sends it (x-api-key, anthropic-version)."""
+        return await self.client.post(
+            "/v1/messages",
+            content=json.dumps(body).encode(),
+            headers={
+                "x-api-key": key,
+                "anthropic-version": "2023-06-01",
+                "content-type": "application/json",
+                **headers,
+            },
+        )
+
+    async def uncompress(self, body: dict[str, Any], key: str = KEY) -> httpx.Response:
+        return await self.client.post(
+            "/compactd/v1/uncompress", json=body, headers={"authorization": f"Bearer {key}"}
+        )
+
+    async def compacted(self, api: str, body: dict[str, Any]) -> list[Any]:
+        """Send an over-budget request; assert it was compacted into a request the fake
+        upstream accepted; the history it received (`input` or `messages`)."""
+        send, fake, field = (
+            (self.create, self.responses, "input")
+            if api == "responses"
+            else (self.message, self.messages, "messages")
+        )
+        response = await send(body)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compactd-action"] == "compacted"
+        assert fake.refused == []
+        sent: list[Any] = fake.last.json()[field]
+        assert len(json.dumps(sent)) < len(json.dumps(body[field])) * 0.8
+        return sent
+
+    def metric(self, name: str, **labels: str) -> float:
+        body, _ = self.services.metrics.render()
+        for line in body.decode().splitlines():
+            if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rpartition(" ")[2])
+        return 0.0
+
+
+@contextlib.asynccontextmanager
+async def harness(tmp_path: Path, **sections: Any) -> AsyncIterator[Harness]:
+    """compactd with config `sections` in front of both fakes."""
+    responses, messages = FakeResponses(), FakeMessages()
+    overrides: dict[str, Any] = {
+        **sections,
+        "upstream": {
+            "url": "http://openai.test/v1",
+            "anthropic_url": "http://anthropic.test",
+            **sections.get("upstream", {}),
+        },
+        "server": {"data_dir": str(tmp_path / "data"), **sections.get("server", {})},
+    }
+    settings = load_settings(None, env={}, overrides=overrides)
+    transport = httpx.ASGITransport(app=_ByHost(responses, messages))  # type: ignore[arg-type]
+    app = create_app(settings, transport=transport)
+    async with lifespan(app):
+        asgi = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=asgi, base_url="http://compactd") as client:
+            yield Harness(app, client, responses, messages)

@@ -1,0 +1,154 @@
+"""POST /v1/messages through compactd: its own upstream, byte identity, compaction, restore."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import orjson
+
+from tests.dialects.conversations import messages_history
+from tests.dialects.harness import harness
+
+SMALL = {"default_policy": {"budget_tokens": 4000}}
+THINKING = {"type": "enabled", "budget_tokens": 2000}
+Json = dict[str, Any]
+
+
+def request(messages: list[Json], **extra: Any) -> Json:
+    return {
+        "model": "claude-sonnet-5",
+        "max_tokens": 1024,
+        "system": [
+            {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}
+        ],
+        "thinking": THINKING,
+        "messages": messages,
+        **extra,
+    }
+
+
+async def test_messages_go_to_the_anthropic_upstream_byte_for_byte(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        msgs = messages_history(h.messages, 3)
+        raw = json.dumps(request(msgs), indent=2).encode()
+        response = await h.client.post(
+            "/v1/messages",
+            content=raw,
+            headers={
+                "x-api-key": "sk-ant-alpha",
+                "anthropic-version": "2023-06-01",
+                "anthropic-beta": "interleaved-thinking-2025-05-14",
+            },
+        )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compactd-action"] == "passthrough"
+        assert response.headers["x-compactd-api"] == "messages"
+        assert h.responses.received == []
+        last = h.messages.last
+        assert hashlib.sha256(last.body).digest() == hashlib.sha256(raw).digest()
+        assert last.header("x-api-key") == "sk-ant-alpha"
+        assert last.header("anthropic-beta") == "interleaved-thinking-2025-05-14"
+
+
+async def test_oauth_bearer_traffic_is_forwarded_with_its_authorization(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        response = await h.client.post(
+            "/v1/messages",
+            content=json.dumps(request([{"role": "user", "content": "hi"}])).encode(),
+            headers={
+                "authorization": "Bearer sk-ant-oat01-token",
+                "anthropic-version": "2023-06-01",
+            },
+        )
+        assert response.status_code == 200
+        assert h.messages.last.header("authorization") == "Bearer sk-ant-oat01-token"
+
+
+async def test_over_budget_it_is_compacted_validly_replayed_and_restored(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        msgs = messages_history(h.messages, 30)
+        sent = await h.compacted("messages", request(msgs))
+        assert sent[-2:] == msgs[-2:]  # the pending turn and its result, untouched
+        # Next turn: the model answered, the agent appends its reply and a new result.
+        h.messages.counter += 1
+        more = [
+            *msgs,
+            {
+                "role": "assistant",
+                "content": [
+                    h.messages.thinking("one more"),
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_n",
+                        "name": "Bash",
+                        "input": {"command": "ls"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_n", "content": "ok"}],
+            },
+        ]
+        second = await h.message(request(more))
+        assert second.headers["x-compactd-action"] == "replayed", second.text
+        resent = h.messages.last.json()["messages"]
+        assert resent[: len(sent) - 1] == sent[:-1]
+        assert h.messages.refused == []
+        first_raw = h.messages.received[-2].body
+        cut = first_raw.index(orjson.dumps(sent[-2]))
+        assert h.messages.last.body[:cut] == first_raw[:cut]
+        restored = await h.uncompress({"api": "messages", "messages": sent})
+        assert restored.status_code == 200, restored.text
+        assert restored.json()["messages"] == msgs
+        assert restored.json()["missing_ids"] == []
+
+
+async def test_count_tokens_and_other_anthropic_paths_are_forwarded_unchanged(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        raw = json.dumps(
+            {"model": "claude-sonnet-5", "messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+        response = await h.client.post(
+            "/v1/messages/count_tokens",
+            content=raw,
+            headers={"x-api-key": "sk-ant-alpha", "anthropic-version": "2023-06-01"},
+        )
+        assert response.status_code == 200
+        assert response.json()["input_tokens"] > 0
+        assert h.messages.last.body == raw
+        assert "x-compactd-action" not in response.headers
+        models = await h.client.get(
+            "/v1/models", headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}
+        )
+        assert models.status_code == 200
+        assert h.messages.last.path == "/v1/models"
+
+
+async def test_our_own_errors_take_anthropics_shape_on_its_paths(tmp_path) -> None:
+    async with harness(tmp_path, server={"max_body_bytes": 1000}) as h:
+        response = await h.message(request([{"role": "user", "content": "x" * 5000}]))
+        assert response.status_code == 413
+        assert response.json() == {
+            "type": "error",
+            "error": {
+                "type": "request_too_large",
+                "message": "Request body exceeds the limit of 1000 bytes.",
+            },
+        }
+        chat = await h.client.post("/v1/chat/completions", content=b"x" * 5000)
+        assert chat.json()["error"]["code"] == "request_too_large"
+
+
+async def test_streamed_usage_with_cache_reads_is_read(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        msgs = messages_history(h.messages, 12)
+        msgs[-1]["content"][0]["cache_control"] = {"type": "ephemeral"}
+        for _ in range(2):
+            response = await h.message(request(msgs, stream=True))
+            assert response.status_code == 200
+            assert b"event: message_stop" in response.content
+        assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") > 0
+        assert h.metric("compactd_upstream_usage_tokens_total", kind="prompt") > 0

@@ -1,0 +1,124 @@
+"""POST /v1/responses through compactd: byte identity, compaction, replay, restore."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import orjson
+
+from tests.dialects.conversations import responses_input
+from tests.dialects.harness import harness
+
+SMALL = {"default_policy": {"budget_tokens": 4000}}
+Json = dict[str, Any]
+
+
+def request(items: list[Json], **extra: Any) -> Json:
+    return {
+        "model": "gpt-5",
+        "instructions": "You are Codex.",
+        "input": items,
+        "store": False,
+        **extra,
+    }
+
+
+async def test_under_budget_the_request_goes_upstream_byte_for_byte(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        items = responses_input(h.responses, 3)
+        raw = json.dumps(request(items), indent=1).encode()  # odd spacing survives too
+        response = await h.client.post(
+            "/v1/responses",
+            content=raw,
+            headers={"authorization": "Bearer sk-alpha", "content-type": "application/json"},
+        )
+        assert response.status_code == 200
+        assert response.headers["x-compactd-action"] == "passthrough"
+        assert response.headers["x-compactd-api"] == "responses"
+        assert hashlib.sha256(h.responses.last.body).digest() == hashlib.sha256(raw).digest()
+        assert int(response.headers["x-compactd-tokens-before"]) > 0
+
+
+async def test_over_budget_it_is_compacted_validly_and_replayed_then_restored(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        items = responses_input(h.responses, 30)
+        sent = await h.compacted("responses", request(items))
+        # The pending turn, the last user prompt and the developer message are untouched.
+        assert sent[-3:] == items[-3:] or sent[-2:] == items[-2:]
+        assert sent[0] == items[0]
+        assert items[1] in sent
+        # Every reasoning item that was sent is the upstream's own, followed by its call.
+        for i, item in enumerate(sent):
+            if item.get("type") == "reasoning":
+                assert item in items
+                assert sent[i + 1].get("type") == "function_call"
+
+        # Next turn: the client appends the model's output and a new call's result.
+        h.responses.counter += 1
+        more = [
+            *items,
+            h.responses.reasoning("next step"),
+            {"type": "function_call", "call_id": "call_x", "name": "shell", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_x", "output": "ok"},
+        ]
+        second = await h.create(request(more))
+        assert second.headers["x-compactd-action"] == "replayed", second.headers
+        resent = h.responses.last.json()["input"]
+        assert resent[: len(sent)] == sent  # the compacted prefix, item for item
+        # Byte for byte: the first request's input, without its tail, opens the second's.
+        first_raw = h.responses.received[-2].body
+        cut = first_raw.index(orjson.dumps(sent[-1]))
+        assert h.responses.last.body[:cut] == first_raw[:cut]
+        assert h.responses.refused == []
+
+        restored = await h.uncompress({"api": "responses", "input": sent})
+        assert restored.status_code == 200, restored.text
+        assert restored.json()["input"] == items
+        assert restored.json()["missing_ids"] == []
+
+
+async def test_server_side_history_is_forwarded_counted_and_said_so(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        items = responses_input(h.responses, 30)
+        body = request(items, previous_response_id="resp_1")
+        raw = json.dumps(body).encode()
+        response = await h.client.post(
+            "/v1/responses",
+            content=raw,
+            headers={"authorization": "Bearer sk-alpha", "content-type": "application/json"},
+        )
+        assert response.headers["x-compactd-action"] == "server-history"
+        assert h.responses.last.body == raw
+        assert int(response.headers["x-compactd-tokens-before"]) > 4000
+
+
+async def test_streamed_usage_is_read_from_response_completed(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        items = responses_input(h.responses, 2)
+        response = await h.create(request(items, stream=True))
+        assert response.status_code == 200
+        assert b"event: response.completed" in response.content
+        assert h.metric("compactd_upstream_usage_tokens_total", kind="prompt") > 0
+
+
+async def test_other_responses_paths_are_forwarded_unchanged(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        for method, path in [
+            ("POST", "/v1/responses/compact"),
+            ("GET", "/v1/responses/resp_1"),
+            ("POST", "/v1/responses/input_tokens"),
+        ]:
+            raw = b'{"model":"gpt-5","input":[{"role":"user","content":"x"}]}'
+            response = await h.client.request(
+                method,
+                path,
+                content=raw if method == "POST" else None,
+                headers={"authorization": "Bearer sk-alpha"},
+            )
+            assert response.status_code == 200
+            assert h.responses.last.path == path
+            assert "x-compactd-action" not in response.headers
+            if method == "POST":
+                assert h.responses.last.body == raw
