@@ -122,3 +122,16 @@ async def test_other_responses_paths_are_forwarded_unchanged(tmp_path) -> None:
             assert "x-compactd-action" not in response.headers
             if method == "POST":
                 assert h.responses.last.body == raw
+
+
+async def test_no_spelling_of_the_path_gets_around_compaction(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        items = responses_input(h.responses, 30)
+        raw = json.dumps(request(items)).encode()
+        auth = {"authorization": "Bearer sk-alpha", "content-type": "application/json"}
+        for path in ("/v1/responses/", "/v1/%72esponses", "/v1//responses"):
+            response = await h.client.post(path, content=raw, headers=auth)
+            assert response.headers["x-compactd-action"] in ("compacted", "replayed"), path
+            assert h.responses.last.path == "/v1/responses"
+        refused = await h.client.post("/v1/responses%2f", content=raw, headers=auth)
+        assert refused.status_code == 400  # a path that only names the route once decoded
