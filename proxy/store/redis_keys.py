@@ -67,6 +67,11 @@ class KeyLayout:
         """zset: the same members -> the expiry (epoch seconds) each points under, for trimming."""
         return f"{self.prefix}{{t:{tenant}}}:refexp"
 
+    def legacy_tenant_refs(self, tenant: str) -> str:
+        """hash: reference id -> conversation, as builds before the zset index wrote it (read
+        as a fallback so their refs still resolve; no longer written)."""
+        return f"{self.prefix}{{t:{tenant}}}:refidx"
+
     def summary(self, tenant: str, digest: str) -> str:
         """string: a cached summary."""
         return f"{self.prefix}{{t:{tenant}}}:sum:{digest}"

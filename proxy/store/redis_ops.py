@@ -178,6 +178,7 @@ async def purge(r: Client, keys: KeyLayout, tenant: str | None, conversation: st
                 members = [f"{text(ref)}\t{conversation}" for ref in refs]
                 p.zrem(keys.tenant_refs(t), *members)
                 p.zrem(keys.tenant_ref_expiry(t), *members)
+                p.hdel(keys.legacy_tenant_refs(t), *refs)
             await p.execute()
     return existed
 
@@ -193,11 +194,16 @@ async def resolve_refs(
         for ref in ref_ids:
             low = f"[{ref}\t".encode()
             p.zrangebylex(index, low, low + b"\xff")
-        members = await p.execute()
+        # Refs written before the index was a zset (same slot: no extra round trip).
+        p.hmget(keys.legacy_tenant_refs(tenant), ref_ids)
+        *members, legacy = await p.execute()
     candidates = [
         (ref, text(m).split("\t", 1)[1])
         for ref, ms in zip(ref_ids, members, strict=True)
         for m in ms
+    ]
+    candidates += [
+        (ref, text(conv)) for ref, conv in zip(ref_ids, legacy, strict=True) if conv is not None
     ]
     if not candidates:
         return {}

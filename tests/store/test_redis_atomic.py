@@ -253,3 +253,24 @@ def test_cluster_urls_name_seed_nodes_and_credentials(
 def test_malformed_cluster_urls_are_refused(url: str) -> None:
     with pytest.raises(ValueError, match=r"[Cc]luster"):
         cluster_seeds(url)
+
+
+async def test_refs_indexed_the_way_earlier_builds_did_still_resolve(
+    private_redis: RedisServer,
+) -> None:
+    store = await open_store(private_redis.url)
+    msgs = history(12)
+    await store.save_compaction(compaction(A, "old", msgs, 5), TTL)
+    keys = KeyLayout(PREFIX)
+    raw = redis.Redis(port=private_redis.port)
+    # What an earlier build left: the conversation's data, a hash index, no zset entries.
+    raw.delete(keys.tenant_refs(A), keys.tenant_ref_expiry(A))
+    raw.hset(keys.legacy_tenant_refs(A), "0005abcdef", "old")
+    resolved = await store.resolve_refs(A, ["0005abcdef"])
+    await store.purge(A, "old")
+    left = raw.hlen(keys.legacy_tenant_refs(A))
+    raw.close()
+    await store.close()
+
+    assert resolved["0005abcdef"] == msgs[:6]
+    assert left == 0
