@@ -7,9 +7,9 @@ tool schemas), aider sessions (console output kept), and the kinds bench/corpora
 coding-agent trajectories (`swe-agent`), multi-session chats with questions about earlier
 sessions (`memorybank`, `memory-tests`) and long open-domain chats (`chitchat`). Budgets are
 50 % and 25 % of each conversation's own tokens (o200k_base, tools included). Every provider is
-compared with the naive baseline `drop-oldest` (drop the oldest non-system messages until it
-fits, like LiteLLM's `trim_messages`: it may orphan tool results). `summarize` runs with a
-deterministic fake completer that answers with the extractive summary of what it was asked to
+compared with the naive baseline `drop-oldest` (drop the oldest whole units until it fits, like
+LiteLLM's `trim_messages` but never orphaning a tool result; see `DropOldest`). `summarize` runs
+with a deterministic fake completer that answers with the extractive summary of what it was asked to
 summarize, cut to the word limit its prompt sets (no network; a real model's summaries read
 better but keep fewer exact facts).
 
@@ -57,7 +57,7 @@ from proxy.providers.base import CompactionResult, CompressionConfig, ContextPro
 from proxy.providers.engine import EngineProvider
 from proxy.providers.registry import get_context_provider
 from proxy.providers.summary import summarize_text
-from proxy.providers.units import hard_protected, message_text
+from proxy.providers.units import hard_protected, last_index, message_text, split_units
 from proxy.providers.validate import check_result, pairing_problems
 from proxy.tokens import TokenCounter
 
@@ -258,7 +258,10 @@ def load(corpora: Sequence[str], limit: int | None) -> list[Case]:
 
 
 class DropOldest(ContextProvider):
-    """Baseline: drop the oldest non-system messages until the request fits (may orphan)."""
+    """Baseline: drop the oldest whole units (a user message, or an assistant message with all
+    its tool results) until the request fits, like LiteLLM's `trim_messages` but valid: no tool
+    result is ever orphaned. System/developer messages and the last user message stay; the
+    newest units go last (the final one too, when only that fits)."""
 
     @property
     def name(self) -> str:
@@ -266,11 +269,19 @@ class DropOldest(ContextProvider):
         return "drop-oldest"
 
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
-        """Remove messages after the system prefix, oldest first, keeping the last one."""
-        out = list(messages)
-        first = next((i for i, m in enumerate(out) if m.get("role") != "system"), len(out))
-        while config.count_tokens(out) > config.limit and len(out) - first > 1:
-            del out[first]
+        """Drop units oldest first until the request is within `config.limit`."""
+        last_user = last_index(messages, "user")
+        keep = [True] * len(messages)
+        total = config.count_tokens(messages)
+        for unit in split_units(messages):
+            if total <= config.limit:
+                break
+            if unit.kind == "system" or last_user in unit.indices():
+                continue
+            for i in unit.indices():
+                keep[i] = False
+                total -= config.count_message(messages[i])
+        out = [m for m, k in zip(messages, keep, strict=True) if k]
         return CompactionResult(messages=out, source_digest="")
 
 
