@@ -27,9 +27,12 @@ from proxy.providers.facts import (
     facts_within,
     pack_salient,
     parse_json,
+    shape_counts,
+    structural_shapes,
 )
 from proxy.providers.markers import REF_PATTERN, dropped_marker, ref_marker, short_marker
-from proxy.providers.prose import preview
+from proxy.providers.prose import preview_parts
+from proxy.providers.relevance import LineHits, line_hits, relevant_lines
 from proxy.providers.summary import SentenceCache, split_blocks, summarize_text
 from proxy.providers.units import message_text, with_text
 
@@ -42,6 +45,11 @@ _MASK_RATIO = 0.3
 _MASK_MAX_CHARS = 2400
 _SHORT_MASK_CHARS = 400
 _MASK_FACTS_CHARS = 240
+_SHORT_MASK_LIMIT = _SHORT_MASK_CHARS + _MASK_FACTS_CHARS
+# A stub reads the fact candidates of its messages until it has this many times its room.
+STUB_READ = 3
+# ... or this many times its room of their text (a sparse chat has few candidates to gather).
+STUB_READ_TEXT = 30
 _SNIPPET = 60
 # Fields that cost tokens but carry nothing the summary keeps; the originals hold them.
 _DROP_ON_REWRITE = ("reasoning_content", "reasoning", "thinking")
@@ -77,9 +85,13 @@ class Draft:
     role: str | None = None
 
 
+LATER_FACTS = Draft(-1, -1, None, "")
+"""Stands for a message's fact list, priced before it is written."""
 Candidate = Draft | None
-"""A draft, or None for the message's summary, written only when it is wanted (a summary is
-priced before it is written)."""
+"""A draft, None for the message's summary or LATER_FACTS for its fact list: those two are
+written only when wanted (they are priced before they are written)."""
+# Fact lists written and priced exactly before the rest are priced from how full they were.
+_CALIBRATION = 4
 
 
 @dataclass(frozen=True)
@@ -126,9 +138,11 @@ class Forms:
     config: CompressionConfig
     settings: FormSettings
     duplicates: dict[int, Duplicate]
-    costs: list[int] = field(init=False)
+    costs: list[int]
+    """What each input message costs (counted by the caller)."""
     min_saving: int = field(init=False)
     _prefix: list[int] = field(init=False)
+    _chars: list[int] = field(init=False)
     _memo: dict[tuple[int, int, int], Form | None] = field(default_factory=dict)
     _facts_drafts: dict[int, Draft] = field(default_factory=dict)
     _tried: dict[tuple[int, int], list[tuple[int, Candidate]]] = field(default_factory=dict)
@@ -137,7 +151,6 @@ class Forms:
     _split: dict[int, list[tuple[bool, str]] | None] = field(default_factory=dict)
     _made: dict[Draft, Form] = field(default_factory=dict)
     _estimates: dict[Draft, int] = field(default_factory=dict)
-    _ratios: dict[tuple[int, int], float] = field(default_factory=dict)
     _markers: dict[tuple[str | None, bool], int] = field(default_factory=dict)
     _merges: dict[tuple[tuple[int, int, int, str], ...], Form] = field(default_factory=dict)
     _texts: dict[int, str] = field(default_factory=dict)
@@ -146,15 +159,26 @@ class Forms:
     _found: dict[str, TextFacts] = field(default_factory=dict)
     _canonical: dict[int, bytes] = field(default_factory=dict)
     _sentences: SentenceCache = field(default_factory=SentenceCache)
+    _shapes: dict[str, str] = field(default_factory=dict)
+    _shape_sets: dict[int, dict[str, set[str]]] = field(default_factory=dict)
+    _cand_chars: dict[int, int] = field(default_factory=dict)
+    _hits: dict[int, LineHits] = field(default_factory=dict)
+    _fill: list[float] = field(default_factory=list)
+    keys: Sequence[float] = ()
+    """How long each message keeps its detail (the ladder's keys; higher: longer)."""
+    query_terms: Sequence[tuple[str, float]] = ()
+    """The heaviest terms of the recent turns (what a mask keeps the lines of)."""
 
     def __post_init__(self) -> None:
-        self.costs = [self.config.count_message(m) for m in self.messages]
         # A rewrite must save at least what a marker costs: smaller savings lose text for
         # nothing, and skipping them skips writing hundreds of forms for short messages.
         self.min_saving = _OVERHEAD + self.marker_tokens("summarized", False)
         self._prefix = [0]
         for c in self.costs:
             self._prefix.append(self._prefix[-1] + c)
+        self._chars = [0]
+        for m in self.messages:
+            self._chars.append(self._chars[-1] + len(message_text(m)))
 
     def cost(self, form: Form) -> int:
         """Tokens a form costs."""
@@ -218,13 +242,9 @@ class Forms:
 
     def ratio(self, start: int, end: int) -> float:
         """Content tokens per character of the text of input messages start .. end-1."""
-        key = (start, end)
-        found = self._ratios.get(key)
-        if found is None:
-            chars = sum(len(message_text(self.messages[i])) for i in range(start, end))
-            tokens = self.span_cost(start, end) - _OVERHEAD * (end - start)
-            found = self._ratios[key] = max(tokens, 1) / chars if chars else _DEFAULT_RATIO
-        return found
+        chars = self._chars[end] - self._chars[start]
+        tokens = self.span_cost(start, end) - _OVERHEAD * (end - start)
+        return max(tokens, 1) / chars if chars else _DEFAULT_RATIO
 
     def marker_tokens(self, verb: str | None, several: bool) -> int:
         """Tokens of a typical marker (the reference id and token figure vary a little)."""
@@ -274,22 +294,34 @@ class Forms:
         return found
 
     def _facts_cap(self, text: str) -> int:
+        return self._facts_cap_of(len(text))
+
+    def _facts_cap_of(self, chars: int) -> int:
         ratio = self.settings.facts_ratio
-        return min(self.settings.max_facts_chars, max(48, int(len(text) * ratio)))
+        return min(self.settings.max_facts_chars, max(48, int(chars * ratio)))
 
     def mask_draft(self, i: int, chars: int) -> Draft | None:
-        """Tool result i cut to `chars` of head and tail (at line ends where possible), then the
-        facts of what was cut; None if that would keep nearly all of it."""
+        """Tool result i cut to `chars`: the lines of its middle that hold the recent turns'
+        terms (up to half of them), its head and tail (at line ends where possible) with the
+        rest, then the facts of what was cut; None if that would keep nearly all of it."""
         key = (i, chars)
         if key in self._masks:
             return self._masks[key]
         text = self._summarizable(i)
         draft = None
         if text is not None and len(text) > chars + _MASK_FACTS_CHARS:
-            kept = preview(text, chars)
-            listed = facts_within(self._analysis(text), _MASK_FACTS_CHARS + len(kept) // 8)
-            lost = [f for f in listed.split(", ") if f and f not in kept]
-            body = f"{kept}\nfacts: {', '.join(lost)}" if lost else kept
+            hits = self._hits.get(i)
+            if hits is None:
+                hits = self._hits[i] = line_hits(text, self.query_terms)
+            lines = relevant_lines(hits, chars // 3, len(text) - chars // 6, chars // 2)
+            used = sum(len(line) + 1 for line in lines)
+            head, tail = preview_parts(text, chars - used)
+            kept = "\n…\n".join([head, *(line for line in lines if line not in head), tail])
+            body = kept
+            if not lines:
+                listed = facts_within(self._analysis(text), _MASK_FACTS_CHARS + len(kept) // 8)
+                lost = [f for f in listed.split(", ") if f and f not in kept]
+                body = f"{kept}\nfacts: {', '.join(lost)}" if lost else kept
             draft = Draft(i, i + 1, "masked" if chars > _SHORT_MASK_CHARS else "truncated", body)
         self._masks[key] = draft
         return draft
@@ -315,7 +347,12 @@ class Forms:
             for tokens, draft in self._candidates_at(i, level):
                 if tokens > ceiling:
                     continue
-                written = self.summary_draft(i) if draft is None else draft
+                if draft is None:
+                    written = self.summary_draft(i)
+                elif draft is LATER_FACTS:
+                    written = self.facts_draft(i)
+                else:
+                    written = draft
                 form = None if written is None else self._accept(self.materialize(written))
                 if form is not None:
                     break
@@ -351,19 +388,37 @@ class Forms:
                 predicted = self._summary_estimate(i)
                 if predicted is not None:
                     found.append((predicted, None))
+            # A long tool result's fact list is longer than its short mask (it fills its cap):
+            # only a short one's is worth writing to compare.
+            chars = self._chars[i + 1] - self._chars[i]
+            if level == FACTS and (not tool or self._facts_cap_of(chars) < _SHORT_MASK_LIMIT):
+                found.append(self._facts_candidate(i))
             if level == FACTS:
-                facts = self.facts_draft(i)
-                found.append((self.estimate(facts), facts))
                 found.sort(key=lambda c: c[0])
         self._tried[key] = found
         return found
+
+    def _facts_candidate(self, i: int) -> tuple[int, Candidate]:
+        """(estimated tokens, draft) of message i's fact list. The first few are written and
+        priced; the rest are priced from how full those filled their room (fact lists are as
+        dense as the conversation: nearly empty in chat, full in code), and written only when a
+        rung that uses them is."""
+        if i in self._facts_drafts or len(self._fill) < _CALIBRATION:
+            draft = self.facts_draft(i)
+            return self.estimate(draft), draft
+        text = message_text(self.messages[i])
+        chars = self._facts_cap(text) * sum(self._fill) / len(self._fill)
+        body = round(chars * self.ratio(i, i + 1) * _FACTS_DENSITY) + (1 if chars >= 1 else 0)
+        return _OVERHEAD + self.marker_tokens("reduced to facts", False) + body, LATER_FACTS
 
     def facts_draft(self, i: int) -> Draft:
         """Message i reduced to its facts."""
         found = self._facts_drafts.get(i)
         if found is None:
             text = message_text(self.messages[i])
-            facts = facts_within(self._analysis(text), self._facts_cap(text))
+            cap = self._facts_cap(text)
+            facts = facts_within(self._analysis(text), cap)
+            self._fill.append(len(facts) / cap)
             body = f"facts: {facts}" if facts else ""
             found = self._facts_drafts[i] = Draft(i, i + 1, "reduced to facts", body)
         return found
@@ -462,16 +517,45 @@ class Forms:
             self._facts[i] = candidates_of(self._analysis(self._fact_text(i)))
         return self._facts[i]
 
-    def estimate_drop(self, start: int, end: int, run_chars: float | None) -> tuple[int, float]:
-        """Estimated tokens messages start .. end-1 add when dropped into a stub whose facts take
-        `run_chars` so far (None: they start a new stub), and the fact characters they add."""
-        chars = self.settings.stub_facts_ratio * sum(self.fact_chars(i) for i in range(start, end))
+    def _stub_read(self, start: int, end: int, cap: int) -> list[int]:
+        """The messages of start .. end-1 whose fact candidates a stub chooses from, in order:
+        those that keep their detail longest (the ladder's keys), read until they hold
+        STUB_READ times the stub's room (or their text STUB_READ_TEXT times), so a long run
+        costs what its stub can say."""
+        order = sorted(range(start, end), key=lambda i: -self.keys[i]) if self.keys else []
+        read: list[int] = []
+        chars = text = 0
+        for i in order or range(start, end):
+            read.append(i)
+            chars += self._candidate_chars(i)
+            text += self.fact_chars(i)
+            if chars >= STUB_READ * cap or text >= STUB_READ_TEXT * cap:
+                break
+        return sorted(read)
+
+    def _candidate_chars(self, i: int) -> int:
+        found = self._cand_chars.get(i)
+        if found is None:
+            found = self._cand_chars[i] = sum(len(f) + 2 for _rank, f in self._candidates(i))
+        return found
+
+    def _shape_counts(self, i: int) -> dict[str, set[str]]:
+        found = self._shape_sets.get(i)
+        if found is None:
+            found = self._shape_sets[i] = shape_counts(self._candidates(i), self._shapes)
+        return found
+
+    def fact_chars_of(self, start: int, end: int) -> int:
+        """Characters of the fact text of input messages start .. end-1."""
+        return sum(self.fact_chars(i) for i in range(start, end))
+
+    def estimate_stub(self, start: int, end: int, chars: int) -> int:
+        """Estimated tokens of the stub for messages start .. end-1, whose fact text has `chars`
+        characters (what `stub` writes: a share of them, within bounds)."""
+        share = max(40.0, chars * self.settings.stub_facts_ratio)
+        facts = min(share, self.settings.max_facts_chars)
         ratio = self.ratio(start, end) * _FACTS_DENSITY
-        if run_chars is None:
-            facts = min(max(40.0, chars), self.settings.max_facts_chars)
-            return _OVERHEAD + self.marker_tokens("dropped", True) + round(facts * ratio) + 1, chars
-        room = self.settings.max_facts_chars - run_chars
-        return round(max(0.0, min(chars, room)) * ratio), chars
+        return _OVERHEAD + self.marker_tokens("dropped", True) + round(facts * ratio) + 1
 
     def stub(self, start: int, end: int, force_cap: int | None = None) -> Form | None:
         """A run of whole units dropped, replaced by one user/assistant message with its facts.
@@ -489,8 +573,10 @@ class Forms:
                 cap = min(cap, force_cap)
             body = ""
             if cap > 0:
-                groups = [self._candidates(i) for i in range(start, end)]
-                facts = pack_salient(groups, cap)
+                read = self._stub_read(start, end, cap)
+                structural = structural_shapes([self._shape_counts(i) for i in read])
+                groups = [self._candidates(i) for i in read]
+                facts = pack_salient(groups, cap, structural, self._shapes)
                 body = f"facts: {facts}" if facts else ""
             verb = None if force_cap is not None else "dropped"
             self._memo[key] = self._accept(self.materialize(Draft(start, end, verb, body, role)))

@@ -66,18 +66,22 @@ def _rank(value: str, quoted: bool = False) -> int:
     return 2 if value[0] in "$€£" or len(value) >= 3 else 3
 
 
-def scan_spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
-    """(start, end) pieces of about `size` characters, each ending just after one of the
-    `boundaries` characters (or at the end of the text)."""
-    start, n = 0, len(text)
+def scan_spans(
+    text: str, size: int, boundaries: str, start: int = 0, stop: int | None = None
+) -> Iterator[tuple[int, int]]:
+    """(start, end) pieces of text[start:stop] of about `size` characters, each ending just
+    after one of the `boundaries` characters, or at 2 * size when none comes before (a text
+    without them is still cut: no piece is ever longer)."""
+    n = len(text) if stop is None else stop
     while start < n:
-        cuts = [c for c in (text.find(b, start + size) for b in boundaries) if c >= 0]
-        end = min(cuts) + 1 if cuts else n
+        limit = min(n, start + 2 * size)
+        cuts = [c for c in (text.find(b, start + size, limit) for b in boundaries) if c >= 0]
+        end = min(cuts) + 1 if cuts else limit
         yield start, end
         start = end
 
 
-def _fact_matches(text: str) -> list[str]:
+def _fact_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
     """`_FACT.findall(text)`, a whitespace-separated token at a time.
 
     No match spans whitespace (a token's neighbours are whitespace, which the pattern's
@@ -87,68 +91,77 @@ def _fact_matches(text: str) -> list[str]:
     cost on prose; long texts are split a piece at a time, cut at spaces and line breaks."""
     if len(text) > SCAN_CHARS:  # one split of a 10 MB log would hold the GIL for ~30 ms
         return [
-            m for start, end in scan_spans(text, SCAN_CHARS, " \n") for m in _scan(text[start:end])
+            m
+            for start, end in scan_spans(text, SCAN_CHARS, " \n")
+            for m in _scan(text[start:end], tokens)
         ]
-    return _scan(text)
+    return _scan(text, tokens)
 
 
 # Names: capitalized words that do not start a sentence (the word before ends in a lower-case
 # letter, a digit or a comma), with the capitalized words right after them: places, people,
 # titles, products (`Green Meadow Park`, `NYC`). Quoted phrases: what the author put in double
 # quotes (`"The Great Gatsby"`).
-_NAME_EDGES = ".,;:!?()\"'“”\u2018\u2019"
-_SENTENCE_ENDS = (".", "!", "?", ":", '"', "”")
 _NOT_NAMES = frozenset({"I", "I'm", "I've", "I'll", "I'd", "OK", "Ok"})
-_MAX_NAME_WORDS = 4
 _QUOTED_PHRASE = re.compile(r"[\"“]([^\"“”\n]{3,80})[\"”]")
 
 
-def _capitalized(word: str) -> bool:
-    return len(word) > 1 and word.isalpha() and (word.istitle() or word.isupper())
+_AFTER_WORD = "[a-zß-ÿ\\d,;][ \\t]"
+_CAPITAL = "[A-ZÀ-Þ]"
+_NAME_FIRST = (
+    f"{_CAPITAL}(?:(?<={_AFTER_WORD}{_CAPITAL})|(?<={_AFTER_WORD}[\"'(\u201c\u2018]{_CAPITAL}))"
+)
+_NAME_WORD = "(?:[A-ZÀ-Þ][a-zß-ÿ]+|[A-ZÀ-Þ]{2,})(?:'s)?"
+# A capitalized word right after a lower-case letter, a digit or a comma and a blank (and maybe
+# an opening quote; checked behind the first letter, so the search skips to capitals at C
+# speed), and up to three more after it on the same line, the last not followed by more word
+# characters.
+_NAME = re.compile(
+    f"({_NAME_FIRST}(?:[a-zß-ÿ]+|[A-ZÀ-Þ]+)(?:'s)?(?:[ \\t]+{_NAME_WORD}){{0,3}})(?![\\w'\u2019-])"
+)
 
 
 def name_matches(text: str) -> list[str]:
-    """Quoted phrases, then names, of a text, in order (both rank as names). Linear: a pass
-    over the whitespace-separated tokens, and a quote search a piece at a time on long texts."""
+    """Quoted phrases, then names, of a text, in order (both rank as names); a piece at a time
+    (cut after spaces and line breaks), so a multi-megabyte line is never one regex call."""
     found: list[str] = []
-    if '"' in text or "“" in text:
-        # Cut after spaces too: a multi-megabyte line must not be one regex call.
-        for start, end in scan_spans(text, SCAN_CHARS, " \n"):
+    quotes = '"' in text or "“" in text
+    for start, end in scan_spans(text, SCAN_CHARS, " \n"):
+        if quotes:
             for quoted in _QUOTED_PHRASE.findall(text, start, end):
                 phrase = quoted.strip()
                 if " " in phrase and _LETTER.search(phrase):
                     found.append(phrase)
-    name: list[str] = []
-    may_start = False
-    for token in text.split():
-        word = token.strip(_NAME_EDGES)
-        if word.endswith("'s"):
-            word = word[:-2]
-        if _capitalized(word) and word not in _NOT_NAMES and (name or may_start):
-            name.append(word)
-            ends = token.rstrip("'s").endswith(tuple(_NAME_EDGES))
-            if ends or len(name) == _MAX_NAME_WORDS:
-                found.append(" ".join(name))
-                name = []
-        elif name:
-            found.append(" ".join(name))
-            name = []
-        may_start = not token.endswith(_SENTENCE_ENDS) and (
-            token[-1:].islower() or token[-1:].isdigit() or token[-1:] in ",;"
-        )
-    if name:
-        found.append(" ".join(name))
+        for match in _NAME.findall(text, start, end):
+            words = [w[:-2] if w.endswith("'s") else w for w in match.split()]
+            while words and words[0] in _NOT_NAMES:
+                del words[0]
+            if words:
+                found.append(" ".join(words))
     return found
 
 
-def _scan(text: str) -> list[str]:
+_NO_FACTS: list[str] = []
+
+
+def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
+    """The fact pattern's matches, token by token; `tokens` remembers each distinct token's
+    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids)."""
     found: list[str] = []
     findall = _FACT.findall
+    seen: dict[str, list[str]] = {} if tokens is None else tokens
+    get = seen.get
     for token in text.split():
-        word = token if token.isalpha() else token.strip(_WORD_EDGES)
-        if word.isalpha() and (word.islower() or word.isupper() or word.istitle()):
-            continue  # letters only and no lower-to-upper hump: no fact
-        found += findall(token)
+        hit = get(token)
+        if hit is None:
+            word = token if token.isalpha() else token.strip(_WORD_EDGES)
+            if word.isalpha() and (word.islower() or word.isupper() or word.istitle()):
+                hit = _NO_FACTS  # letters only and no lower-to-upper hump: no fact
+            else:
+                hit = findall(token) or _NO_FACTS
+            seen[token] = hit
+        if hit:
+            found += hit
     return found
 
 
@@ -170,22 +183,19 @@ class FactMemo:
 
     pieces: dict[str, list[str]] = field(default_factory=dict)
     ranks: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, list[str]] = field(default_factory=dict)
 
     def piece(self, piece: str) -> list[str]:
         """The raw fact matches of one piece of text."""
         found = self.pieces.get(piece)
         if found is None:
-            found = self.pieces[piece] = all_matches(piece)
+            found = self.pieces[piece] = all_matches(piece, self.tokens)
         return found
 
     def matches(self, text: str) -> list[str]:
-        """`_fact_matches(text)`, memoized line by line (no match spans a line break) except on
-        long texts, whose lines rarely repeat."""
-        if len(text) > SCAN_CHARS:
-            return all_matches(text)
-        if "\n" not in text:
-            return self.piece(text)
-        return [m for line in text.split("\n") for m in self.piece(line)]
+        """`all_matches(text)`, with the fact matches of each distinct token found once (a
+        whole text is scanned at once: per-line calls cost more than repeated lines save)."""
+        return all_matches(text, self.tokens)
 
     def rank(self, value: str, quoted: bool) -> int:
         """`_rank(value, quoted)`, computed once per fact (quoted facts always rank 0)."""
@@ -197,12 +207,9 @@ class FactMemo:
         return found
 
 
-def all_matches(text: str) -> list[str]:
-    """Line by line, the fact pattern's matches, then the line's quoted phrases and names (see
-    `name_matches`); a name never spans a line break."""
-    if "\n" not in text:
-        return _fact_matches(text) + name_matches(text)
-    return [m for line in text.split("\n") for m in (*_fact_matches(line), *name_matches(line))]
+def all_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
+    """The fact pattern's matches, then the quoted phrases and names (see `name_matches`)."""
+    return _fact_matches(text, tokens) + name_matches(text)
 
 
 def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
@@ -403,33 +410,57 @@ def fact_shape(fact: str) -> str:
     return _DIGIT_RUN.sub("0", fact.lower())
 
 
-def pack_salient(groups: Sequence[Sequence[tuple[int, str]]], max_chars: int) -> str:
-    """`pack_facts` over the candidates of several messages, preferring what is specific.
+def shape_counts(
+    group: Sequence[tuple[int, str]], shapes: dict[str, str] | None = None
+) -> dict[str, set[str]]:
+    """One message's facts that hold a digit (only those can be tags), grouped by shape;
+    `shapes` memoizes `fact_shape`."""
+    memo: dict[str, str] = {} if shapes is None else shapes
+    out: dict[str, set[str]] = {}
+    for _rank, fact in group:
+        shape = memo.get(fact)
+        if shape is None:
+            shape = memo[fact] = fact_shape(fact)
+        if "0" in shape:
+            out.setdefault(shape, set()).add(fact)
+    return out
 
-    A shape whose many values tag most messages one at a time (turn ids `D1:1`, `D1:2` …, a
-    timestamp per message) is structure, not content: its facts rank last and at most two of them
-    are listed. Facts contained in an already chosen one are left out. (A fact that many of the
-    messages repeat is not ranked down: it is often what they are about, and when they are all
-    folded it is kept nowhere else.)"""
-    n = len(groups)
+
+def structural_shapes(counts: Sequence[dict[str, set[str]]]) -> frozenset[str]:
+    """The shapes of facts that tag messages rather than say something, from each message's
+    `shape_counts`: many distinct values (at least 5), one or two per message, on at least 2/5
+    of the messages (and 5): turn ids `D1:1`, `D1:2` …, a timestamp per message."""
     shape_in: dict[str, int] = {}
     shape_most: dict[str, int] = {}
     shape_values: dict[str, set[str]] = {}
-    for group in groups:
-        facts = {fact for _rank, fact in group}
-        shapes: dict[str, int] = {}
-        for fact in facts:
-            shape = fact_shape(fact)
-            shapes[shape] = shapes.get(shape, 0) + 1
-            shape_values.setdefault(shape, set()).add(fact)
-        for shape, k in shapes.items():
+    for group in counts:
+        for shape, values in group.items():
             shape_in[shape] = shape_in.get(shape, 0) + 1
-            shape_most[shape] = max(shape_most.get(shape, 0), k)
-    structural = {
+            shape_most[shape] = max(shape_most.get(shape, 0), len(values))
+            shape_values.setdefault(shape, set()).update(values)
+    least = max(5, len(counts) * 2 // 5)
+    return frozenset(
         shape
         for shape, k in shape_in.items()
-        if k >= max(5, n * 2 // 5) and shape_most[shape] <= 2 and len(shape_values[shape]) >= 5
-    }
+        if k >= least and shape_most[shape] <= 2 and len(shape_values[shape]) >= 5
+    )
+
+
+def pack_salient(
+    groups: Sequence[Sequence[tuple[int, str]]],
+    max_chars: int,
+    structural: frozenset[str] | None = None,
+    shapes: dict[str, str] | None = None,
+) -> str:
+    """`pack_facts` over the candidates of several messages, preferring what is specific.
+
+    Facts of a `structural` shape (by default those of these groups, see `structural_shapes`)
+    rank last and at most two of them are listed. Facts contained in an already chosen one are
+    left out. (A fact that many of the messages repeat is not ranked down: it is often what
+    they are about, and when they are all folded it is kept nowhere else.)"""
+    memo: dict[str, str] = {} if shapes is None else shapes
+    if structural is None:
+        structural = structural_shapes([shape_counts(group, memo) for group in groups])
     unique: dict[str, tuple[int, int, str]] = {}
     kept_structural: dict[str, int] = {}
     pos = 0
@@ -438,13 +469,16 @@ def pack_salient(groups: Sequence[Sequence[tuple[int, str]]], max_chars: int) ->
             pos += 1
             if fact in unique:
                 continue
-            shape = fact_shape(fact) if structural else ""
             rank = base
-            if shape in structural:
-                if kept_structural.get(shape, 0) >= _STRUCTURAL_KEEP:
-                    continue
-                kept_structural[shape] = kept_structural.get(shape, 0) + 1
-                rank = _STRUCTURAL_RANK
+            if structural:
+                shape = memo.get(fact)
+                if shape is None:
+                    shape = memo[fact] = fact_shape(fact)
+                if shape in structural:
+                    if kept_structural.get(shape, 0) >= _STRUCTURAL_KEEP:
+                        continue
+                    kept_structural[shape] = kept_structural.get(shape, 0) + 1
+                    rank = _STRUCTURAL_RANK
             unique[fact] = (rank, pos, fact)
     chosen = pack_ranked(unique.values(), max_chars, ", ")
     return ", ".join(_without_contained(chosen))

@@ -135,6 +135,14 @@ def preview(text: str, chars: int) -> str:
         return text
     if chars <= 0:
         return ""
+    head, tail = preview_parts(text, chars)
+    return f"{head}\n{ELLIPSIS}\n{tail}"
+
+
+def preview_parts(text: str, chars: int) -> tuple[str, str]:
+    """The head and the tail `preview` keeps (the text and "" when it all fits)."""
+    if len(text) <= chars:
+        return text, ""
     head_len = chars * 2 // 3
     tail_len = chars - head_len
     head = text[:head_len]
@@ -145,7 +153,7 @@ def preview(text: str, chars: int) -> str:
     cut = tail.find("\n")
     if 0 <= cut < tail_len // 2:
         tail = tail[cut + 1 :]
-    return f"{head}\n{ELLIPSIS}\n{tail}"
+    return head, tail
 
 
 def condense(text: str, keep_ratio: float) -> str:

@@ -11,8 +11,13 @@ def search_guided(
     target: int,
     guess: Callable[[int], int],
     estimated: Callable[[int], int | None],
+    *,
+    close: int = 0,
 ) -> int | None:
-    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb.
+    """Smallest rung in 0..n whose cost is within target, assuming costs fall as rungs climb;
+    or, with `close` > 0, a fitting rung that leaves at most `close` tokens unused, if the
+    probes meet one first (a few steps more or less change nothing that matters there, and
+    near the answer each step frees few tokens, so finding the very least takes many probes).
 
     `count` is exact and dear (it writes and counts the forms of its rung); `guess(t)` is the
     first rung whose estimated cost is within t, and `estimated(s)` that estimate (None where
@@ -29,6 +34,8 @@ def search_guided(
         c = count(s)
         if c <= target:
             hi = s
+            if target - c <= close:
+                return s
         else:
             lo = s
         expected = estimated(s)
@@ -46,13 +53,13 @@ def search_guided(
                 break
             lo, step = s, step * 2
     else:  # descend from hi while rungs fit
-        while hi - lo > 1:
+        while hi - lo > 1 and target - count(hi) > close:
             s = max(lo + 1, hi - step)
             if count(s) > target:
                 lo = s
                 break
             hi, step = s, step * 2
-    while hi - lo > 1:
+    while hi - lo > 1 and target - count(hi) > close:
         mid = (lo + hi) // 2
         if count(mid) <= target:
             hi = mid

@@ -129,7 +129,7 @@ def test_content_part_lists_stay_lists_and_keep_their_images() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     messages = chat(6)
     messages[2] = {"role": "user", "content": [{"type": "text", "text": words(400)}, image]}
-    limit = int(count_tokens(messages) * 0.6)
+    limit = count_tokens(messages) - 150  # the oldest message (the one with the image) summarized
     result = compress(messages, limit)
     rewritten = result.messages[2]
     assert rewritten != messages[2]
@@ -241,8 +241,10 @@ def test_stale_tool_outputs_are_masked_first_keeping_head_and_tail() -> None:
     masked = [m for m in result.messages if any(v in message_text(m) for v in cut)]
     assert masked, "the cheapest loss is masking stale tool outputs"
     first = message_text(masked[0])
-    assert "line 0: step 0" in first  # the head survives
-    assert "line 119: step 0" in first  # and the tail
+    step = first.split("line 0: step ", 1)[1].split()[0]  # the head survives
+    assert f"line 119: step {step}" in first  # and the tail
+    # The output of the file the task names is relevant to it: it is masked last.
+    assert step != "0"
     # The agent's own steps stay verbatim while tool outputs are masked.
     assert all(m in result.messages for m in messages if m["role"] == "assistant")
 

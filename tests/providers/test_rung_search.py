@@ -87,3 +87,27 @@ def test_a_close_estimate_needs_few_probes_all_near_the_answer() -> None:
     # A blind gallop from rung 0 and bisection would take about 22.
     assert len(set(probed)) <= 8
     assert all(abs(s - answer) <= 60 for s in probed if s)
+
+
+def test_a_rung_close_enough_to_the_target_ends_the_search_early() -> None:
+    costs = _ladder(300, 4)
+    target = costs[200] + 5
+    probed: list[int] = []
+
+    def count(s: int) -> int:
+        probed.append(s)
+        return costs[s]
+
+    def estimated(s: int) -> int | None:
+        return costs[s] if s < len(costs) else None
+
+    exact = _search(costs, costs, target, [])
+    answer = search_guided(
+        count, len(costs) - 1, target, _first_within(costs), estimated, close=target // 100
+    )
+    assert answer is not None
+    assert costs[answer] <= target
+    assert target - costs[answer] <= target // 100
+    assert exact is not None
+    assert answer >= exact
+    assert len(set(probed)) <= 3

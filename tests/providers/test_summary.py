@@ -130,4 +130,4 @@ def test_a_shared_fact_memo_changes_no_analysis() -> None:
     ]
     memo = FactMemo()
     assert [analyze(t, memo) for t in texts] == [analyze(t) for t in texts]
-    assert memo.pieces
+    assert memo.tokens

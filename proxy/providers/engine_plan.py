@@ -1,0 +1,256 @@
+"""The engine's rungs: the request a ladder rung stands for, built exactly or estimated.
+
+`Plan.build(s)` writes (or only prices) the messages at rung s: every step up to s applied,
+consecutive dropped units folded into one stub, consecutive rewritten same-role messages merged.
+`Estimates` prices rungs from the length of what their forms will say, climbing lazily; the
+first few forms of each kind are written and counted so the rest are priced with the
+conversation's own correction (fact lists are sparse in chat and dense in code).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from proxy.providers.base import Message
+from proxy.providers.engine_forms import DROPPED, FACTS, Form, Forms
+from proxy.providers.ladder import Step
+from proxy.providers.units import Unit
+
+# Forms of each kind (single messages, stubs) written and counted to calibrate the estimates.
+CALIBRATION = 4
+
+
+@dataclass
+class Plan:
+    messages: Sequence[Message]
+    units: Sequence[Unit]
+    fixed: frozenset[int]
+    steps: list[Step]
+    forms: Forms
+    merge: bool
+    base: int
+
+    def build(
+        self, s: int, force_cap: int | None, collect: bool = True
+    ) -> tuple[list[Message], list[Form], int]:
+        """The messages at rung `s`, the forms used, and their estimated request tokens.
+
+        Without `collect` only the tokens are computed (what a search probe needs)."""
+        levels = [0] * len(self.messages)
+        dropped = [False] * len(self.units)
+        for step in self.steps[:s]:
+            if step.level == DROPPED:
+                dropped[step.unit] = True
+            else:
+                levels[step.message] = step.level
+        out: list[Message] = []
+        used: list[Form] = []
+        tokens = self.base
+        run: list[Unit] = []
+        pending: list[Form] = []
+        gap: list[int] = []  # start and end of the untouched messages not emitted yet
+
+        def emit(form: Form | None, start: int, end: int) -> None:
+            nonlocal tokens
+            if form is None:
+                if collect:
+                    out.extend(self.messages[start:end])
+                tokens += self.forms.span_cost(start, end)
+            else:
+                if collect:
+                    out.append(form.message)
+                    used.append(form)
+                tokens += self.forms.cost(form)
+
+        def flush_gap() -> None:
+            if gap:
+                emit(None, gap[0], gap[1])
+                gap.clear()
+
+        def flush_pending() -> None:
+            if len(pending) > 1:
+                emit(self.forms.merged(pending), pending[0].start, pending[-1].end)
+            elif pending:
+                emit(pending[0], pending[0].start, pending[0].end)
+            pending.clear()
+
+        def flush_run() -> None:
+            if run:
+                stub = self.forms.stub(run[0].start, run[-1].end, force_cap)
+                if stub is not None:
+                    flush_pending()
+                    emit(stub, stub.start, stub.end)
+                else:
+                    for unit in run:
+                        emit_unit(unit, FACTS)
+                run.clear()
+
+        def emit_unit(unit: Unit, floor: int = 0) -> None:
+            for i in unit.indices():
+                form = None
+                level = floor or levels[i]
+                if i not in self.fixed and level:
+                    if force_cap is None:
+                        form = self.forms.single(i, level)
+                    else:
+                        form = self.forms.forced(i, force_cap)
+                if form is not None and self.merge and _mergeable(form, pending):
+                    pending.append(form)
+                    continue
+                flush_pending()
+                if form is not None and self.merge and _mergeable(form, []):
+                    pending.append(form)
+                else:
+                    emit(form, i, i + 1)
+
+        for u, unit in enumerate(self.units):
+            if not dropped[u] and not any(levels[i] for i in unit.indices()):
+                # Most units of most rungs are untouched: consecutive ones are emitted as one
+                # slice with one prefix-sum lookup.
+                if gap:
+                    gap[1] = unit.end
+                else:
+                    flush_run()
+                    flush_pending()
+                    gap.extend((unit.start, unit.end))
+                continue
+            flush_gap()
+            if dropped[u]:
+                run.append(unit)
+                continue
+            flush_run()
+            emit_unit(unit)
+        flush_gap()
+        flush_run()
+        flush_pending()
+        return out, used, tokens
+
+
+class Estimates:
+    """Estimated request tokens rung by rung, climbed lazily.
+
+    Each step writes its unit's forms once (what the exact search then reuses) and prices them
+    from their length, not by counting tokens; merges are not priced."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.now = list(plan.forms.costs)
+        self.totals = [plan.base + sum(self.now)]
+        # Dropped units join their dropped neighbours in one stub: each run of them is known by
+        # its first and last unit (`ends` maps each to the other), with its fact characters and
+        # estimated cost kept under its first unit.
+        self.ends: dict[int, int] = {}
+        self.run_chars: dict[int, int] = {}
+        self.run_cost: dict[int, int] = {}
+        # How far off the length-based prices are in this conversation (fact lists are sparse
+        # in chat and dense in code): the first few forms of each kind are written and counted,
+        # and the rest priced by the mean of exact over estimated.
+        self.misses: dict[bool, list[float]] = {False: [], True: []}
+        self.changes = [True]
+        """Per rung, whether its step is estimated to change anything (a message that has no
+        smaller form at a level stays as it was)."""
+
+    def at(self, s: int) -> int | None:
+        """Estimated cost of rung s (None above the last step: forced rungs are not estimated)."""
+        if s > len(self.plan.steps):
+            return None
+        while len(self.totals) <= s:
+            self._climb()
+        return self.totals[s]
+
+    def first_within(self, target: int) -> int:
+        """The first rung whose estimated cost is within target (the last step's if none)."""
+        s = 0
+        while True:
+            total = self.at(s)
+            if total is None:
+                return len(self.plan.steps)
+            if total <= target:
+                return s
+            s += 1
+
+    def _climb(self) -> None:
+        plan, forms = self.plan, self.plan.forms
+        step = plan.steps[len(self.totals) - 1]
+        if step.level == DROPPED:
+            new, old = self._drop(step.unit)
+        else:
+            i = step.message
+            new = forms.costs[i]
+            if i not in plan.fixed:
+                estimate = forms.estimate_single(i, step.level)
+                if estimate < forms.costs[i]:
+                    form = None
+                    if len(self.misses[False]) < CALIBRATION:
+                        form = forms.single(i, step.level)
+                        exact = forms.costs[i] if form is None else form.tokens
+                    new = self._calibrated(False, estimate, exact if form else None)
+                    new = min(new, forms.costs[i])
+            old = self.now[i]
+            self.now[i] = new
+        self.totals.append(self.totals[-1] + new - old)
+        self.changes.append(step.level == DROPPED or new != old)
+
+    def same_as(self, s: int) -> int:
+        """The lowest rung with the same messages as rung s, as far as the estimates know: steps
+        that change nothing are skipped, so the search never builds the same request twice."""
+        while 0 < s <= len(self.plan.steps):
+            self.at(s)
+            if self.changes[s]:
+                break
+            s -= 1
+        return s
+
+    def _calibrated(self, stub: bool, estimate: int, exact: int | None) -> int:
+        """The exact price if there is one (remembering how far off the estimate was), else the
+        estimate corrected by the mean miss so far."""
+        misses = self.misses[stub]
+        if exact is not None:
+            misses.append(exact / max(estimate, 1))
+            return exact
+        return round(estimate * sum(misses) / len(misses)) if misses else estimate
+
+    def _drop(self, u: int) -> tuple[int, int]:
+        """(new, old) estimated cost of dropping unit u into the run of its dropped neighbours."""
+        plan, forms = self.plan, self.plan.forms
+        unit = plan.units[u]
+        old = sum(self.now[i] for i in unit.indices())
+        for i in unit.indices():
+            self.now[i] = 0
+        first, last, chars = u, u, forms.fact_chars_of(unit.start, unit.end)
+        if u - 1 in self.ends:
+            first = self.ends.pop(u - 1)
+            self.ends.pop(first, None)
+            chars += self.run_chars.pop(first)
+            old += self.run_cost.pop(first)
+        if u + 1 in self.ends:
+            last = self.ends.pop(u + 1)
+            self.ends.pop(last, None)
+            chars += self.run_chars.pop(u + 1)
+            old += self.run_cost.pop(u + 1)
+        self.ends[first], self.ends[last] = last, first
+        start, end = plan.units[first].start, plan.units[last].end
+        exact = None
+        if len(self.misses[True]) < CALIBRATION:
+            stub = forms.stub(start, end)
+            exact = stub.tokens if stub is not None else None
+        new = self._calibrated(True, forms.estimate_stub(start, end, chars), exact)
+        self.run_chars[first], self.run_cost[first] = chars, new
+        return new, old
+
+
+def _mergeable(form: Form, pending: Sequence[Form]) -> bool:
+    m = form.message
+    if m.get("role") not in ("user", "assistant") or m.get("tool_calls") or m.get("tool_call_id"):
+        return False
+    if not isinstance(m.get("content"), str) or form.end - form.start != 1:
+        return False
+    if not pending:
+        return True
+    last = pending[-1].message
+    return (
+        last.get("role") == m.get("role")
+        and last.get("name") == m.get("name")
+        and pending[-1].end == form.start
+    )

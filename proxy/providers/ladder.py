@@ -1,0 +1,101 @@
+"""The engine's ladder: in which order messages lose detail, from what they hold and how recent.
+
+Every message that may change gets a keep key: how far along the conversation it is (0 for the
+oldest, 1 for the newest) plus, for tool results, how relevant it is to the recent turns per
+character (BM25 of its terms against the last user message and the final units, over its
+length): an observation that what the conversation now talks about no longer mentions is stale,
+whatever its age, and a file view the agent is still working on is not. Conversation prose is
+ordered by age alone: it is a narrative whose specific items (names, numbers) matter wherever
+they are, and its fact lists keep them.
+
+The ladder then climbs, lowest key first: every stale tool output is masked (head and tail
+kept: the cheapest loss), then each message in turn is summarized and reduced to its facts, and
+a unit is dropped into a stub once its last message has been reduced. The units holding the
+final tool results come last, level by level (cutting them is the last resort).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from proxy.providers.base import Message
+from proxy.providers.engine_forms import DROPPED, FACTS, MASKED, SUMMARY
+from proxy.providers.relevance import Relevance, terms
+from proxy.providers.units import Unit
+
+# What relevance adds to a tool result's key at most (age adds at most 1): a relevant output
+# outlives every irrelevant one, however recent.
+RELEVANCE_WEIGHT = 3.0
+# Characters added to a message's length before dividing its relevance by it, so a two-line
+# output sharing one query term does not outrank a file view full of them.
+LENGTH_SMOOTHING = 1000
+
+
+class Step(NamedTuple):
+    """One climb of the ladder: `message` to `level`, or (DROPPED) unit `unit` dropped.
+    (A tuple: a long history has thousands of steps, and frozen dataclasses are slow to make.)"""
+
+    unit: int
+    level: int
+    message: int = -1
+
+
+def keep_keys(
+    messages: Sequence[Message], texts: Sequence[str], query: Sequence[int]
+) -> tuple[list[float], dict[str, float]]:
+    """Per message, how long it should keep its detail (higher: longer), and the query's terms
+    that older tool results share, with their weights (inverse document frequency over the tool
+    results). `texts` are the messages' texts (with their tool-call arguments), `query` the
+    indices of the recent turns.
+
+    A tool result of the query itself is recent already and matches itself: it gets no
+    relevance, and its own terms weigh only where an older result shares them. Terms are
+    counted only where they are needed: in the tool results and the query."""
+    n = len(messages)
+    keys = [i / max(n - 1, 1) for i in range(n)]
+    recent = set(query)
+    older = [i for i, m in enumerate(messages) if m.get("role") == "tool" and i not in recent]
+    if not older:
+        return keys, {}
+    found = [terms(texts[i]) for i in older]
+    documents = [(set(t), len(t)) for t in found]
+    wanted = {t for i in query for t in terms(texts[i])}
+    relevance = Relevance(documents, wanted)
+    density = [relevance.score(d) / (len(texts[i]) + LENGTH_SMOOTHING) for d, i in enumerate(older)]
+    top = max(density)
+    if top > 0:
+        for d, i in enumerate(older):
+            keys[i] += RELEVANCE_WEIGHT * density[d] / top
+    return keys, relevance.idf
+
+
+def ladder(
+    units: Sequence[Unit],
+    messages: Sequence[Message],
+    keys: Sequence[float],
+    *,
+    fixed: frozenset[int],
+    can_drop: Sequence[bool],
+    last: frozenset[int] = frozenset(),
+) -> list[Step]:
+    """The steps, least lossy first (see the module docstring)."""
+    unit_of = {i: u for u, unit in enumerate(units) for i in unit.indices()}
+    final = {unit_of[i] for i in last}
+    movable = [i for i in range(len(messages)) if i not in fixed and unit_of[i] not in final]
+    movable.sort(key=lambda i: (keys[i], i))
+    is_tool: Callable[[int], bool] = lambda i: messages[i].get("role") == "tool"  # noqa: E731
+    steps = [Step(unit_of[i], MASKED, i) for i in movable if is_tool(i)]
+    left = Counter(unit_of[i] for i in movable)
+    for i in movable:
+        u = unit_of[i]
+        steps += (Step(u, SUMMARY, i), Step(u, FACTS, i))
+        left[u] -= 1
+        if not left[u] and can_drop[u]:
+            steps.append(Step(u, DROPPED))
+    tail = [i for u in sorted(final) for i in units[u].indices() if i not in fixed]
+    for level in (MASKED, SUMMARY, FACTS):
+        steps += [Step(unit_of[i], level, i) for i in tail if level != MASKED or is_tool(i)]
+    steps += [Step(u, DROPPED) for u in sorted(final) if can_drop[u]]
+    return steps

@@ -1,0 +1,143 @@
+"""Lexical relevance of messages to the recent turns: BM25 with the recent turns as the query.
+
+What a conversation is about now is in its last user message and its final messages; an older
+message that shares their rare terms is more likely to be needed than one that does not. Terms
+are lowered words split at punctuation (a path or `obj.attr` gives its parts), found with
+`str.translate` and `str.split` (C speed, no regex); document frequencies are counted over the
+messages scored, so a term every message holds weighs nothing.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from proxy.providers.facts import SCAN_CHARS, scan_spans
+
+# Everything but letters, digits, `_` and `-` separates terms.
+_SEPARATORS = str.maketrans(dict.fromkeys("\t\n\r\"'`()[]{}<>,;:=|!?*#&^%$+~\\/.@", " "))
+_K1 = 1.2
+_B = 0.75
+
+
+def terms(text: str) -> list[str]:
+    """The lowered terms of a text, in order, repeats included (a piece at a time, cut at
+    blanks, on long texts: one `translate` of megabytes would hold the GIL for long)."""
+    if len(text) <= SCAN_CHARS:
+        return text.lower().translate(_SEPARATORS).split()
+    return [
+        t
+        for start, end in scan_spans(text, SCAN_CHARS, " \n")
+        for t in text[start:end].lower().translate(_SEPARATORS).split()
+    ]
+
+
+class Relevance:
+    """BM25 scores of documents against one query. A document is its set of terms and its
+    length in terms: a term counts once per document (agent outputs repeat identifiers; the
+    saturation BM25 applies to repeats makes them worth little more anyway)."""
+
+    def __init__(self, documents: Sequence[tuple[set[str], int]], query: Iterable[str]) -> None:
+        self.documents = documents
+        df: Counter[str] = Counter()
+        for doc, _length in documents:
+            df.update(doc)
+        n = len(documents)
+        wanted = set(query)
+        self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in wanted if t in df}
+        total = sum(length for _doc, length in documents)
+        self.avg = total / n if n and total else 1.0
+
+    def score(self, d: int) -> float:
+        """BM25 of document d (0 when it shares no query term)."""
+        doc, length = self.documents[d]
+        norm = _K1 * (1 - _B + _B * length / self.avg)
+        gain = (_K1 + 1) / (1 + norm)
+        return gain * sum(self.idf[t] for t in self.idf.keys() & doc)
+
+
+# Relevant lines: the heaviest query terms are looked for (case-insensitively, as substrings of
+# at least this many characters), a piece of the text at a time.
+_MIN_TERM = 3
+_LINE_TERMS = 24
+_LINE_WIDTH = 240
+_NEWLINE = re.compile("\n")
+
+
+def heaviest(weights: Mapping[str, float], k: int = _LINE_TERMS) -> list[tuple[str, float]]:
+    """The k heaviest terms of at least `_MIN_TERM` characters, heaviest first."""
+    usable = [(w, t) for t, w in weights.items() if len(t) >= _MIN_TERM]
+    usable.sort(reverse=True)
+    return [(t, w) for w, t in usable[:k]]
+
+
+@dataclass(frozen=True)
+class LineHits:
+    """Where the query's terms occur in one text: per line start, the weight of the distinct
+    terms it holds and the offset of its first hit."""
+
+    text: str
+    scores: dict[int, float]
+    first_hit: dict[int, int]
+
+
+def line_hits(text: str, terms: Sequence[tuple[str, float]]) -> LineHits:
+    """The lines of `text` that hold any of `terms` (see `heaviest`), found once per text. A
+    term counts for each line holding it its weight over how many lines do: what every line
+    of an output says singles none of them out.
+
+    Every search is a `str.find` over one piece of at most 2 * SCAN_CHARS (cut at line breaks
+    where there are any), so the work per call stays bounded whatever the text's shape."""
+    lines_of: dict[str, set[int]] = {}
+    first_hit: dict[int, int] = {}
+    for piece_start, piece_end in scan_spans(text, SCAN_CHARS, "\n") if terms else ():
+        low = text[piece_start:piece_end].lower()
+        starts: list[int] = []
+        for term, _weight in terms:
+            at = low.find(term)
+            while at >= 0:
+                if not starts:  # where the piece's lines start (a piece is one line at least)
+                    starts = [0, *(m.end() for m in _NEWLINE.finditer(low))]
+                line = piece_start + starts[bisect.bisect_right(starts, at) - 1]
+                lines_of.setdefault(term, set()).add(line)
+                first_hit.setdefault(line, piece_start + at)
+                at = low.find(term, at + len(term))
+    scores: dict[int, float] = {}
+    for term, weight in terms:
+        hit = lines_of.get(term, ())
+        for line in hit:
+            scores[line] = scores.get(line, 0.0) + weight / len(hit)
+    return LineHits(text, scores, first_hit)
+
+
+def relevant_lines(hits: LineHits, start: int, end: int, max_chars: int) -> list[str]:
+    """The lines starting in text[start:end] that hold the most weight of the query's terms,
+    best first until max_chars, back in text order. A line longer than `_LINE_WIDTH` gives the
+    part around its first hit."""
+    text = hits.text
+    chosen: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    used = 0
+    inside = [line for line in hits.scores if start <= line < end]
+    for line in sorted(inside, key=lambda s: (-hits.scores[s], s)):
+        if used >= max_chars - 1:
+            break
+        limit = min(end, line + 4 * _LINE_WIDTH)
+        stop = text.find("\n", line, limit)
+        stop = limit if stop < 0 else stop
+        body = text[line:stop].strip()
+        if len(body) > _LINE_WIDTH:
+            lo = max(0, hits.first_hit[line] - line - _LINE_WIDTH // 3)
+            body = text[line + lo : line + lo + _LINE_WIDTH].strip()
+        if body and body not in seen and used + len(body) + 1 <= max_chars:
+            seen.add(body)
+            chosen.append((line, body))
+            used += len(body) + 1
+    chosen.sort()
+    return [body for _line, body in chosen]

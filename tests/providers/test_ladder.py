@@ -1,0 +1,91 @@
+"""What the engine keeps longest: tool results the recent turns still talk about, whatever age."""
+
+from __future__ import annotations
+
+from proxy.providers.engine import EngineProvider
+from proxy.providers.engine_forms import DROPPED, MASKED, SUMMARY, fact_text
+from proxy.providers.ladder import keep_keys, ladder
+from proxy.providers.relevance import Relevance, heaviest, line_hits, relevant_lines, terms
+from proxy.providers.units import message_text, split_units
+from tests.providers.build import assistant, system, tool, user
+from tests.providers.tokens import count_tokens, make_config
+
+
+def _listing(k: int) -> str:
+    return "\n".join(f"-rw-r--r-- 1 dev dev {k * 100 + j} notes_{k}_{j}.txt" for j in range(60))
+
+
+def _run() -> list[dict[str, object]]:
+    """An agent run: the task names `parse_header`; an old file view holds it, the newer
+    listings do not."""
+    view = "\n".join(
+        [f"def helper_{k}(value):\n    return value + {k}" for k in range(40)]
+        + ["def parse_header(raw):", "    return raw.split(':')"]
+        + [f"def other_{k}(value):\n    return value * {k}" for k in range(40)]
+    )
+    out = [system(), user("Fix the bug in parse_header: it drops the value after a colon.")]
+    out += [assistant("Reading the parser.", "c0"), tool("c0", view)]
+    for k in range(1, 7):
+        out += [assistant(f"Listing step {k}.", f"c{k}"), tool(f"c{k}", _listing(k))]
+    out += [assistant("Checking parse_header once more.", "c9"), tool("c9", "parse_header ok")]
+    return out
+
+
+def test_terms_are_lowered_words_split_at_punctuation() -> None:
+    assert terms("Fix `parse_header()` in src/Net.py!") == [
+        "fix",
+        "parse_header",
+        "in",
+        "src",
+        "net",
+        "py",
+    ]
+
+
+def test_bm25_prefers_the_document_sharing_the_rarer_query_term() -> None:
+    docs = [set(terms(t)) for t in ("alpha beta", "alpha gamma", "alpha delta")]
+    relevance = Relevance([(d, 2) for d in docs], ["alpha", "gamma"])
+    assert relevance.score(1) > relevance.score(0) == relevance.score(2) > 0
+
+
+def test_a_relevant_old_output_outlives_irrelevant_newer_ones() -> None:
+    messages = _run()
+    keys, weights = keep_keys(messages, [fact_text(m) for m in messages], [1, 16, 17])
+    assert "parse_header" in weights
+    assert keys[3] > max(keys[i] for i in range(5, 15, 2))  # the old view, the listings
+
+
+def test_every_stale_output_is_masked_before_any_message_is_summarized() -> None:
+    messages = _run()
+    units = split_units(messages)
+    keys, _ = keep_keys(messages, [fact_text(m) for m in messages], [1, 16, 17])
+    fixed = frozenset({0, 1, len(messages) - 1})
+    steps = ladder(units, messages, keys, fixed=fixed, can_drop=[True] * len(units))
+    levels = [s.level for s in steps]
+    assert levels.index(SUMMARY) > max(i for i, lv in enumerate(levels) if lv == MASKED)
+    # A unit is dropped only after its last message was reduced.
+    first_drop = levels.index(DROPPED)
+    dropped_unit = steps[first_drop].unit
+    reduced = {s.message for s in steps[:first_drop] if s.unit == dropped_unit}
+    assert reduced == set(units[dropped_unit].indices())
+
+
+def test_a_mask_keeps_the_lines_the_recent_turns_talk_about() -> None:
+    messages = _run()
+    limit = count_tokens(messages) * 3 // 10
+    result = EngineProvider().compress(messages, make_config(limit))
+    view = message_text(next(m for m in result.messages if m.get("tool_call_id") == "c0"))
+    assert view.startswith("[compactd:ref=")
+    assert "def parse_header(raw):" in view
+    assert "helper_30" not in view  # the middle that mentions nothing relevant
+
+
+def test_relevant_lines_are_found_a_piece_at_a_time_in_a_text_without_line_breaks() -> None:
+    # 5 MB on one line: every search is bounded by one piece, and a long line gives the part
+    # around its hit.
+    text = "x" * 5_000_000 + " needle " + "y" * 100
+    hits = line_hits(text, heaviest({"needle": 1.0}))
+    lines = relevant_lines(hits, 0, len(text), 300)
+    assert len(lines) == 1
+    assert "needle" in lines[0]
+    assert len(lines[0]) <= 240
