@@ -25,7 +25,12 @@ from proxy.digest import message_digest
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
 from proxy.providers.uncompress import uncompress
-from proxy.providers.units import final_unit_start, hard_protected, refs_in
+from proxy.providers.units import (
+    final_tool_results,
+    final_unit_start,
+    hard_protected,
+    refs_in,
+)
 from proxy.providers.validate import Alignment, align, pairing_problems
 from proxy.store.base import Checkpoint, Compaction, ConversationInfo
 
@@ -57,16 +62,29 @@ def replay_problem(cp: Checkpoint, messages: Sequence[Message], digests: Sequenc
         protected = [i for i in hard_protected(messages) if messages[i].get("role") == "user"]
         if protected and k >= min(protected):
             return "it covers the last user message"
-    else:
-        problem = structure_problem(cp, digests)
-        if problem:
-            return problem
-        problem = protected_problem(cp, messages)
-        if problem:
-            return problem
-    candidate = [*cp.messages, *messages[k + 1 :]]
+        return pairing_problem(cp, messages)
+    return fit_problem(cp, messages, digests)
+
+
+def fit_problem(cp: Checkpoint, messages: Sequence[Message], digests: Sequence[str]) -> str:
+    """Whether a (structured) checkpoint, followed by the rest of this request, is a request as
+    valid as the client's: it stands for these originals, keeps what this request protects, and
+    pairs every tool call with its results. Also asked of the checkpoint another request stored
+    first for the same prefix (first writer wins), which may come from another branch."""
+    return (
+        structure_problem(cp, digests)
+        or protected_problem(cp, messages)
+        or pairing_problem(cp, messages)
+    )
+
+
+def pairing_problem(cp: Checkpoint, messages: Sequence[Message]) -> str:
+    """Whether the checkpoint followed by the rest of the request breaks tool-call pairing
+    where the client's own request did not (a branch may have dropped a call whose result this
+    request goes on to send)."""
+    candidate = [*cp.messages, *messages[cp.covered_through + 1 :]]
     if pairing_problems(candidate) - pairing_problems(messages):
-        return "replaying it would break tool-call pairing"
+        return "with this request's messages after it, tool-call pairing breaks"
     return ""
 
 
@@ -94,9 +112,11 @@ def kept_originals(cp: Checkpoint) -> set[int]:
 
 
 def protected_problem(cp: Checkpoint, messages: Sequence[Message]) -> str:
-    """Whether a checkpoint rewrote a message this request protects."""
+    """Whether a checkpoint rewrote a message this request protects (the tool results that end
+    a request may be cut in place as a provider's last resort, as the validator allows; a replay
+    never reaches them, since it ends before the final unit)."""
     kept = kept_originals(cp)
-    for i in sorted(hard_protected(messages)):
+    for i in sorted(hard_protected(messages) - final_tool_results(messages)):
         if i <= cp.covered_through and i not in kept:
             return f"it rewrites protected message {i} ({messages[i].get('role')})"
     return ""

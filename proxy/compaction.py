@@ -29,9 +29,8 @@ from proxy.calibration import Calibration
 from proxy.checkpoint import (
     CompactionError,
     compaction_for,
-    protected_problem,
+    fit_problem,
     replay_problem,
-    structure_problem,
     worth_it,
 )
 from proxy.config import PolicySettings, Settings
@@ -493,10 +492,7 @@ class Compactor:
         # if they stand for the same originals (ours were stored too, so ours are safe to send).
         history = plan.history
         assert history is not None
-        if winner.ends and not (
-            structure_problem(winner, history.digests)
-            or protected_problem(winner, history.messages)
-        ):
+        if winner.ends and not fit_problem(winner, history.messages, history.digests):
             merged = [*winner.messages, *plan.messages[len(mine.messages) :]]
             return dataclasses.replace(
                 plan, messages=merged, providers=tuple(winner.providers)

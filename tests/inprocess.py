@@ -180,10 +180,11 @@ async def running(
     upstream: MockUpstream | None = None,
     *,
     registry: ProviderRegistry | None = None,
-    store: Store | None = None,
+    backend: Store | None = None,
     **sections: Any,
 ) -> AsyncIterator[Proxy]:
-    """compactd with config `sections` (e.g. default_policy={...}) in front of `upstream`."""
+    """compactd with config `sections` (e.g. default_policy={...}, store={...}) in front of
+    `upstream`; `backend` replaces the configured store."""
     upstream = upstream or MockUpstream()
     overrides: dict[str, Any] = {
         **sections,
@@ -192,7 +193,7 @@ async def running(
     }
     settings = load_settings(None, env={}, overrides=overrides)
     app = create_app(
-        settings, transport=httpx.MockTransport(upstream.handle), registry=registry, store=store
+        settings, transport=httpx.MockTransport(upstream.handle), registry=registry, store=backend
     )
     async with lifespan(app):
         transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]

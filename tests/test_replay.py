@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,19 @@ async def test_an_edited_middle_message_never_replays_what_came_after_it(tmp_pat
     assert back == edited
 
 
+def rewrite_checkpoints(tmp_path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Change every stored checkpoint in place, as corruption or a bug would."""
+    database = sqlite3.connect(tmp_path / "data" / "compactd.db")
+    with database:
+        for (body,) in database.execute("SELECT body FROM checkpoints").fetchall():
+            value = orjson.loads(body)
+            change(value)
+            database.execute(
+                "UPDATE checkpoints SET body = ? WHERE body = ?", (orjson.dumps(value), body)
+            )
+    database.close()
+
+
 async def test_an_unreadable_checkpoint_counts_as_absent(tmp_path: Path) -> None:
     history = agent_run(14)
     async with running(tmp_path, **SMALL) as proxy:
@@ -119,15 +133,7 @@ async def test_a_checkpoint_claiming_another_tenant_counts_as_absent(tmp_path: P
     history = agent_run(14)
     async with running(tmp_path, **SMALL) as proxy:
         await send(proxy, history)
-        database = sqlite3.connect(tmp_path / "data" / "compactd.db")
-        with database:
-            for (body,) in database.execute("SELECT body FROM checkpoints").fetchall():
-                value = orjson.loads(body)
-                value["t"] = "b" * 24
-                database.execute(
-                    "UPDATE checkpoints SET body = ? WHERE body = ?", (orjson.dumps(value), body)
-                )
-        database.close()
+        rewrite_checkpoints(tmp_path, lambda value: value.update(t="b" * 24))
         action, sent = await send(proxy, [*history, {"role": "user", "content": "next"}])
         discarded = proxy.metric("compactd_checkpoints_discarded_total", reason="other_tenant")
     assert action == "compacted"
@@ -143,15 +149,9 @@ async def test_a_checkpoint_that_does_not_keep_a_protected_message_is_not_replay
     history = agent_run(14)
     async with running(tmp_path, **SMALL) as proxy:
         await send(proxy, history)
-        database = sqlite3.connect(tmp_path / "data" / "compactd.db")
-        with database:
-            for (body,) in database.execute("SELECT body FROM checkpoints").fetchall():
-                value = orjson.loads(body)
-                value["r"] = [["abcdef0123"] for _ in value["r"]]
-                database.execute(
-                    "UPDATE checkpoints SET body = ? WHERE body = ?", (orjson.dumps(value), body)
-                )
-        database.close()
+        rewrite_checkpoints(
+            tmp_path, lambda value: value.update(r=[["abcdef0123"] for _ in value["r"]])
+        )
         _, sent = await send(proxy, history)
         invalid = proxy.metric("compactd_checkpoints_discarded_total", reason="invalid")
     assert sent[1] == history[1]
