@@ -129,8 +129,8 @@ class ReplayMachine(RuleBasedStateMachine):
         try:
             r = self.loop.run_until_complete(self.proxy.chat(body, key=conv.key, **headers))
         finally:
+            # (Its message states no request length, so nothing is learned for later runs.)
             self.proxy.upstream.script.clear()
-            self.proxy.services.models.forget_window(conv.model)  # no leak into later runs
         sent = len(self.proxy.upstream.received) - before
         if overflow is not None:
             # The request the upstream refused is the first decision's, checked like any other.
