@@ -176,13 +176,19 @@ async def test_min_replicas_ack_on_the_cluster(redis_cluster: LocalCluster) -> N
     assert warnings == []  # AOF on, noeviction, a replica behind every master
 
 
+async def saved(server: RedisServer, *convs: str) -> tuple[RedisStore, list[dict[str, object]]]:
+    """A store on `server` where each conversation has compacted messages 0..5 of one history."""
+    store = await open_store(server.url)
+    msgs = history(12)
+    for conv in convs:
+        await store.save_compaction(compaction(A, conv, msgs, 5), TTL)
+    return store, msgs
+
+
 async def test_a_ref_shared_by_two_conversations_resolves_while_either_lives(
     private_redis: RedisServer,
 ) -> None:
-    store = await open_store(private_redis.url)
-    msgs = history(12)
-    await store.save_compaction(compaction(A, "one", msgs, 5), TTL)
-    await store.save_compaction(compaction(A, "two", msgs, 5), TTL)
+    store, msgs = await saved(private_redis, "one", "two")
 
     await store.purge(A, "one")
     after_one = await store.resolve_refs(A, ["0005abcdef"])
@@ -258,9 +264,7 @@ def test_malformed_cluster_urls_are_refused(url: str) -> None:
 async def test_refs_indexed_the_way_earlier_builds_did_still_resolve(
     private_redis: RedisServer,
 ) -> None:
-    store = await open_store(private_redis.url)
-    msgs = history(12)
-    await store.save_compaction(compaction(A, "old", msgs, 5), TTL)
+    store, msgs = await saved(private_redis, "old")
     keys = KeyLayout(PREFIX)
     raw = redis.Redis(port=private_redis.port)
     # What an earlier build left: the conversation's data, a hash index, no zset entries.
