@@ -47,23 +47,21 @@ class Segment:
 class Priced:
     """How one request's prompt tokens split between cache reads, cache writes and input."""
 
-    total: int
-    cached: int
-    written: int = 0
+    total: float
+    cached: float
+    written: float = 0
     """Anthropic only: tokens written to the cache (billed at 1.25 x input)."""
 
     @property
-    def uncached(self) -> int:
+    def uncached(self) -> float:
         return self.total - self.cached - self.written
 
     def scale(self, prompt_tokens: int) -> Priced:
-        """The same shares of another count of the same prompt (the proxy's own)."""
+        """The same shares of another count of the same prompt (the proxy's own), unrounded."""
         if self.total <= 0:
             return Priced(prompt_tokens, 0, 0)
         f = prompt_tokens / self.total
-        cached = min(prompt_tokens, round(self.cached * f))
-        written = min(prompt_tokens - cached, round(self.written * f))
-        return Priced(prompt_tokens, cached, written)
+        return Priced(prompt_tokens, self.cached * f, self.written * f)
 
 
 @dataclass

@@ -118,10 +118,10 @@ class Arm:
     """One side of the comparison: the client's own requests, or what compactd forwarded."""
 
     usd: float = 0.0
-    prompt: int = 0
-    cached: int = 0
+    prompt: float = 0
+    cached: float = 0
     """Prompt tokens read from the cache (and, under the Anthropic rule, written to it)."""
-    written: int = 0
+    written: float = 0
 
     def add(self, priced: Priced, usd: float) -> None:
         self.usd += usd
@@ -280,7 +280,12 @@ class Replayer:
             for p in self.policies
             if p.name != "default"
         ]
-        return {"policies": policies, "accounting": {"enabled": False}}
+        default = next((p.keys for p in self.policies if p.name == "default"), {})
+        return {
+            "default_policy": default,
+            "policies": policies,
+            "accounting": {"enabled": False},
+        }
 
     async def run(self, cases: Sequence[Case], progress: bool = True) -> list[SessionResult]:
         out: list[SessionResult] = []
@@ -402,7 +407,7 @@ class Total(Figures):
         }
 
 
-def _share(a: int, b: int) -> str:
+def _share(a: float, b: float) -> str:
     return f"{a / b * 100:.1f} %" if b else "—"
 
 
@@ -503,11 +508,15 @@ async def main() -> None:
     parser.add_argument("--ttl", type=float, default=300.0, help="cache entry lifetime (s)")
     parser.add_argument("--gap", type=float, default=30.0, help="seconds between turns")
     parser.add_argument("--policies", default="", help="comma-separated names (default: all)")
+    parser.add_argument("--providers", default="", help="chain for every policy, e.g. engine")
     parser.add_argument("--json", type=Path, help="write every session's figures here")
     parser.add_argument("--plot", type=Path, help="draw the PNG here (needs matplotlib)")
     parser.add_argument("--sessions", action="store_true", help="print the per-session table")
     args = parser.parse_args()
     policies = all_policies()
+    if args.providers:
+        chain = args.providers.split(",")
+        policies = [dataclasses.replace(p, keys={**p.keys, "providers": chain}) for p in policies]
     if args.policies:
         wanted = args.policies.split(",")
         policies = [p for p in policies if p.name in wanted]
@@ -521,7 +530,8 @@ async def main() -> None:
     seconds = time.perf_counter() - started
     print(
         f"model {args.model} ({args.rule} cache rule, ttl {args.ttl:g} s, a turn every "
-        f"{args.gap:g} s); {args.limit or 'all'} longest sessions per corpus; {seconds:.0f} s\n"
+        f"{args.gap:g} s); {args.limit or 'all'} longest sessions per corpus; "
+        f"providers {args.providers or 'as configured'}; {seconds:.0f} s\n"
     )
     print(table([t.row(k) for k, t in totals(results).items()], COLUMNS))
     print("\nnet saving / facts kept, per corpus:\n")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from proxy.budget import Budget
 from proxy.config import PolicySettings
 from proxy.digest import message_digest
+from proxy.lossless import Lossless
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
 from proxy.providers.uncompress import uncompress
@@ -132,17 +133,26 @@ def compaction_for(
     outcome: ChainOutcome,
     tenant: str,
     conversation: str,
+    lossless: Lossless | None = None,
 ) -> Compaction:
     """The checkpoint, refs and originals for a chain's result over `base` + the rest of the
     request (`base` None: over the request itself). Raises CompactionError if the result cannot
-    stand for the originals (it then must not be forwarded either)."""
+    stand for the originals (it then must not be forwarded either).
+
+    `lossless`: the chain ran on the request's lossless forms (`proxy.lossless`); a form the
+    result keeps is recorded under its ref, which maps to its original like any other ref."""
     replayed = list(base.messages) if base is not None else []
     offset = base.covered_through + 1 if base is not None else 0
-    candidate = [*replayed, *messages[offset:]]
+    sent = lossless.messages if lossless is not None else messages
+    form_refs = lossless.refs if lossless is not None else (None,) * len(messages)
+    candidate = [*replayed, *sent[offset:]]
     # One past the last original each chain input message stands for.
     ends = [*(base.ends if base is not None else []), *range(offset + 1, len(messages) + 1)]
     starts = [0, *ends[:-1]]
-    parts = [*(base.parts if base is not None else []), *([] for _ in messages[offset:])]
+    parts = [
+        *(base.parts if base is not None else []),
+        *([r] if r else [] for r in form_refs[offset:]),
+    ]
     alignment = align(candidate, result.messages, result.verbatim)
     if isinstance(alignment, str):
         raise CompactionError(f"the chain's result does not align with its input: {alignment}")
@@ -162,6 +172,10 @@ def compaction_for(
         ref: list(digests[starts[s] : ends[e - 1]]) if e > s else []
         for ref, (s, e) in alignment.ref_spans.items()
     }
+    for i in range(offset, covered + 1):  # the forms this checkpoint newly covers
+        form_ref = form_refs[i]
+        if form_ref is not None:
+            refs_map.setdefault(form_ref, [digests[i]])
     cp = Checkpoint(
         tenant=tenant,
         conversation=conversation,

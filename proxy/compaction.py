@@ -37,6 +37,7 @@ from proxy.config import PolicySettings, Settings
 from proxy.decision import CHAT, REWRITTEN, Action, ChatRequest, Dialect, Outcome, read_request
 from proxy.dialects.native import Counting
 from proxy.digest import prefix_digests
+from proxy.lossless import Lossless, LosslessTier
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
@@ -146,6 +147,7 @@ class Compactor:
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
         self.calibration = calibration
         self._counters: dict[tuple[str, str], Counting] = {}
+        self.lossless = LosslessTier()
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
@@ -284,12 +286,22 @@ class Compactor:
         if request.dialect.history_elsewhere(request.body):
             # The history is on the server: only what is sent can be counted, none compacted.
             return self._outcome(request, "server-history", **figures)
-        if counted.tokens <= counted.budget.trigger and not forced:
-            return self._outcome(request, "passthrough", **figures)
+        forms = self._lossless(request, policy)
+        if forms is not None:
+            figures["tokens_after"] = counted.fixed + counted.counter.count_messages(forms.messages)
+        if figures["tokens_after"] <= counted.budget.trigger and not forced:
+            if forms is None:
+                return self._outcome(request, "passthrough", **figures)
+            figures["providers"] = ("lossless",)
+            if shadow:
+                return self._outcome(request, "shadow", shadow_action="lossless", **figures)
+            content = request.dialect.with_messages(request.body, forms.messages)
+            return self._outcome(request, "lossless", content, **figures)
         if request.tenant is None:
             # No credential, no tenant to keep originals under: never compacted, never stored.
+            figures["tokens_after"] = counted.tokens
             return self._outcome(request, "passthrough", no_credential=True, **figures)
-        plan = await self._plan(request, request.tenant, policy, counted)
+        plan = await self._plan(request, request.tenant, policy, counted, forms)
         if plan.failure:
             self.metrics.fail_open("provider")
             return self._outcome(request, "error", error=plan.failure, **figures)
@@ -309,21 +321,38 @@ class Compactor:
         content = request.dialect.with_messages(request.body, sent)
         return self._outcome(request, plan.action, content, unstored=unstored, **figures)
 
+    def _lossless(self, request: ChatRequest, policy: PolicySettings) -> Lossless | None:
+        """The request's lossless forms when its policy has the tier and a tenant to keep the
+        originals under; None when nothing changes. Chat Completions only for now: other APIs'
+        projections carry items the forms would have to map back one for one."""
+        if not policy.lossless or request.tenant is None or request.messages is None:
+            return None
+        if request.dialect is not CHAT:
+            return None
+        forms = self.lossless.apply(request.messages, self.bodies.digests(request.messages))
+        return forms if forms.changed else None
+
     async def _plan(
-        self, request: ChatRequest, tenant: str, policy: PolicySettings, counted: _Counted
+        self,
+        request: ChatRequest,
+        tenant: str,
+        policy: PolicySettings,
+        counted: _Counted,
+        forms: Lossless | None = None,
     ) -> _Plan:
         assert request.messages is not None
         digests = self.bodies.digests(request.messages)  # computed for new messages only
         messages = list(request.messages)
         history = _History(messages, digests, prefix_digests(digests))
         base = await self._replayable(request, tenant, history)
-        candidate = messages
+        sent = forms.messages if forms is not None else messages
+        candidate = sent
         if base is not None:
-            candidate = [*base.messages, *messages[base.covered_through + 1 :]]
+            candidate = [*base.messages, *sent[base.covered_through + 1 :]]
         replay = _Plan(
             candidate,
-            "replayed" if base is not None else "passthrough",
-            tuple(base.providers) if base is not None else (),
+            "replayed" if base is not None else "lossless" if forms is not None else "passthrough",
+            (*(base.providers if base is not None else ()), *(("lossless",) if forms else ())),
         )
         cand_tokens = counted.fixed + counted.counter.count_messages(candidate)
         if cand_tokens <= counted.budget.trigger:
@@ -331,8 +360,9 @@ class Compactor:
         # A checkpoint written before checkpoints recorded their structure is replayed but
         # never built upon: the new compaction starts from the originals.
         if base is not None and not base.ends:
-            base, cand_tokens = None, counted.tokens
-        chain_input = candidate if base is not None else messages
+            base = None
+            cand_tokens = counted.fixed + counted.counter.count_messages(sent)
+        chain_input = candidate if base is not None else sent
         config = self._config(request, tenant, counted, policy)
         t0 = time.perf_counter()
         outcome = await run_chain(
@@ -362,6 +392,7 @@ class Compactor:
                 outcome=outcome,
                 tenant=tenant,
                 conversation=request.conversation,
+                lossless=forms,
             )
         except CompactionError as exc:
             label = "+".join(outcome.providers)
@@ -371,7 +402,8 @@ class Compactor:
                 extra={"provider": label, "problem": str(exc), "tenant": request.key_id},
             )
             return dataclasses.replace(replay, failure=f"providers {label}: {exc}"[:200])
-        return _Plan(result.messages, "compacted", outcome.providers, compaction, history=history)
+        providers = (*(("lossless",) if forms else ()), *outcome.providers)
+        return _Plan(result.messages, "compacted", providers, compaction, history=history)
 
     def _report_failures(self, request: ChatRequest, outcome: ChainOutcome) -> str:
         """Count and log every provider that failed; the reason to fail open, unless a later

@@ -214,6 +214,7 @@ class PolicySettings:
     recency_turns: int = 2
     max_tool_result_tokens: int = 2000
     reasoning_strip_age_threshold: int = 3
+    lossless: bool = False
 
     def validate(self, p: str) -> None:
         _check(bool(self.name), f"{p}.name", "must not be empty")

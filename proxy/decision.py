@@ -32,9 +32,16 @@ from proxy.tokens import TokenCounter
 
 Message = dict[str, Any]
 Action = Literal[
-    "passthrough", "replayed", "compacted", "bypass", "shadow", "error", "server-history"
+    "passthrough",
+    "lossless",
+    "replayed",
+    "compacted",
+    "bypass",
+    "shadow",
+    "error",
+    "server-history",
 ]
-REWRITTEN: frozenset[str] = frozenset({"replayed", "compacted"})
+REWRITTEN: frozenset[str] = frozenset({"lossless", "replayed", "compacted"})
 """Actions whose bytes are ours; every other action sends the client's own bytes."""
 
 CONVERSATION_HEADER = "x-compactd-conversation-id"

@@ -251,7 +251,7 @@ class Metrics:
         tokens_after: int,
         overhead_seconds: float | None = None,
     ) -> None:
-        """One chat request decided (passthrough, replayed, compacted, bypass, shadow, error).
+        """One chat request decided (its action: passthrough, lossless, replayed, compacted ...).
 
         For `shadow`, `tokens_after` is what enforce would have sent: the original was
         forwarded, so the difference counts as would-save, not as saved.
