@@ -32,6 +32,8 @@ _FIELDS = (
     "output_price",
 )
 _INT_FIELDS = frozenset({"context_window", "max_output"})
+_OPTIONAL = frozenset({"cache_write_price"})
+"""Fields an entry may leave out (a cache write costs the input price unless it says otherwise)."""
 
 # Model names come from clients, so the lookup memo is bounded.
 _MEMO_SIZE = 4096
@@ -48,6 +50,13 @@ class ModelInfo:
     input_price: float
     cached_input_price: float
     output_price: float
+    cache_write_price: float = -1.0
+    """USD per 1M tokens written to the prompt cache (Anthropic: 1.25x input for 5 minutes);
+    the input price when the table does not say."""
+
+    def __post_init__(self) -> None:
+        if self.cache_write_price < 0:
+            object.__setattr__(self, "cache_write_price", self.input_price)
 
     def with_window(self, window: int) -> ModelInfo:
         """A copy with another context window (e.g. one learned from an upstream error)."""
@@ -57,15 +66,15 @@ class ModelInfo:
 def _entry(table: Any, key: str, *, with_pattern: bool) -> ModelInfo:
     if not isinstance(table, dict):
         raise ConfigError(f"{key}: must be a table")
-    known = {"pattern", *_FIELDS} if with_pattern else set(_FIELDS)
+    known = {"pattern", *_FIELDS, *_OPTIONAL} if with_pattern else {*_FIELDS, *_OPTIONAL}
     for name in table:
         if name not in known:
             raise ConfigError(f"{key}.{name}: unknown key (known: {', '.join(sorted(known))})")
-    for name in sorted(known):
+    for name in sorted(known - _OPTIONAL):
         if name not in table:
             raise ConfigError(f"{key}.{name}: missing")
     values: dict[str, Any] = {}
-    for name in _FIELDS:
+    for name in (*_FIELDS, *(f for f in sorted(_OPTIONAL) if f in table)):
         value = table[name]
         full = f"{key}.{name}"
         if name in _INT_FIELDS:
@@ -234,6 +243,7 @@ def context_overflow_message(body: bytes) -> str | None:
         code == "context_length_exceeded"
         or "context length" in lowered
         or ("context window" in lowered)
+        or "prompt is too long" in lowered  # Anthropic's phrasing
     ):
         return message or code
     return None

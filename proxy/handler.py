@@ -357,6 +357,7 @@ class _ChatExchange:
                     prompt_tokens=self.usage.prompt_tokens if self.usage else 0,
                     cached_tokens=self.usage.cached_tokens if self.usage else 0,
                     completion_tokens=self.usage.completion_tokens if self.usage else 0,
+                    cache_write_tokens=self.usage.cache_write_tokens if self.usage else 0,
                     api=req.dialect.name,
                     fail_open=fail_open_reason(out.error) if out.action == "error" else "",
                 )

@@ -59,6 +59,7 @@ class Services:
         """Write pending usage, then release connections."""
         if self.compactor.windows is not None:
             await self.compactor.windows.aclose()
+        await self.calibration.aclose()
         if self.accountant is not None:
             await self.accountant.aclose()
         await self.upstream.aclose()
@@ -135,7 +136,6 @@ async def build_services(
     )
     upstream = Upstream(transport, up.url, timeouts)
     anthropic = Upstream(transport, up.anthropic_url.rstrip("/") + "/v1", timeouts)
-    calibration = Calibration()
     tokenizers = await asyncio.to_thread(Tokenizers, None, settings.tokens.cache_size)
     if store is None:
         store = await open_store(settings.store, directory)
@@ -144,6 +144,8 @@ async def build_services(
     metrics = Metrics(multiprocess=os.environ.get(MULTIPROC_ENV))
     windows = LearnedWindows(store, up.url, settings.tokens)
     windows.start()
+    calibration = Calibration(store)
+    calibration.start()
     compactor = Compactor(
         settings=settings,
         tokenizers=tokenizers,

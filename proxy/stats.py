@@ -92,6 +92,7 @@ class _Sums:
     tokens_after: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
     completion_tokens: int = 0
     compacted_tokens_after: int = 0
     has_compacted_after: bool = True
@@ -112,7 +113,13 @@ class _Sums:
         self.compactions += int(actions.get("compacted", 0))
         self.shadow += sum(int(n) for a, n in actions.items() if a.startswith("shadow"))
         self.active += int(actions.get("compacted", 0)) + int(actions.get("replayed", 0))
-        for name in ("tokens_before", "tokens_after", "prompt_tokens", "cached_tokens"):
+        for name in (
+            "tokens_before",
+            "tokens_after",
+            "prompt_tokens",
+            "cached_tokens",
+            "cache_write_tokens",
+        ):
             setattr(self, name, getattr(self, name) + int(row.get(name, 0)))
         self.completion_tokens += int(row.get("completion_tokens", 0))
         if "compacted_tokens_after" in row:
@@ -165,8 +172,11 @@ def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
         compacted_after = s.compactions * s.tokens_after // s.requests if s.requests else 0
     gross = saved * blended / _MILLION
     loss = hit * compacted_after * (p_in - p_cached) / _MILLION
+    # Cache writes are part of the prompt, billed at their own price where there is one.
+    p_write = getattr(prices, "cache_write_price", p_in)
     cost = (
-        (s.prompt_tokens - s.cached_tokens) * p_in
+        (s.prompt_tokens - s.cached_tokens - s.cache_write_tokens) * p_in
+        + s.cache_write_tokens * p_write
         + s.cached_tokens * p_cached
         + s.completion_tokens * p_out
     ) / _MILLION
@@ -229,6 +239,8 @@ def compute_stats(
     - sent = tokens_after, except shadow requests, which forwarded tokens_before;
       saved = tokens_before - sent; shadow_would_save = shadow's tokens_before - tokens_after.
     - h = cached_tokens / prompt_tokens (the upstream's own usage): the cache-hit share.
+    - cost bills cache writes (Anthropic's `cache_creation_input_tokens`, part of the prompt) at the
+      model's cache_write_price, the rest of the uncached prompt at p_in.
     - gross_saved = saved * (h * p_cached + (1 - h) * p_in): a removed token would have been
       cached with probability h, so it is worth the blended price, not the list price.
     - cache_loss = h * compacted_tokens_after * (p_in - p_cached): a compaction event rewrites

@@ -132,6 +132,8 @@ class UsageRecord:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    cache_write_tokens: int = 0
+    """The part of `prompt_tokens` written to the prompt cache (Anthropic bills it above input)."""
     api: str = DEFAULT_API
     """The API the request came in on (the decision's dialect, e.g. `chat.completions`)."""
     fail_open: str = ""
@@ -207,6 +209,13 @@ class Store(Protocol):
 
     async def windows(self, scope: str) -> dict[str, int]:
         """Every unexpired learned window of a scope: model -> window."""
+
+    async def put_calibration(self, api: str, model: str, ratio: float, ttl_seconds: int) -> None:
+        """Record an API's learned token-count ratio for a model (`proxy.calibration`), expiring
+        after `ttl_seconds`; the latest write wins."""
+
+    async def calibrations(self, api: str) -> dict[str, float]:
+        """Every unexpired calibration ratio of an API: model -> ratio."""
 
     async def ping(self) -> None:
         """Raise StoreError unless the store answers."""

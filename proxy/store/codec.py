@@ -30,6 +30,8 @@ USAGE_METRICS = (
     "cached_tokens",
     "completion_tokens",
 )
+SPARSE_USAGE_METRICS = ("cache_write_tokens",)
+"""Counters only some APIs have (Anthropic's cache writes): kept, and shown, where not zero."""
 MAX_USAGE_DAYS = 1000
 
 
@@ -156,6 +158,9 @@ def usage_increments(record: UsageRecord) -> dict[str, int]:
         incs[f"fail_open:{record.fail_open}"] = 1
     for metric in USAGE_METRICS:
         incs[metric] = int(getattr(record, metric))
+    for metric in SPARSE_USAGE_METRICS:
+        if getattr(record, metric):
+            incs[metric] = int(getattr(record, metric))
     if record.api != DEFAULT_API:
         return {f"{record.api}{API_SEPARATOR}{name}": n for name, n in incs.items()}
     return incs
@@ -202,6 +207,9 @@ def _usage_counters(counters: Mapping[str, int]) -> dict[str, Any]:
             out[f"{kind}s"] = found
     for metric in USAGE_METRICS:
         out[metric] = int(counters.get(metric, 0))
+    for metric in SPARSE_USAGE_METRICS:
+        if counters.get(metric):
+            out[metric] = int(counters[metric])
     return out
 
 

@@ -243,6 +243,23 @@ class RedisStore:
         """Every live learned window of an upstream."""
         return await self._io(lambda r: windows_ops.redis_windows(r, self._keys, scope), slow=True)
 
+    async def put_calibration(self, api: str, model: str, ratio: float, ttl_seconds: int) -> None:
+        """Record a calibration ratio (next to the learned windows, see `windows_ops`)."""
+        value = round(ratio * windows_ops.CALIBRATION_SCALE)
+        scope = windows_ops.calibration_scope(api)
+        await self._io(
+            lambda r: windows_ops.redis_put(
+                r, self._keys, scope, model, window=value, ttl=ttl_seconds
+            ),
+            slow=True,
+        )
+
+    async def calibrations(self, api: str) -> dict[str, float]:
+        """Every live calibration ratio of an API."""
+        scope = windows_ops.calibration_scope(api)
+        found = await self._io(lambda r: windows_ops.redis_windows(r, self._keys, scope), slow=True)
+        return {m: v / windows_ops.CALIBRATION_SCALE for m, v in found.items()}
+
     async def ping(self) -> None:
         """Raise StoreError unless Redis answers PING."""
         await self._io(lambda r: r.ping())

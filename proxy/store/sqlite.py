@@ -192,6 +192,18 @@ class SqliteStore:
         """Every live learned window of an upstream."""
         return await self._run(windows_ops.sqlite_windows, scope, write=False, slow=True)
 
+    async def put_calibration(self, api: str, model: str, ratio: float, ttl_seconds: int) -> None:
+        """Record a calibration ratio (next to the learned windows, see `windows_ops`)."""
+        value = round(ratio * windows_ops.CALIBRATION_SCALE)
+        scope = windows_ops.calibration_scope(api)
+        await self._run(windows_ops.sqlite_put, scope, model, value, ttl_seconds, slow=True)
+
+    async def calibrations(self, api: str) -> dict[str, float]:
+        """Every live calibration ratio of an API."""
+        scope = windows_ops.calibration_scope(api)
+        found = await self._run(windows_ops.sqlite_windows, scope, write=False, slow=True)
+        return {m: v / windows_ops.CALIBRATION_SCALE for m, v in found.items()}
+
     async def ping(self) -> None:
         """Raise StoreError unless the database answers."""
         await self._run(lambda con: con.execute("SELECT 1").fetchone())

@@ -17,6 +17,14 @@ from proxy.store.redis_keys import KeyLayout
 from proxy.store.sqlite_ops import transaction
 
 MAX_WINDOWS = 1024
+CALIBRATION_SCALE = 10_000
+"""Calibration ratios (`proxy.calibration`) live beside the windows, as integers in 1/10,000ths,
+under the scope `calibration:<api>`."""
+
+
+def calibration_scope(api: str) -> str:
+    """The scope an API's calibration ratios are kept under."""
+    return f"calibration:{api}"
 
 
 def sqlite_put(con: sqlite3.Connection, scope: str, model: str, window: int, ttl: int) -> None:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.dialects.conversations import messages_history
 from tests.dialects.harness import harness
@@ -152,3 +153,20 @@ async def test_streamed_usage_with_cache_reads_is_read(tmp_path) -> None:
             assert b"event: message_stop" in response.content
         assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") > 0
         assert h.metric("compactd_upstream_usage_tokens_total", kind="prompt") > 0
+
+
+async def test_the_upstreams_own_counts_calibrate_the_estimate(tmp_path) -> None:
+    async with harness(tmp_path) as h:
+        msgs = messages_history(h.messages, 10)
+        response = await h.message(request(msgs))
+        estimate = int(response.headers["x-compactd-tokens-before"])
+        usage = response.json()["usage"]
+        actual = (
+            usage["input_tokens"]
+            + usage["cache_read_input_tokens"]
+            + usage["cache_creation_input_tokens"]
+        )
+        ratio = h.services.calibration.ratio("messages", "claude-sonnet-5")
+        assert ratio == pytest.approx(actual / estimate)
+        assert ratio != 1.0
+        assert h.services.calibration.ratio("responses", "claude-sonnet-5") == 1.0

@@ -324,6 +324,18 @@ async def test_learned_windows_are_per_scope_latest_wins_and_expire(backend: Bac
     assert await backend.store.windows("nowhere") == {}
 
 
+async def test_calibration_ratios_are_per_api_and_apart_from_windows(backend: Backend) -> None:
+    await backend.store.put_calibration("messages", "claude-sonnet-5", 1.2345, 1000)
+    await backend.store.put_calibration("messages", "claude-sonnet-5", 1.25, 1000)
+    await backend.store.put_calibration("responses", "gpt-5", 0.9, 1000)
+    await backend.store.put_window("up1", "claude-sonnet-5", 64_000, 1000)
+
+    assert await backend.store.calibrations("messages") == {"claude-sonnet-5": 1.25}
+    assert await backend.store.calibrations("responses") == {"gpt-5": 0.9}
+    assert await backend.store.calibrations("chat.completions") == {}
+    assert await backend.store.windows("up1") == {"claude-sonnet-5": 64_000}
+
+
 async def test_ids_that_would_break_the_key_layout_are_rejected(backend: Backend) -> None:
     with pytest.raises(ValueError, match="conversation"):
         await backend.store.find_checkpoint(A, "x}:{t:b", ["d"])
