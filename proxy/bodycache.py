@@ -40,7 +40,7 @@ _WS = b" \t\r\n"
 _TAIL_ATTEMPTS = 16
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity: entries hold whole bodies
 class _Seen:
     """A body parsed before, and where its messages array lies in its bytes."""
 
