@@ -37,6 +37,7 @@ from proxy.config import PolicySettings, Settings
 from proxy.decision import CHAT, REWRITTEN, Action, ChatRequest, Dialect, Outcome, read_request
 from proxy.dialects.native import Counting
 from proxy.digest import prefix_digests
+from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
@@ -323,7 +324,38 @@ class Compactor:
         if shadow:
             return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
         content = request.dialect.with_messages(request.body, sent)
-        return self._outcome(request, plan.action, content, unstored=unstored, **figures)
+        expand = self._expand_plan(request, policy, sent, forms)
+        if expand is not None:
+            content = rewrite.with_messages(expand.body, sent)
+            figures["tokens_after"] += expand.tool_tokens
+        return self._outcome(
+            request, plan.action, content, unstored=unstored, expand=expand, **figures
+        )
+
+    def _expand_plan(
+        self,
+        request: ChatRequest,
+        policy: PolicySettings,
+        sent: list[Message],
+        forms: Lossless | None,
+    ) -> ExpandPlan | None:
+        """How a rewritten request offers the expand tool (None: its policy does not)."""
+        if not policy.expand_tool or request.dialect is not CHAT or request.tenant is None:
+            return None
+        assert request.body is not None
+        offered = with_tool(request.body)
+        if offered is None:
+            return None
+        counter = self.tokenizers.for_model(self.models.lookup(request.model))
+        return ExpandPlan(
+            tenant=request.tenant,
+            body={**offered, "messages": sent},
+            count=counter.count_text,
+            tool_tokens=counter.count_tools(offered) - counter.count_tools(request.body),
+            local={ref: [m] for ref, m in forms.originals.items()} if forms else {},
+            max_calls=policy.expand_max_calls,
+            max_tokens=policy.expand_max_tokens,
+        )
 
     def _lossless(self, request: ChatRequest, policy: PolicySettings) -> Lossless | None:
         """The request's lossless forms when its policy has the tier and a tenant to keep the

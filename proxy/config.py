@@ -215,6 +215,9 @@ class PolicySettings:
     max_tool_result_tokens: int = 2000
     reasoning_strip_age_threshold: int = 3
     lossless: bool = False
+    expand_tool: bool = False
+    expand_max_calls: int = 3
+    expand_max_tokens: int = 4000
 
     def validate(self, p: str) -> None:
         _check(bool(self.name), f"{p}.name", "must not be empty")
@@ -230,6 +233,8 @@ class PolicySettings:
         _check(self.retention_days >= 0, f"{p}.retention_days", "must be >= 0 (0 = store's)")
         _check(self.recency_turns >= 0, f"{p}.recency_turns", "must be >= 0")
         _check(self.keep_head >= 0, f"{p}.keep_head", "must be >= 0")
+        _check(self.expand_max_calls >= 1, f"{p}.expand_max_calls", "must be >= 1")
+        _check(self.expand_max_tokens >= 100, f"{p}.expand_max_tokens", "must be >= 100")
         for opt in self.options:
             _check(
                 opt in self.providers, f"{p}.options.{opt}", "options for a provider not in chain"

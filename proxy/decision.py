@@ -25,6 +25,7 @@ import orjson
 from proxy import rewrite
 from proxy.dialects.native import Counting
 from proxy.digest import conversation_id, message_digest
+from proxy.expand import ExpandPlan
 from proxy.providers.base import CompactionResult
 from proxy.store.base import valid_id
 from proxy.tenant import Identity, Tenancy, raw_header_map
@@ -215,6 +216,8 @@ class Outcome:
     """The decision made again after the upstream's context-length error."""
     injected_usage: bool = False
     """compactd added stream_options.include_usage, so the relay strips the usage chunk."""
+    expand: ExpandPlan | None = None
+    """The request offers the expand tool: how its answer is continued (`proxy.expand`)."""
 
     def headers(self) -> dict[str, str]:
         """Values for our `x-compactd-*` response headers."""

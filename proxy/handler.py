@@ -25,6 +25,7 @@ from proxy.decision import REWRITTEN, ChatRequest, Outcome
 from proxy.dialects.apis import Api, compacted_api, is_anthropic
 from proxy.dialects.errors import anthropic_sse_error, send_api_error
 from proxy.errors import BodyTooLargeError, ProxyError
+from proxy.expand import Expander, ExpandPlan, add_usage
 from proxy.forward import Upstream, is_event_stream, peek, relay, route
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
@@ -192,6 +193,7 @@ class _ChatExchange:
         self.overhead: float = 0.0
         self.usage: Usage | None = None
         self.error: str | None = outcome.error
+        self.expander: Expander | None = None
 
     async def run(self) -> None:
         try:
@@ -205,6 +207,8 @@ class _ChatExchange:
                 if retried is None:
                     return
                 response = retried
+            if self.outcome.expand is not None and response.status_code == 200:
+                response = await self._expanded(response, self.outcome.expand)
         except ProxyError as exc:
             # Nothing reached the client yet: our own error still carries our headers.
             self.status, self.error = exc.status, exc.message
@@ -215,13 +219,37 @@ class _ChatExchange:
 
     async def _send(self, outcome: Outcome) -> httpx.Response:
         self.overhead = time.perf_counter() - self.request.started
-        headers = upstream_headers(self.client_headers, injected_usage=outcome.injected_usage)
+        # An answer that may call the expand tool is read by us: asked for uncompressed.
+        identity = outcome.injected_usage or outcome.expand is not None
+        headers = upstream_headers(self.client_headers, injected_usage=identity)
         t0 = time.perf_counter()
         response = await self.route.upstream.send("POST", self.url, headers, outcome.content)
         self.ttfb = time.perf_counter() - t0
         self.status = response.status_code
         self.h.metrics.observe_upstream(response.status_code, self.ttfb)
         return response
+
+    async def _expanded(self, response: httpx.Response, plan: ExpandPlan) -> httpx.Response:
+        """The answer the client gets when the model may call the expand tool."""
+        headers = upstream_headers(self.client_headers, injected_usage=True)
+
+        async def send(content: bytes) -> httpx.Response:
+            t0 = time.perf_counter()
+            answer = await self.route.upstream.send("POST", self.url, headers, content)
+            self.h.metrics.observe_upstream(answer.status_code, time.perf_counter() - t0)
+            return answer
+
+        options = plan.body.get("stream_options")
+        asked = isinstance(options, dict) and options.get("include_usage") is True
+        self.expander = Expander(
+            plan,
+            send=send,
+            resolve=self.h.store.resolve_refs,
+            observe=self.h.metrics.expand_call,
+            stream=plan.body.get("stream") is True,
+            client_wants_usage=asked or self.outcome.injected_usage,
+        )
+        return await self.expander.respond(response)
 
     async def _maybe_retry(self, response: httpx.Response) -> httpx.Response | None:
         """A context-length 400 is answered by compacting under the learned window, once."""
@@ -303,6 +331,8 @@ class _ChatExchange:
         """Metrics now; the log line and the store's accounting off the request path."""
         out, req = self.outcome, self.request
         model = req.model or "unknown"
+        if self.expander is not None and self.expander.usage is not None:
+            self.usage = add_usage(self.usage, self.expander.usage)  # the continuations' too
         before = out.tokens_before or 0
         after = out.tokens_after if out.tokens_after is not None else before
         self.h.metrics.observe_request(

@@ -183,6 +183,17 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self._expand_calls = Counter(
+            "compactd_expand_calls",
+            "Calls of the expand tool compactd answered: expanded, unknown, mixed, limit.",
+            ["outcome"],
+            registry=r,
+        )
+        self._expand_tokens = Counter(
+            "compactd_expand_tokens",
+            "Tokens of originals the expand tool brought back.",
+            registry=r,
+        )
         self._refused = Counter(
             "compactd_client_requests_refused",
             "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
@@ -308,6 +319,12 @@ class Metrics:
     def fail_open(self, reason: str) -> None:
         """A request was forwarded unchanged because of a failure (`count`, `store`, ...)."""
         self._fail_open.labels(reason).inc()
+
+    def expand_call(self, outcome: str, tokens: int) -> None:
+        """One call of the expand tool answered by compactd (`proxy.expand`)."""
+        self._expand_calls.labels(outcome).inc()
+        if tokens:
+            self._expand_tokens.inc(tokens)
 
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""
