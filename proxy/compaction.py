@@ -168,7 +168,10 @@ class Compactor:
         if request.body is None or request.messages is None:
             return self._outcome(request, "passthrough")  # not ours to judge: the upstream is
         resolved = self.policies.resolve(
-            key_fingerprint=request.key_id, model=request.model, headers=request.headers
+            key_fingerprint=request.key_id,
+            model=request.model,
+            headers=request.headers,
+            api=request.dialect.name,
         )
         if window is None:
             if resolved.requested_policy_refused:

@@ -21,6 +21,8 @@ DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 
 Mode = Literal["enforce", "shadow", "off"]
+APIS = ("chat.completions", "responses", "messages")
+"""The compacted APIs, by the names policies (`match_apis`), headers and metrics use."""
 StoreErrorMode = Literal["forward-original", "compact-unstored"]
 Transport = Literal["aiohttp", "httpx"]
 
@@ -199,6 +201,7 @@ class PolicySettings:
     match_models: tuple[str, ...] = ()
     match_header: str = ""
     match_header_values: tuple[str, ...] = ()
+    match_apis: tuple[str, ...] = ()
     mode: Mode = "enforce"
     providers: tuple[str, ...] = ("trim",)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -222,6 +225,8 @@ class PolicySettings:
     def validate(self, p: str) -> None:
         _check(bool(self.name), f"{p}.name", "must not be empty")
         _check(self.mode in ("enforce", "shadow", "off"), f"{p}.mode", "enforce, shadow or off")
+        for api in self.match_apis:
+            _check(api in APIS, f"{p}.match_apis", f"{api!r} is not one of {', '.join(APIS)}")
         _check(self.budget_tokens >= 0, f"{p}.budget_tokens", "must be >= 0 (0 = no cap)")
         _check(0 < self.budget_fraction <= 1, f"{p}.budget_fraction", "must be in (0, 1]")
         _check(0 < self.trigger_ratio <= 1, f"{p}.trigger_ratio", "must be in (0, 1]")

@@ -342,6 +342,7 @@ class _ChatExchange:
             tokens_before=before,
             tokens_after=after,
             overhead_seconds=self.overhead,
+            api=req.dialect.name,
         )
         if self.usage is not None:
             self.h.metrics.observe_usage(
@@ -349,6 +350,8 @@ class _ChatExchange:
                 prompt_tokens=self.usage.prompt_tokens,
                 cached_tokens=self.usage.cached_tokens,
                 completion_tokens=self.usage.completion_tokens,
+                cache_write_tokens=self.usage.cache_write_tokens,
+                api=req.dialect.name,
             )
         log_request(
             request_log(

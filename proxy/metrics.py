@@ -32,6 +32,8 @@ from prometheus_client import (
 from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DEFAULT_API = "chat.completions"
+"""The `api` label of requests that do not say (see `proxy.dialects.apis`)."""
 OTHER_MODEL = "other"
 SHADOW = "shadow"
 _MAX_LABEL = 100
@@ -86,32 +88,32 @@ class Metrics:
         r = self._registry = CollectorRegistry(auto_describe=True)
         self._requests = Counter(
             "compactd_requests",
-            "Chat requests by outcome.",
-            ["action", "model", "policy"],
+            "Compacted-API requests (chat completions, responses, messages) by outcome.",
+            ["action", "model", "policy", "api"],
             registry=r,
         )
         self._tokens_before = Counter(
             "compactd_tokens_before",
             "Prompt tokens as the client sent them (tiktoken count).",
-            ["model", "policy"],
+            ["model", "policy", "api"],
             registry=r,
         )
         self._tokens_after = Counter(
             "compactd_tokens_after",
             "Prompt tokens as forwarded upstream (tiktoken count).",
-            ["model", "policy"],
+            ["model", "policy", "api"],
             registry=r,
         )
         self._tokens_saved = Counter(
             "compactd_tokens_saved",
             "Prompt tokens removed by compaction or replay.",
-            ["model", "policy"],
+            ["model", "policy", "api"],
             registry=r,
         )
         self._tokens_would_save = Counter(
             "compactd_tokens_would_save",
             "Prompt tokens shadow-mode policies would have removed (originals were sent).",
-            ["model", "policy"],
+            ["model", "policy", "api"],
             registry=r,
         )
         self._overhead = Histogram(
@@ -155,8 +157,8 @@ class Metrics:
         )
         self._usage = Counter(
             "compactd_upstream_usage_tokens",
-            "Tokens the upstream billed (its `usage`), by kind: prompt, cached, completion.",
-            ["kind", "model"],
+            "Tokens the upstream billed (its `usage`): prompt, cached, cache_write, completion.",
+            ["kind", "model", "api"],
             registry=r,
         )
         self._violations = Counter(
@@ -261,6 +263,7 @@ class Metrics:
         tokens_before: int,
         tokens_after: int,
         overhead_seconds: float | None = None,
+        api: str = DEFAULT_API,
     ) -> None:
         """One chat request decided (its action: passthrough, lossless, replayed, compacted ...).
 
@@ -268,15 +271,15 @@ class Metrics:
         forwarded, so the difference counts as would-save, not as saved.
         """
         m = self._model(model)
-        self._child(self._requests, action, m, policy).inc()
-        self._child(self._tokens_before, m, policy).inc(tokens_before)
+        self._child(self._requests, action, m, policy, api).inc()
+        self._child(self._tokens_before, m, policy, api).inc(tokens_before)
         removed = max(tokens_before - tokens_after, 0)
         if action == SHADOW:
-            self._child(self._tokens_after, m, policy).inc(tokens_before)
-            self._child(self._tokens_would_save, m, policy).inc(removed)
+            self._child(self._tokens_after, m, policy, api).inc(tokens_before)
+            self._child(self._tokens_would_save, m, policy, api).inc(removed)
         else:
-            self._child(self._tokens_after, m, policy).inc(tokens_after)
-            self._child(self._tokens_saved, m, policy).inc(removed)
+            self._child(self._tokens_after, m, policy, api).inc(tokens_after)
+            self._child(self._tokens_saved, m, policy, api).inc(removed)
         if overhead_seconds is not None:
             self._child(self._overhead, action).observe(overhead_seconds)
 
@@ -296,13 +299,22 @@ class Metrics:
             self._ttfb.observe(ttfb_seconds)
 
     def observe_usage(
-        self, *, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int
+        self,
+        *,
+        model: str,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        cache_write_tokens: int = 0,
+        api: str = DEFAULT_API,
     ) -> None:
-        """The upstream's own `usage` for one response."""
+        """The upstream's own `usage` for one response (cache writes: Anthropic's)."""
         m = self._model(model)
-        self._child(self._usage, "prompt", m).inc(prompt_tokens)
-        self._child(self._usage, "cached", m).inc(cached_tokens)
-        self._child(self._usage, "completion", m).inc(completion_tokens)
+        self._child(self._usage, "prompt", m, api).inc(prompt_tokens)
+        self._child(self._usage, "cached", m, api).inc(cached_tokens)
+        self._child(self._usage, "completion", m, api).inc(completion_tokens)
+        if cache_write_tokens:
+            self._child(self._usage, "cache_write", m, api).inc(cache_write_tokens)
 
     def invariant_violation(self, provider: str) -> None:
         """A provider's output broke an invariant and was reverted."""

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proxy.config import ConfigError, PolicySettings, Settings
+from proxy.config import APIS, ConfigError, PolicySettings, Settings
 
 POLICY_HEADER = "x-compactd-policy"
 BYPASS_HEADER = "x-compactd-bypass"
@@ -55,10 +55,15 @@ class _Rule:
     models: re.Pattern[str] | None
     header: str
     header_values: frozenset[str]
+    apis: frozenset[str]
 
-    def matches(self, fingerprint: str | None, model: str, headers: Mapping[str, str]) -> bool:
+    def matches(
+        self, fingerprint: str | None, model: str, headers: Mapping[str, str], api: str
+    ) -> bool:
         # Every criterion given must hold (AND); within one criterion any listed value will do.
         if self.keys and (fingerprint is None or fingerprint not in self.keys):
+            return False
+        if self.apis and api not in self.apis:
             return False
         if self.models is not None and self.models.fullmatch(model) is None:
             return False
@@ -89,7 +94,7 @@ def _rule(policy: PolicySettings, where: str) -> _Rule | None:
     if policy.match_header_values and not policy.match_header:
         raise ConfigError(f"{where}.match_header_values: needs match_header")
     header = policy.match_header.strip().lower()
-    if not (keys or policy.match_models or header):
+    if not (keys or policy.match_models or header or policy.match_apis):
         # A policy without any match criterion is reachable only through `selectable`.
         return None
     return _Rule(
@@ -98,6 +103,7 @@ def _rule(policy: PolicySettings, where: str) -> _Rule | None:
         models=_compile_globs(policy.match_models),
         header=header,
         header_values=frozenset(v.strip() for v in policy.match_header_values),
+        apis=frozenset(policy.match_apis),
     )
 
 
@@ -109,7 +115,8 @@ class PolicyResolver:
         self._by_name = {p.name: p for p in settings.all_policies()}
         rules = (_rule(p, f"policies[{i}]") for i, p in enumerate(settings.policies))
         self._rules = tuple(r for r in rules if r is not None)
-        if self._default.match_keys or self._default.match_models or self._default.match_header:
+        default = self._default
+        if default.match_keys or default.match_models or default.match_header or default.match_apis:
             raise ConfigError("default_policy: match_* keys are not allowed on the default policy")
 
     def get(self, name: str) -> PolicySettings | None:
@@ -117,22 +124,32 @@ class PolicyResolver:
         return self._by_name.get(name)
 
     def match(
-        self, *, key_fingerprint: str | None, model: str, headers: Mapping[str, str]
+        self,
+        *,
+        key_fingerprint: str | None,
+        model: str,
+        headers: Mapping[str, str],
+        api: str = APIS[0],
     ) -> PolicySettings:
         """The first `[[policies]]` entry whose rules hold, else the default policy."""
         for rule in self._rules:
-            if rule.matches(key_fingerprint, model, headers):
+            if rule.matches(key_fingerprint, model, headers, api):
                 return rule.policy
         return self._default
 
     def resolve(
-        self, *, key_fingerprint: str | None, model: str, headers: Mapping[str, str]
+        self,
+        *,
+        key_fingerprint: str | None,
+        model: str,
+        headers: Mapping[str, str],
+        api: str = APIS[0],
     ) -> PolicyDecision:
         """The effective policy and bypass decision for one request.
 
         `headers` must answer lower-case names (starlette's `Headers` does, case-insensitively).
         """
-        matched = self.match(key_fingerprint=key_fingerprint, model=model, headers=headers)
+        matched = self.match(key_fingerprint=key_fingerprint, model=model, headers=headers, api=api)
         effective = matched
         requested = headers.get(POLICY_HEADER)
         refused = False

@@ -292,10 +292,13 @@ async def test_usage_is_read_from_json_and_sse_and_metrics_move(upstream, make_p
         async with httpx.AsyncClient(headers=ALPHA) as http:
             metrics = (await http.get(f"{url}/metrics")).text
     assert (
-        'compactd_requests_total{action="passthrough",model="gpt-4o",policy="default"} 2.0'
+        'compactd_requests_total{action="passthrough",api="chat.completions",model="gpt-4o",policy="default"} 2.0'
         in metrics
     )
-    assert 'compactd_upstream_usage_tokens_total{kind="prompt",model="gpt-4o"} 21.0' in metrics
+    assert (
+        'compactd_upstream_usage_tokens_total{api="chat.completions",kind="prompt",model="gpt-4o"} 21.0'
+        in metrics
+    )
 
 
 async def test_injected_stream_usage_is_read_and_stripped_byte_exactly(
@@ -314,7 +317,10 @@ async def test_injected_stream_usage_is_read_and_stripped_byte_exactly(
     assert fake.last.json()["stream_options"] == {"include_usage": True}
     assert fake.last.header("accept-encoding") == "identity"
     assert r.content == expected
-    assert 'compactd_upstream_usage_tokens_total{kind="completion",model="gpt-4o"} 2.0' in metrics
+    assert (
+        'compactd_upstream_usage_tokens_total{api="chat.completions",kind="completion",model="gpt-4o"} 2.0'
+        in metrics
+    )
 
 
 async def test_compact_unstored_policy_forwards_compacted_and_says_so(

@@ -57,10 +57,15 @@ def test_observe_request_moves_requests_and_token_counters(metrics: Metrics) -> 
     metrics.observe_request(
         action="passthrough", model="gpt-4o", policy="default", tokens_before=50, tokens_after=50
     )
-    labels = {"model": "gpt-4o", "policy": "default"}
+    labels = {"model": "gpt-4o", "policy": "default", "api": "chat.completions"}
     assert (
         value(
-            metrics, "compactd_requests_total", action="compacted", model="gpt-4o", policy="default"
+            metrics,
+            "compactd_requests_total",
+            action="compacted",
+            model="gpt-4o",
+            policy="default",
+            api="chat.completions",
         )
         == 1
     )
@@ -75,7 +80,7 @@ def test_shadow_requests_count_as_would_save_not_saved(metrics: Metrics) -> None
     metrics.observe_request(
         action="shadow", model="m", policy="try", tokens_before=900, tokens_after=500
     )
-    labels = {"model": "m", "policy": "try"}
+    labels = {"model": "m", "policy": "try", "api": "chat.completions"}
     assert value(metrics, "compactd_tokens_would_save_total", **labels) == 400
     assert value(metrics, "compactd_tokens_saved_total", **labels) == 0
     assert value(metrics, "compactd_tokens_after_total", **labels) == 900
@@ -106,10 +111,18 @@ def test_observe_upstream_counts_status_and_ttfb(metrics: Metrics) -> None:
 def test_observe_usage_counts_billed_tokens_by_kind(metrics: Metrics) -> None:
     metrics.observe_usage(model="gpt-4o", prompt_tokens=100, cached_tokens=64, completion_tokens=9)
     assert value(
-        metrics, "compactd_upstream_usage_tokens_total", kind="prompt", model="gpt-4o"
+        metrics,
+        "compactd_upstream_usage_tokens_total",
+        kind="prompt",
+        model="gpt-4o",
+        api="chat.completions",
     ) == (100)
     assert value(
-        metrics, "compactd_upstream_usage_tokens_total", kind="cached", model="gpt-4o"
+        metrics,
+        "compactd_upstream_usage_tokens_total",
+        kind="cached",
+        model="gpt-4o",
+        api="chat.completions",
     ) == (64)
 
 
@@ -137,9 +150,28 @@ def test_model_label_set_is_capped() -> None:
         metrics.observe_request(
             action="passthrough", model=model, policy="p", tokens_before=1, tokens_after=1
         )
-    assert value(metrics, "compactd_tokens_before_total", model="a", policy="p") == 2
-    assert value(metrics, "compactd_tokens_before_total", model="b", policy="p") == 1
-    assert value(metrics, "compactd_tokens_before_total", model=OTHER_MODEL, policy="p") == 2
+    assert (
+        value(
+            metrics, "compactd_tokens_before_total", model="a", policy="p", api="chat.completions"
+        )
+        == 2
+    )
+    assert (
+        value(
+            metrics, "compactd_tokens_before_total", model="b", policy="p", api="chat.completions"
+        )
+        == 1
+    )
+    assert (
+        value(
+            metrics,
+            "compactd_tokens_before_total",
+            model=OTHER_MODEL,
+            policy="p",
+            api="chat.completions",
+        )
+        == 2
+    )
 
 
 def test_multiprocess_dir_set_after_import_is_refused(tmp_path: Path) -> None:
@@ -195,7 +227,7 @@ def test_multiprocess_mode_merges_two_writer_processes(tmp_path: Path) -> None:
     assert samples[("compactd_fail_open_total", frozenset({("reason", "store")}))] == 2
     assert samples[("compactd_upstream_responses_total", frozenset({("status", "200")}))] == 2
     assert samples[("compactd_upstream_ttfb_seconds_count", frozenset())] == 2
-    labels = frozenset({("model", "gpt-4o"), ("policy", "default")})
+    labels = frozenset({("model", "gpt-4o"), ("policy", "default"), ("api", "chat.completions")})
     assert samples[("compactd_tokens_saved_total", labels)] == 120
     assert samples[("compactd_passthrough_bytes_changed_total", frozenset())] == 0
 

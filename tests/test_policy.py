@@ -236,3 +236,22 @@ def test_resolve_reads_starlette_headers_whatever_the_config_case() -> None:
     d = r.resolve(key_fingerprint=None, model="m", headers=headers)
     assert d.name == "search"
     assert d.bypass
+
+
+def test_match_apis_picks_a_policy_by_the_api_a_request_came_in_on() -> None:
+    from proxy.config import APIS
+    from proxy.dialects.apis import API_NAMES
+
+    assert APIS == API_NAMES  # the names config accepts are the adapters' own
+    settings = load_settings(
+        None,
+        env={},
+        overrides={"policies": [{"name": "agents", "match_apis": ["responses", "messages"]}]},
+    )
+    resolver = PolicyResolver(settings)
+    pick = lambda api: resolver.resolve(key_fingerprint=None, model="m", headers={}, api=api).name  # noqa: E731
+    assert pick("responses") == "agents"
+    assert pick("messages") == "agents"
+    assert pick("chat.completions") == "default"
+    with pytest.raises(ConfigError, match="match_apis"):
+        load_settings(None, env={}, overrides={"policies": [{"name": "x", "match_apis": ["chat"]}]})

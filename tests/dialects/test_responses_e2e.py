@@ -135,3 +135,14 @@ async def test_no_spelling_of_the_path_gets_around_compaction(tmp_path) -> None:
             assert h.responses.last.path == "/v1/responses"
         refused = await h.client.post("/v1/responses%2f", content=raw, headers=auth)
         assert refused.status_code == 400  # a path that only names the route once decoded
+
+
+async def test_a_policy_can_match_the_api_and_metrics_carry_it(tmp_path) -> None:
+    agents = {"name": "agents", "match_apis": ["responses"], "budget_tokens": 4000}
+    async with harness(tmp_path, policies=[agents]) as h:
+        items = responses_input(h.responses, 30)
+        response = await h.create(request(items))
+        assert response.headers["x-compactd-policy"] == "agents"
+        assert response.headers["x-compactd-action"] == "compacted"
+        assert h.metric("compactd_requests_total", action="compacted", api="responses") == 1
+        assert h.metric("compactd_requests_total", api="chat.completions") == 0
