@@ -123,7 +123,12 @@ async def test_non_streaming_call_is_resolved_and_continued(tmp_path: Path) -> N
             reply(200, chat_completion("Found it")),
         )
         n = len(upstream.received)
-        billed = proxy.metric("compactd_upstream_usage_tokens_total", kind="prompt", model="gpt-4o")
+        billed = proxy.metric(
+            "compactd_upstream_usage_tokens_total",
+            kind="prompt",
+            model="gpt-4o",
+            api="chat.completions",
+        )
         r = await proxy.chat(
             {
                 "model": "gpt-4o",
@@ -132,7 +137,12 @@ async def test_non_streaming_call_is_resolved_and_continued(tmp_path: Path) -> N
         )
         expanded = proxy.metric("compactd_expand_calls_total", outcome="expanded")
         billed = (
-            proxy.metric("compactd_upstream_usage_tokens_total", kind="prompt", model="gpt-4o")
+            proxy.metric(
+                "compactd_upstream_usage_tokens_total",
+                kind="prompt",
+                model="gpt-4o",
+                api="chat.completions",
+            )
             - billed
         )
     assert r.status_code == 200
