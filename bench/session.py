@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/session.py [--store redis|sqlite|both] [--limit 30] [--min-tokens N]
         [--budget-ratio 0.4] [--budget-base compressible|total] [--budget N] [--echo corpus|sdk]
-        [--no-accounting]
+        [--no-accounting] [--precompute 0.85]
 
 Corpora (read from ../shared/corpora, never copied): tau-bench airline runs (gpt-4o agent, native
 tool calls, the 14 tool schemas sent as `tools`) and aider sessions (console output kept as user
@@ -18,6 +18,9 @@ proxy runs in-process behind uvicorn with the default `trim` provider; the store
 time each call. Redis uses DB 13 (flushed at start); SQLite a fresh file. Prints markdown tables.
 The forwarded bytes are what the fake upstream received: a turn's prefix is byte-identical when
 the raw bytes of the previous turn's forwarded messages start its own messages array.
+"Trigger turns" are the turns with a compaction event; their added latency is compactd's own
+`x-compactd-overhead-ms`. `--precompute R` sets every policy's precompute_ratio and waits for the
+precomputation after each answer (a real upstream's answer takes longer than it does).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -152,7 +155,7 @@ def _two_digits(n: int) -> int:
 
 
 def settings_for(
-    sessions: list[Session], upstream: str, data_dir: str, accounting: bool
+    sessions: list[Session], upstream: str, data_dir: str, accounting: bool, precompute: float = 0
 ) -> Settings:
     """Proxy settings: one header-selected policy per distinct budget."""
     budgets = sorted({s.budget for s in sessions})
@@ -162,6 +165,7 @@ def settings_for(
             "match_header": BUDGET_HEADER,
             "match_header_values": [str(b)],
             "budget_tokens": b,
+            "precompute_ratio": precompute,
         }
         for b in budgets
     ]
@@ -196,7 +200,12 @@ def client_copy(message: dict[str, Any], echo: str) -> dict[str, Any]:
 
 
 async def replay(
-    corpus: Corpus, kind: str, echo: str, accounting: bool, progress: Callable[[str], None]
+    corpus: Corpus,
+    kind: str,
+    echo: str,
+    accounting: bool,
+    progress: Callable[[str], None],
+    precompute: float = 0,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Replay every session of a corpus through a fresh proxy + store; the summary row."""
     log = TurnLog()
@@ -205,11 +214,15 @@ async def replay(
     with tempfile.TemporaryDirectory(prefix="compactd-bench-") as tmp:
         store = await open_bench_store(kind, tmp)
         async with serve(recorder.upstream) as up:
-            settings = settings_for(corpus.sessions, up + "/v1", tmp, accounting)
+            settings = settings_for(corpus.sessions, up + "/v1", tmp, accounting, precompute)
             app = create_app(settings, store=store)
             async with serve(app, lifespan="on") as url, httpx.AsyncClient(timeout=120) as c:
+                services = app.router.state.services
+                drain = services.compactor.precompute.drain if precompute else None
                 for n, session in enumerate(corpus.sessions):
-                    await _session(c, url, session, recorder, store, log, echo, counter)
+                    await _session(
+                        c, url, session, recorder, store, log, echo, counter, drain=drain
+                    )
                     progress(f"{corpus.name} [{kind}] {n + 1}/{len(corpus.sessions)}")
     return summarize(corpus.name, kind, log), op_rows(corpus.name, kind, store)
 
@@ -223,8 +236,11 @@ async def _session(
     log: TurnLog,
     echo: str,
     counter: TokenCounter,
+    *,
+    drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Send each turn with the history so far; the upstream answers with the recorded reply."""
+    """Send each turn with the history so far; the upstream answers with the recorded reply.
+    `drain`: waits for precomputation after each answer (a real upstream takes that long)."""
     history: list[dict[str, Any]] = []
     previous: tuple[list[bytes], list[bytes]] | None = None
     cursor = 0
@@ -254,7 +270,10 @@ async def _session(
             store_seconds=store.request_seconds(),
             where=f"{session.id}@{index}",
             counted=counted,
+            overhead_ms=float(r.headers.get("x-compactd-overhead-ms") or 0),
         )
+        if drain is not None:  # as long as a real upstream would take: precomputation finishes
+            await drain()
         previous = (spans, canon)
         history.append(client_copy(r.json()["choices"][0]["message"], echo))
         cursor = index + 1
@@ -272,6 +291,7 @@ SUMMARY_COLUMNS = (
     ("cacheable share of forwarded bytes", "cached_bytes"),
     ("tokens forwarded / without compactd", "tokens"),
     ("store p50 / p99 per request (ms)", "store_ms"),
+    ("trigger turns: added ms p50 / p95 / max", "event_ms"),
     ("tokens-after header ≠ forwarded", "miscounted"),
     ("errors", "errors"),
 )
@@ -310,6 +330,9 @@ async def main() -> None:
     parser.add_argument(
         "--no-accounting", action="store_true", help="no usage writes after each response"
     )
+    parser.add_argument(
+        "--precompute", type=float, default=0.0, help="precompute_ratio of every policy"
+    )
     args = parser.parse_args()
     corpora = load_corpora(args.limit if not args.min_tokens else 10**6, args.min_turns)
     corpora = with_budgets(
@@ -322,13 +345,17 @@ async def main() -> None:
     started = time.perf_counter()
     for corpus in corpora:
         for kind in kinds:
-            row, op = await replay(corpus, kind, args.echo, not args.no_accounting, _progress)
+            row, op = await replay(
+                corpus, kind, args.echo, not args.no_accounting, _progress, args.precompute
+            )
             rows.append(row)
             ops += op
     budget = f"fixed {args.budget}"
     if not args.budget:
         budget = f"{args.budget_ratio:g} x last request ({args.budget_base})"
     accounting = "off" if args.no_accounting else "on"
+    if args.precompute:
+        accounting += f"; precompute_ratio {args.precompute:g}"
     print(
         f"budget: {budget}; sessions: >= {args.min_turns} requests, last >= {args.min_tokens}"
         f" tokens; echo: {args.echo}; accounting {accounting}; "

@@ -155,6 +155,8 @@ class TurnLog:
     store_seconds: list[float] = field(default_factory=list)
     miscounted: list[str] = field(default_factory=list)
     """Turns whose x-compactd-tokens-after differs from a count of the forwarded body."""
+    event_ms: list[float] = field(default_factory=list)
+    """x-compactd-overhead-ms of the turns with a compaction event (the trigger turns)."""
 
     def add(
         self,
@@ -169,12 +171,15 @@ class TurnLog:
         store_seconds: float | None,
         where: str,
         counted: int,
+        overhead_ms: float = 0.0,
     ) -> None:
         """One turn: what the upstream received (and our count of it) and the proxy's headers."""
         self.turns += 1
         if counted != after:
             self.miscounted.append(f"{where}: header {after}, forwarded {counted}")
         self.actions[action] = self.actions.get(action, 0) + 1
+        if action == "compacted":
+            self.event_ms.append(overhead_ms / 1000)
         self.errors += status != 200 or action == "error"
         self.before += before
         self.after += after
@@ -243,6 +248,8 @@ def summarize(corpus: str, store: str, log: TurnLog) -> dict[str, Any]:
         "tokens": f"{log.after:,} / {log.before:,} ({_pct(log.after, log.before)})",
         "store_ms": f"{_ms(log.store_seconds, 0.5)} / {_ms(log.store_seconds, 0.99)}"
         f" (n={len(log.store_seconds)})",
+        "event_ms": f"{_ms(log.event_ms, 0.5)} / {_ms(log.event_ms, 0.95)} / "
+        f"{max(log.event_ms, default=0) * 1000:.2f}",
         "errors": log.errors,
         "miscounted": len(log.miscounted),
         "miscounted_at": log.miscounted[:5],

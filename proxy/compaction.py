@@ -41,6 +41,7 @@ from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
+from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import ChainOutcome, run_chain
@@ -115,6 +116,8 @@ class _Plan:
     failure: str = ""
     """Why the original must be forwarded instead (a provider failed, the target unreached)."""
     history: _History | None = None
+    generation: int = -1
+    """The covered_through of the checkpoint it replays (-1: none)."""
 
 
 class Compactor:
@@ -149,6 +152,7 @@ class Compactor:
         self.calibration = calibration
         self._counters: dict[tuple[str, str], Counting] = {}
         self.lossless = LosslessTier()
+        self.precompute = Precomputer(metrics.precomputed)
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
@@ -298,6 +302,8 @@ class Compactor:
         if forms is not None:
             figures["tokens_after"] = counted.fixed + counted.counter.count_messages(forms.messages)
         if figures["tokens_after"] <= counted.budget.trigger and not forced:
+            tokens = figures["tokens_after"]
+            self._maybe_precompute(request, policy, counted, forms, tokens=tokens, generation=-1)
             if forms is None:
                 return self._outcome(request, "passthrough", **figures)
             figures["providers"] = ("lossless",)
@@ -324,6 +330,11 @@ class Compactor:
             figures["providers"] = plan.providers
         sent = list(plan.messages)
         figures["tokens_after"] = counted.fixed + counted.counter.count_messages(sent)
+        if plan.action == "replayed" and not forced:
+            tokens, generation = figures["tokens_after"], plan.generation
+            self._maybe_precompute(
+                request, policy, counted, forms, tokens=tokens, generation=generation
+            )
         if shadow:
             return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
         content = request.dialect.with_messages(request.body, sent)
@@ -334,6 +345,45 @@ class Compactor:
         return self._outcome(
             request, plan.action, content, unstored=unstored, expand=expand, **figures
         )
+
+    def _maybe_precompute(
+        self,
+        request: ChatRequest,
+        policy: PolicySettings,
+        counted: _Counted,
+        forms: Lossless | None,
+        *,
+        tokens: int,
+        generation: int,
+    ) -> None:
+        """Schedule the next checkpoint of a conversation near its trigger (`proxy.precompute`):
+        the plan the request would get over its trigger, stored, off the request path."""
+        tenant = request.tenant
+        if policy.mode != "enforce" or tenant is None:
+            return
+        if not self.precompute.due(tokens, counted.budget.trigger, policy.precompute_ratio):
+            return
+        # Aim lower by what the conversation may still grow before it crosses the trigger, so the
+        # turn that replays this checkpoint has the headroom a compaction made then would leave.
+        budget = counted.budget
+        target = max(1, budget.target - (budget.trigger - tokens))
+        early = dataclasses.replace(
+            counted, budget=dataclasses.replace(budget, trigger=0, target=target)
+        )
+
+        async def work() -> str:
+            plan = await self._plan(request, tenant, policy, early, forms)
+            if plan.failure:
+                return "failed"
+            if plan.compaction is None:
+                return "not_worth_it"
+            cp = plan.compaction.checkpoint
+            marked = dataclasses.replace(cp, providers=[*cp.providers, PRECOMPUTED])
+            compaction = dataclasses.replace(plan.compaction, checkpoint=marked)
+            await self._store(dataclasses.replace(plan, compaction=compaction), policy)
+            return "stored"
+
+        self.precompute.schedule((tenant, request.conversation, generation), work)
 
     def _expand_plan(
         self,
@@ -388,12 +438,38 @@ class Compactor:
         candidate = sent
         if base is not None:
             candidate = [*base.messages, *sent[base.covered_through + 1 :]]
+        cand_tokens = counted.fixed + counted.counter.count_messages(candidate)
+        if base is not None and PRECOMPUTED in base.providers:
+            # Computed ahead of time: replayed only from the turn the one before no longer fits,
+            # so the prefix changes when it would have anyway, not earlier.
+            older = await self._replayable(request, tenant, history, base.covered_through)
+            previous = sent
+            if older is not None:
+                previous = [*older.messages, *sent[older.covered_through + 1 :]]
+            tokens = counted.fixed + counted.counter.count_messages(previous)
+            if tokens <= counted.budget.trigger:
+                base, candidate, cand_tokens = older, previous, tokens
+        # The turn that first replays a precomputed checkpoint is its compaction event.
+        switched = (
+            base is not None
+            and PRECOMPUTED in base.providers
+            and self.precompute.first_use((tenant, request.conversation, base.covered_through))
+        )
         replay = _Plan(
             candidate,
-            "replayed" if base is not None else "lossless" if forms is not None else "passthrough",
-            (*(base.providers if base is not None else ()), *(("lossless",) if forms else ())),
+            "compacted"
+            if switched
+            else "replayed"
+            if base is not None
+            else "lossless"
+            if forms is not None
+            else "passthrough",
+            (
+                *(p for p in (base.providers if base is not None else ()) if p != PRECOMPUTED),
+                *(("lossless",) if forms else ()),
+            ),
+            generation=base.covered_through if base is not None else -1,
         )
-        cand_tokens = counted.fixed + counted.counter.count_messages(candidate)
         if cand_tokens <= counted.budget.trigger:
             return replay
         # A checkpoint written before checkpoints recorded their structure is replayed but
@@ -467,10 +543,13 @@ class Compactor:
         return outcome.failures[0].describe()
 
     async def _replayable(
-        self, request: ChatRequest, tenant: str, history: _History
+        self, request: ChatRequest, tenant: str, history: _History, below: int | None = None
     ) -> Checkpoint | None:
-        """The longest stored checkpoint this request may replay (see `replay_problem`)."""
+        """The longest stored checkpoint this request may replay (see `replay_problem`);
+        `below`: covering fewer messages than that."""
         limit = len(history.messages) - 1  # a strict prefix at most; replay_problem says the rest
+        if below is not None:
+            limit = min(limit, below)
         for _ in range(REPLAY_ATTEMPTS):
             if limit <= 0:
                 return None

@@ -221,6 +221,7 @@ class PolicySettings:
     expand_tool: bool = False
     expand_max_calls: int = 3
     expand_max_tokens: int = 4000
+    precompute_ratio: float = 0.0
 
     def validate(self, p: str) -> None:
         _check(bool(self.name), f"{p}.name", "must not be empty")
@@ -239,6 +240,9 @@ class PolicySettings:
         _check(self.recency_turns >= 0, f"{p}.recency_turns", "must be >= 0")
         _check(self.keep_head >= 0, f"{p}.keep_head", "must be >= 0")
         _check(self.expand_max_calls >= 1, f"{p}.expand_max_calls", "must be >= 1")
+        _check(
+            0 <= self.precompute_ratio < 1, f"{p}.precompute_ratio", "must be in [0, 1) (0 = off)"
+        )
         _check(self.expand_max_tokens >= 100, f"{p}.expand_max_tokens", "must be >= 100")
         for opt in self.options:
             _check(

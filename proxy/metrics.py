@@ -196,6 +196,12 @@ class Metrics:
             "Tokens of originals the expand tool brought back.",
             registry=r,
         )
+        self._precompute = Counter(
+            "compactd_precompute",
+            "Checkpoints computed ahead of time: stored, not_worth_it, failed, busy (skipped).",
+            ["outcome"],
+            registry=r,
+        )
         self._refused = Counter(
             "compactd_client_requests_refused",
             "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
@@ -337,6 +343,10 @@ class Metrics:
         self._expand_calls.labels(outcome).inc()
         if tokens:
             self._expand_tokens.inc(tokens)
+
+    def precomputed(self, outcome: str) -> None:
+        """One precomputation finished, or was skipped (`proxy.precompute`)."""
+        self._precompute.labels(outcome).inc()
 
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""
