@@ -174,12 +174,20 @@ class SSEUsageTap:
                 return chunk
         if not self._cr and b"\r" in data:
             self._cr, self._pos = True, 0  # rescan the held event line by line
+        # Copy mode, nothing held: most chunks are whole events without a usage object.
+        if not self._strip and not self._cr and not self._buf and _next_usage_object(data, 0) < 0:
+            cut = data.rfind(b"\n\n")
+            if cut + 2 != len(data):
+                self._buf += data[cut + 2 :] if cut >= 0 else data
+                self._check_size()
+            return chunk
         self._buf += data
-        out = self._scan(final=False)
-        if len(self._buf) > self._max_event:
-            # One event without an end this long is not one we read: stop holding it.
-            out += self._give_up()
+        out = self._scan(final=False) + self._check_size()
         return out if self._strip else chunk
+
+    def _check_size(self) -> bytes:
+        """One event without an end this long is not one we read: stop holding it."""
+        return self._give_up() if len(self._buf) > self._max_event else b""
 
     def _give_up(self) -> bytes:
         """Stop reading the stream; the held bytes (strip mode) go out unchanged."""
@@ -207,6 +215,9 @@ class SSEUsageTap:
 
     def _scan(self, *, final: bool) -> bytes:
         """Consume every complete event in the buffer; the bytes to emit in strip mode."""
+        if not self._strip and not self._cr:
+            self._read_usage(final=final)
+            return b""
         buf = self._buf
         out = bytearray()
         start = 0
@@ -222,6 +233,26 @@ class SSEUsageTap:
         del buf[:start]
         self._pos = max(self._pos - start, 0)
         return bytes(out)
+
+    def _read_usage(self, *, final: bool) -> None:
+        """Copy mode on an LF stream (OpenAI's, Anthropic's): read only the events holding a
+        usage object, found with C-speed searches instead of walking every event, and keep only
+        the trailing, incomplete event. This is what makes accounting nearly free."""
+        buf = self._buf
+        done = 0
+        while (found := _next_usage_object(buf, done)) >= 0:
+            start = buf.rfind(b"\n\n", done, found)
+            start = done if start < 0 else start + 2
+            end = buf.find(b"\n\n", found)
+            if end < 0:
+                if final:
+                    self._dispatch(bytes(buf[start:]))
+                del buf[:start]  # the usage event is still arriving: keep it whole
+                return
+            self._dispatch(bytes(buf[start : end + 2]))
+            done = end + 2
+        cut = buf.rfind(b"\n\n", done)
+        del buf[: max(done, cut + 2 if cut >= 0 else 0)]
 
     def _event_end(self, start: int, *, final: bool) -> int:
         """Offset just past the blank line ending the event at `start`, or -1 if incomplete."""
@@ -265,6 +296,18 @@ class SSEUsageTap:
             self.stripped = True
             return False
         return True
+
+
+_AFTER_USAGE_KEY = re.compile(rb"\s*:\s*\{")
+
+
+def _next_usage_object(buf: bytes | bytearray, start: int) -> int:
+    """Offset of the first `"usage": {` from `start`, or -1 (`"usage":null` does not count)."""
+    while (at := buf.find(_USAGE_KEY, start)) >= 0:
+        if _AFTER_USAGE_KEY.match(buf, at + len(_USAGE_KEY)):
+            return at
+        start = at + len(_USAGE_KEY)
+    return -1
 
 
 def _data_lines(event: bytes) -> list[bytes]:
