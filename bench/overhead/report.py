@@ -106,6 +106,14 @@ def target_checks(results: Results) -> str:
                 ("64 streams req/s >= 1.8x one worker", r["c"].rps / one["c"].rps, 1.8, ">="),
                 ("SSE events byte-identical = 100%", r["c"].identical_pct, 100, ">="),
             ]  # fmt: skip
+        off = results.get("compactd-no-accounting")
+        if name == "compactd-aiohttp" and isinstance(off, dict):
+            checks += [
+                ("c=32 req/s with accounting >= 95% of without",
+                 r["b"].rps / off["b"].rps * 100, 95, ">="),
+                ("64 streams req/s with accounting >= 95% of without",
+                 r["c"].rps / off["c"].rps * 100, 95, ">="),
+            ]  # fmt: skip
         lines.append(f"Targets for {name}:")
         for label, value, bound, op in checks:
             ok = value <= bound if op == "<=" else value >= bound

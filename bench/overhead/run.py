@@ -47,6 +47,8 @@ class Target:
     """For A/B runs: a directory holding a patched `proxy` package that compactd imports first."""
     workers: int = 1
     """compactd's `--workers`; with more than one, it may run on every core (see server_for)."""
+    accounting: bool = True
+    """Off: `accounting.enabled = false`, to measure what accounting costs."""
 
 
 TARGETS = (
@@ -55,6 +57,7 @@ TARGETS = (
     Target("naive-aiohttp", "naive", "aiohttp"),
     Target("compactd-aiohttp", "compactd", "aiohttp"),
     Target("compactd-httpx", "compactd", "httpx"),
+    Target("compactd-no-accounting", "compactd", "aiohttp", accounting=False),
 )
 
 
@@ -88,6 +91,8 @@ def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedSer
     }
     if t.pythonpath:
         env["PYTHONPATH"] = t.pythonpath
+    if not t.accounting:
+        env["COMPACTD_ACCOUNTING_ENABLED"] = "false"
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0) | {core}))
     return PinnedServer(t.name, argv, port, cpus if t.workers > 1 else core, env=env)
 
