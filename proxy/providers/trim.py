@@ -7,14 +7,17 @@ Stages, in order, each stopping as soon as the request is under target:
 2. strip old reasoning (`<think>`/`<thinking>` blocks, `reasoning_content`-style fields);
 3. truncate the largest tool results first, keeping a preview (results over
    `max_tool_result_tokens` are first capped to about half of it);
-4. condense long prose extractively (code fences, paths, identifiers, numbers, errors kept);
-5. drop the oldest units after the head, each run of them replaced by one placeholder.
+4. condense long prose extractively (code fences, paths, identifiers, numbers, errors kept), the
+   user's as well as the assistant's, so a long chat loses detail before whole turns;
+5. drop the oldest units after the head, each run of them replaced by one placeholder that lists
+   the ids, numbers, paths, names and quoted titles it removed.
 
 The stages run first outside the recency window, then with the window shrunk to the last
 `recent_units` units, then with only the hard protection left (system/developer messages, the last
 user message, the final message, `keep_head`), ending with marker-only stubs. When even that is
 over target, the full markers (~25 tokens each) give way to short `[compactd:ref=<id>]` ones, with
-every droppable unit dropped if need be; so every request that can fit at all does. Every
+every droppable unit dropped if need be, and as the very last resort the final tool results are
+cut head and tail (never dropped); so every request that can fit at all does. Every
 rewritten or dropped message goes into `verbatim` under a ref id its replacement shows. Same
 input, same output bytes.
 """
@@ -39,11 +42,11 @@ class TrimOptions:
     """... if at least this many units came after it."""
     preview_chars: int = 400
     """Characters of head + tail kept in a stubbed or truncated tool result."""
-    prose_min_tokens: int = 400
+    prose_min_tokens: int = 150
     """Messages of `condense_roles` at least this large are condensed extractively."""
     prose_keep_ratio: float = 0.5
     """Share of the droppable prose sentences a condensed message keeps."""
-    condense_roles: tuple[str, ...] = ("assistant",)
+    condense_roles: tuple[str, ...] = ("user", "assistant")
     strip_reasoning: bool = True
     """Strip reasoning older than `reasoning_strip_age_threshold` units."""
     drop_fact_chars: int = 240

@@ -15,6 +15,7 @@ from proxy.providers.base import (
     CompressionConfig,
     Message,
 )
+from proxy.providers.facts import name_matches
 from proxy.providers.markers import ref_marker, short_marker
 from proxy.providers.prose import (
     condense,
@@ -27,6 +28,7 @@ from proxy.providers.prose import (
     strip_reasoning,
 )
 from proxy.providers.units import (
+    final_tool_results,
     message_text,
     placeholder,
     placeholder_cost,
@@ -40,6 +42,11 @@ if TYPE_CHECKING:
 
 REASONING_KEYS = ("reasoning_content", "reasoning", "reasoning_details")
 _NEVER = 3
+# A cut final tool result keeps this share of the characters its room would hold (the count of
+# the cut text is not known before it is written; digits and code cost more per character).
+_CUT_SAFETY = 0.8
+_CUTS = 4
+_SLACK_TRIES = 2
 _TIERS = (0, 1, 2)
 
 
@@ -117,11 +124,13 @@ class TrimPlan:
 
     def _minimal(self) -> CompactionResult | None:
         """Short markers, then every droppable unit dropped and every stub bare, stopping as soon
-        as the request fits; None if even that does not fit (the fuller result is kept then)."""
+        as the request fits; then, as the last resort, the final tool results cut head and tail.
+        None if even that does not fit (the fuller result is kept then)."""
         # The full marker alone costs ~25 tokens a stand-in: more than the room a tight budget
         # leaves once the hard-protected messages are in, where `[compactd:ref=…]` still fits.
+        final = [i for i in sorted(final_tool_results(self.src)) if self.level[i] == _NEVER]
         floor = self.overhead + sum(t for i, t in enumerate(self.orig) if self.level[i] == _NEVER)
-        if floor > self.config.limit:
+        if floor - sum(self.orig[i] for i in final) > self.config.limit:
             return None
         self.short = True
         self.placeholder = self.config.count_message(
@@ -138,18 +147,42 @@ class TrimPlan:
                 return result
             stage(tier)
             result = self.result()
+        for _ in range(_CUTS if final else 0):
+            total = self.config.count_tokens(result.messages)
+            if total <= self.config.limit:
+                break
+            self._cut_final(final, total)
+            result = self.result()
         return result if self.config.count_tokens(result.messages) <= self.config.limit else None
 
+    def _cut_final(self, final: list[int], total: int) -> None:
+        """The last resort (issue 10): the final tool results, which alone keep the request
+        over target, cut head and tail (stored and referenced like any rewrite, never dropped),
+        each by its share of what the request is over."""
+        over = total - self.config.limit
+        size = sum(self.tokens[i] for i in final)
+        for i in final:
+            keep = self.tokens[i] - over * self.tokens[i] // max(size, 1)
+            text = message_text(self.src[i])
+            kept = self.body.get(i, text)
+            chars = int(len(kept) * max(keep, 0) / max(self.tokens[i], 1) * _CUT_SAFETY)
+            self._attempt(i, preview(text, chars), "truncated")
+
     def _spend_slack(self, result: CompactionResult) -> CompactionResult:
-        """Fill the room left under target with more facts of the dropped runs, if any."""
+        """Fill the room left under target with more facts of the dropped runs, if any: the
+        most that fits of a few sizes tried, halving from two characters a token of room."""
         slack = self.config.limit - self.total
         if not self.fact_chars or slack < 20 or not any(self.dropped):
             return result
-        self.fact_chars += slack * 2
-        richer = self.result()
-        if self.config.count_tokens(richer.messages) <= self.config.limit:
-            return richer
-        self.fact_chars -= slack * 2
+        base = self.fact_chars
+        extra = slack * 2
+        for _ in range(_SLACK_TRIES):
+            self.fact_chars = base + extra
+            richer = self.result()
+            if self.config.count_tokens(richer.messages) <= self.config.limit:
+                return richer
+            extra //= 2
+        self.fact_chars = base
         return result
 
     def _cut(self, i: int, chars: int) -> str:
@@ -356,12 +389,15 @@ class TrimPlan:
         return list(itertools.chain.from_iterable(reversed(found)))
 
     def _facts_of(self, i: int) -> list[str]:
-        """Fact tokens of input message i, its tool-call arguments included (found once each)."""
+        """Fact tokens of input message i, its tool-call arguments included, then for prose
+        (not tool output) the names and quoted phrases of its text (found once each): in a
+        chat those are what a dropped run said."""
         if i not in self._fact_cache:
             m = self.src[i]
-            self._fact_cache[i] = [
-                t for x in (message_text(m), *_arguments(m)) for t in fact_tokens(x)
-            ]
+            text = message_text(m)
+            tokens = [t for x in (text, *_arguments(m)) for t in fact_tokens(x)]
+            names = name_matches(text) if m.get("role") != "tool" else []
+            self._fact_cache[i] = tokens + names
         return self._fact_cache[i]
 
     def ref(self, i: int) -> str:

@@ -203,7 +203,9 @@ def test_a_placeholder_lists_the_ids_and_numbers_of_what_it_dropped() -> None:
         user("book it"),
         assistant("ok"),
     ]
-    out = trim(msgs, count_tokens(msgs) // 3, recency_turns=1)
+    # Nothing to condense (filler prose would be condensed before anything is dropped).
+    no_condense = {"prose_min_tokens": 10_000}
+    out = trim(msgs, count_tokens(msgs) // 3, recency_turns=1, extra_config=no_condense)
     placeholder = message_text(out[1])
     assert "dropped]" in placeholder
     assert "mia_li_3668" in placeholder
@@ -271,3 +273,41 @@ def test_when_nothing_can_fit_the_fuller_placeholders_are_kept() -> None:
     assert check_result(msgs, result, config) == []
     assert "2 messages, " in message_text(result.messages[1])
     assert "tokens dropped]" in message_text(result.messages[1])
+
+
+def test_a_final_tool_result_is_cut_as_the_last_resort_so_a_feasible_request_fits() -> None:
+    log = "\n".join(f"line {n}: read src/mod.py value {n * 7}" for n in range(2000))
+    msgs = [system(), user("Fix the failing test in src/mod.py.")]
+    msgs += [assistant("THOUGHT: look.", "c0"), tool("c0", words(500))]
+    msgs += [assistant("THOUGHT: read it.", "c1"), tool("c1", log)]
+    budget = count_tokens(msgs[:2]) + 300
+    out = trim(msgs, budget)  # checks validity and that uncompress restores the input
+    assert count_tokens(out) <= budget
+    final = out[-1]
+    assert final["role"] == "tool"
+    assert final["tool_call_id"] == "c1"
+    assert message_text(final).startswith("[compactd:ref=")  # cut, and stored by reference
+    assert "line 0: read src/mod.py" in message_text(final)  # head kept
+
+
+def test_a_placeholder_keeps_the_names_a_chat_it_dropped_was_about() -> None:
+    msgs = [system(), user("We moved from Boston to San Diego last spring, near Balboa Park.")]
+    msgs += [assistant(words(200)), user(words(200)), assistant(words(200))]
+    msgs += [user("Where do we live now?")]
+    no_condense = {"prose_min_tokens": 10_000}
+    out = trim(msgs, count_tokens(msgs) // 3, recency_turns=1, extra_config=no_condense)
+    placeholder = message_text(out[1])
+    assert "dropped]" in placeholder
+    assert "San Diego" in placeholder
+    assert "Balboa Park" in placeholder
+
+
+def test_long_user_prose_is_condensed_before_whole_turns_are_dropped() -> None:
+    walk = "On a grey morning we walked to the harbour and talked for a long while about boats."
+    story = " ".join([walk] * 15 + ["On day 7 we saw the whale."] + [walk] * 15)
+    msgs = [system(), user(story), assistant("Lovely."), user("And then?"), assistant("Go on.")]
+    msgs += [user("What did we do on day 7?")]
+    out = trim(msgs, count_tokens(msgs) * 2 // 3, recency_turns=1)
+    assert "condensed]" in message_text(out[1])
+    assert "day 7" in message_text(out[1])
+    assert not any("dropped]" in message_text(m) for m in out)
