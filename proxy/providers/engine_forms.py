@@ -21,12 +21,14 @@ from proxy.providers.base import CompressionConfig, Message
 from proxy.providers.canonical import canonical_bytes, source_digest
 from proxy.providers.dedup import Duplicate
 from proxy.providers.facts import (
+    SCAN_CHARS,
     TextFacts,
     analyze,
     candidates_of,
     facts_within,
     pack_salient,
     parse_json,
+    scan_spans,
     shape_counts,
     structural_shapes,
 )
@@ -46,6 +48,8 @@ _MASK_MAX_CHARS = 2400
 _SHORT_MASK_CHARS = 400
 _MASK_FACTS_CHARS = 240
 _SHORT_MASK_LIMIT = _SHORT_MASK_CHARS + _MASK_FACTS_CHARS
+# Longer messages are masked (head, tail, relevant lines), never summarized.
+SUMMARY_MAX_CHARS = 1_000_000
 # A stub reads the fact candidates of its messages until it has this many times its room.
 STUB_READ = 3
 # ... or this many times its room of their text (a sparse chat has few candidates to gather).
@@ -120,6 +124,14 @@ def fact_text(message: Message) -> str:
         if isinstance(fn, dict):
             parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
     return "\n".join(p for p in parts if p)
+
+
+def _has_ref(text: str) -> bool:
+    """Whether text holds a reference marker (searched a piece at a time)."""
+    if len(text) <= SCAN_CHARS:
+        return REF_PATTERN.search(text) is not None
+    spans = scan_spans(text, SCAN_CHARS, " \n")
+    return any(REF_PATTERN.search(text, start, end) for start, end in spans)
 
 
 def _snippet(text: str) -> str:
@@ -375,7 +387,10 @@ class Forms:
         if found is not None:
             return found
         found = []
-        tool = self.messages[i].get("role") == "tool"
+        chars = self._chars[i + 1] - self._chars[i]
+        # A multi-megabyte message is cut like a tool result, not summarized: splitting it into
+        # sentences and freeing them would hold the GIL for tens of milliseconds.
+        tool = self.messages[i].get("role") == "tool" or chars > SUMMARY_MAX_CHARS
         # Below 2 * min_saving every form costs at least min_saving; masking is for tool results.
         if self.costs[i] >= 2 * self.min_saving and (tool or level != MASKED):
             if level != MASKED:
@@ -390,7 +405,6 @@ class Forms:
                     found.append((predicted, None))
             # A long tool result's fact list is longer than its short mask (it fills its cap):
             # only a short one's is worth writing to compare.
-            chars = self._chars[i + 1] - self._chars[i]
             if level == FACTS and (not tool or self._facts_cap_of(chars) < _SHORT_MASK_LIMIT):
                 found.append(self._facts_candidate(i))
             if level == FACTS:
@@ -426,7 +440,7 @@ class Forms:
     def _summarizable(self, i: int) -> str | None:
         """Message i's text if a summary or a duplicate reference may replace it."""
         text = message_text(self.messages[i])
-        if not text.strip() or REF_PATTERN.search(text):
+        if not text or text.isspace() or _has_ref(text):
             # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
             return None
         return text

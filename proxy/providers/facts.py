@@ -81,6 +81,37 @@ def scan_spans(
         start = end
 
 
+# The most characters a "sentence" may have when it is scored or summarized: a text with no
+# sentence ends (a multi-megabyte line) is cut into pieces this long, so no regex over one
+# sentence holds the GIL for long.
+MAX_SENTENCE = 2_000
+
+
+def bounded(text: str, size: int = MAX_SENTENCE) -> list[str]:
+    """`text` itself if it has at most `size` characters, else its pieces of `size` to
+    2 * `size` characters, cut after blanks where there are any."""
+    if len(text) <= size:
+        return [text]
+    return [text[start:end] for start, end in scan_spans(text, size, " \t")]
+
+
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs of a text: its runs of lines that are not blank (spaces and tabs only),
+    each joined back with its line breaks. (A regex split at blank lines is one call over the
+    whole text.)"""
+    out: list[str] = []
+    run: list[str] = []
+    for line in text.split("\n"):
+        if line.strip(" \t"):
+            run.append(line)
+        elif run:
+            out.append("\n".join(run))
+            run = []
+    if run:
+        out.append("\n".join(run))
+    return out
+
+
 def _fact_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
     """`_FACT.findall(text)`, a whitespace-separated token at a time.
 
@@ -142,6 +173,9 @@ def name_matches(text: str) -> list[str]:
 
 
 _NO_FACTS: list[str] = []
+# Distinct tokens whose matches a compaction remembers (a log of unique ids would otherwise fill
+# a dict that takes long to free).
+_TOKEN_MEMO = 50_000
 
 
 def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
@@ -159,7 +193,8 @@ def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
                 hit = _NO_FACTS  # letters only and no lower-to-upper hump: no fact
             else:
                 hit = findall(token) or _NO_FACTS
-            seen[token] = hit
+            if len(seen) < _TOKEN_MEMO:
+                seen[token] = hit
         if hit:
             found += hit
     return found
@@ -168,12 +203,16 @@ def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
 def _quoted(matches: Iterable[str]) -> dict[str, bool]:
     """Each distinct fact of the matches, in order, and whether the author quoted it as code."""
     quoted: dict[str, bool] = {}
+    _quote_into(quoted, matches)
+    return quoted
+
+
+def _quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
     for v in matches:
         if v[0] == "`":
             quoted[v[1:-1]] = True
         else:
             quoted.setdefault(v.strip(_PUNCT_EDGES), False)
-    return quoted
 
 
 @dataclass
@@ -214,13 +253,28 @@ def all_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[s
 
 def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
-    matches = all_matches(text) if memo is None else memo.matches(text)
     rank = _rank if memo is None else memo.rank
     return [
         (rank(value, q), pos, value)
-        for pos, (value, q) in enumerate(_quoted(matches).items())
+        for pos, (value, q) in enumerate(_distinct(text, memo).items())
         if len(value) >= _MIN_FACT_LEN
     ]
+
+
+def _distinct(text: str, memo: FactMemo | None) -> dict[str, bool]:
+    """`_quoted(all_matches(text))`. A long text is scanned a piece at a time and only its
+    distinct facts are kept: the list of every match of a multi-megabyte text would hold the GIL
+    for tens of milliseconds just to be freed."""
+    tokens = None if memo is None else memo.tokens
+    if len(text) <= SCAN_CHARS:
+        return _quoted(all_matches(text, tokens))
+    quoted: dict[str, bool] = {}
+    spans = list(scan_spans(text, SCAN_CHARS, " \n"))
+    for start, end in spans:
+        _quote_into(quoted, _scan(text[start:end], tokens))
+    for start, end in spans:
+        _quote_into(quoted, name_matches(text[start:end]))
+    return quoted
 
 
 def fact_items(text: str) -> list[str]:
@@ -268,7 +322,21 @@ def pack_ranked(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str)
 
 
 def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
-    """The last `limit` lines that report an error (the final one is usually the cause)."""
+    """The last `limit` lines that report an error (the final one is usually the cause). A long
+    text is searched a piece at a time (cut at line breaks) from its end, until enough lines
+    are found."""
+    if len(text) <= SCAN_CHARS:
+        return _error_lines(text, limit, width)
+    found: list[str] = []
+    for start, end in reversed(list(scan_spans(text, SCAN_CHARS, "\n"))):
+        earlier = [ln for ln in _error_lines(text[start:end], limit, width) if ln not in found]
+        found = earlier + found
+        if len(found) >= limit:
+            break
+    return found[-limit:]
+
+
+def _error_lines(text: str, limit: int, width: int) -> list[str]:
     low = text.lower()
     # Case-sensitive matching of the lowered text is several times faster than re.I; lower()
     # keeps positions unless some character changes length (rare: then search the original).

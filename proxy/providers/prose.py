@@ -8,12 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from proxy.providers.facts import SCAN_CHARS, scan_spans
+from proxy.providers.facts import SCAN_CHARS, bounded, paragraphs, scan_spans
 
 _THINK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
-_FENCE = re.compile(r"(```.*?```)", re.DOTALL)
-_PARAGRAPH = re.compile(r"\n[ \t]*\n")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 # Substrings of a lowered text, not a case-insensitive regex: this runs over every large tool
 # result, and `in` is several times faster; a false positive only keeps a message.
@@ -31,14 +29,16 @@ _FACT_TOKEN = re.compile(rf"(?<![^{_SEP}])[^{_SEP}\d/]*+[\d/](?:[^{_SEP}]|,(?=\d
 _NAME = re.compile(r"[^\W\d_]|/")
 _PATH_TOKEN = re.compile(r"(?:~|\.{1,2})?/?[\w.@+-]+(?:/[\w.@+-]+)+/?")
 # What a reader would need to act on: code spans, paths, URLs, identifiers, numbers, errors.
+# Paths and calls start only where a run of their characters does (and a call's name is taken
+# whole): tried inside a long run of letters they would backtrack quadratically.
 _HARD_FACT = re.compile(
     r"`[^`\n]+`"
     r"|https?://\S+"
-    r"|(?:[\w.-]+/)+[\w.-]+"
+    r"|(?<![\w.-])(?:[\w.-]+/)+[\w.-]+"
     r"|\b[a-z]+_[a-z0-9_]+\b"
     r"|\b[a-z]+[A-Z]\w*\b"
     r"|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b"
-    r"|\b[A-Za-z_][\w.]*\("
+    r"|(?<![\w.])[A-Za-z_][\w.]*+\("
     r"|\d"
     r"|(?i:\b(?:error|exception|traceback|failed|failure|warning)\b)"
 )
@@ -159,13 +159,13 @@ def preview_parts(text: str, chars: int) -> tuple[str, str]:
 def condense(text: str, keep_ratio: float) -> str:
     """Extractive condensing: keep code fences whole, every sentence holding a path, identifier,
     number or error, line and paragraph breaks, and the best-scoring rest up to `keep_ratio`."""
-    parts = _FENCE.split(text)
+    parts = _fence_split(text)
     items: list[tuple[int, int, int, str]] = []  # (part, paragraph, line, sentence)
     ranked: list[tuple[float, int]] = []
     for pa, part in enumerate(parts):
         if pa % 2:
             continue
-        for pg, paragraph in enumerate(_PARAGRAPH.split(part)):
+        for pg, paragraph in enumerate(paragraphs(part)):
             sentences = _sentences(paragraph)
             for k, (ln, sentence) in enumerate(sentences):
                 ranked.append((-_score(sentence, k, len(sentences)), len(items)))
@@ -179,6 +179,21 @@ def condense(text: str, keep_ratio: float) -> str:
             keep[idx] = True
             used += size
     return _assemble(parts, items, keep)
+
+
+def _fence_split(text: str) -> list[str]:
+    """Text and ```-fenced blocks alternating, the fences at odd positions, as a regex split
+    at ```...``` would give them (found with str.find: no regex over the whole text)."""
+    parts: list[str] = []
+    pos = 0
+    while True:
+        start = text.find("```", pos)
+        end = text.find("```", start + 3) if start >= 0 else -1
+        if end < 0:
+            parts.append(text[pos:])
+            return parts
+        parts += [text[pos:start], text[start : end + 3]]
+        pos = end + 3
 
 
 def _assemble(parts: list[str], items: list[tuple[int, int, int, str]], keep: list[bool]) -> str:
@@ -208,16 +223,19 @@ def _assemble(parts: list[str], items: list[tuple[int, int, int, str]], keep: li
 
 
 def _sentences(paragraph: str) -> list[tuple[int, str]]:
-    """(line number, sentence): list items, headings and short lines stay whole."""
+    """(line number, sentence): list items, headings and short lines stay whole. A line is
+    split a piece at a time and no sentence is longer than MAX_SENTENCE (cut at blanks), so
+    the scoring regexes never run over a huge piece of text."""
     out: list[tuple[int, str]] = []
     for ln, line in enumerate(paragraph.splitlines()):
         stripped = line.strip()
         if not stripped:
             continue
         if stripped[0] in "-*#>|0123456789" or len(stripped) < 80:
-            out.append((ln, stripped))
-        else:
-            out.extend((ln, s) for s in _SENTENCE.split(stripped) if s)
+            out.extend((ln, piece) for piece in bounded(stripped))
+            continue
+        for part in bounded(stripped, SCAN_CHARS):
+            out.extend((ln, piece) for s in _SENTENCE.split(part) if s for piece in bounded(s))
     return out
 
 

@@ -15,14 +15,16 @@ from dataclasses import dataclass, field
 from proxy.providers.facts import (
     ERROR_HINTS,
     ERROR_WORDS,
+    MAX_SENTENCE,
     SCAN_CHARS,
     FactMemo,
+    bounded,
     facts_of_matches,
+    paragraphs,
     parse_json,
     scan_spans,
 )
 
-_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n+")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _LIST_MARKER = re.compile(r"^(?:[-*+]|\(?\w{1,3}[.)])$")
 
@@ -183,26 +185,29 @@ def split_blocks(text: str) -> list[tuple[bool, str]]:
     blocks: list[tuple[bool, str]] = []
     pos = 0
     for start, end in _fence_spans(text):
-        blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos:start]))
+        blocks.extend((_is_hard(p), p) for p in paragraphs(text[pos:start]))
         blocks.append((True, text[start:end]))
         pos = end
-    blocks.extend((_is_hard(p), p) for p in _PARAGRAPH_BREAK.split(text[pos:]))
+    blocks.extend((_is_hard(p), p) for p in paragraphs(text[pos:]))
     return [(hard, b.strip("\n")) for hard, b in blocks if b.strip()]
 
 
 def sentences(block: str) -> list[str]:
-    """Sentences of a prose block; lines never join, list markers stay with their item."""
+    """Sentences of a prose block; lines never join, list markers stay with their item. A line
+    is split a piece at a time and no sentence is longer than MAX_SENTENCE (a line without
+    sentence ends is cut at blanks), so no regex runs over a huge piece of text."""
     out: list[str] = []
     for line in block.splitlines():
         pending = ""
-        for piece in _SENTENCE_END.split(line.strip()):
-            if _LIST_MARKER.match(piece) or len(piece) < 4:
-                pending = f"{pending}{piece} "
-                continue
-            out.append(pending + piece)
-            pending = ""
+        for part in bounded(line.strip(), SCAN_CHARS):
+            for piece in _SENTENCE_END.split(part):
+                if (_LIST_MARKER.match(piece) or len(piece) < 4) and len(pending) < MAX_SENTENCE:
+                    pending = f"{pending}{piece} "
+                    continue
+                out.extend(bounded(pending + piece))
+                pending = ""
         if pending.strip():
-            out.append(pending.strip())
+            out.extend(bounded(pending.strip()))
     return out
 
 

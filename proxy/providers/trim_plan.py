@@ -47,6 +47,9 @@ _NEVER = 3
 _CUT_SAFETY = 0.8
 _CUTS = 4
 _SLACK_TRIES = 2
+# Longer prose is not condensed: splitting megabytes into sentences and joining them back holds
+# the GIL for milliseconds per call.
+_CONDENSE_MAX_CHARS = 1_000_000
 _TIERS = (0, 1, 2)
 
 
@@ -278,6 +281,8 @@ class TrimPlan:
                 and self.tokens[i] >= self.opts.prose_min_tokens
             ):
                 text = self._text(i)
+                if len(text) > _CONDENSE_MAX_CHARS:
+                    continue  # a multi-megabyte paste is cut or dropped, not condensed
                 shorter = condense(text, self.opts.prose_keep_ratio)
                 if shorter != text and self._attempt(i, shorter, "condensed") and not self.over():
                     return
