@@ -185,11 +185,16 @@ class Pricing:
     @classmethod
     def of(cls, info: ModelInfo, rule: Rule) -> Pricing:
         p_in = info.input_price / _MILLION
+        cached = info.cached_input_price / _MILLION
         if rule == "anthropic":
-            return cls(
-                p_in, p_in * ANTHROPIC_READ, p_in * ANTHROPIC_WRITE, info.output_price / _MILLION
-            )
-        return cls(p_in, info.cached_input_price / _MILLION, p_in, info.output_price / _MILLION)
+            # The table's cache prices where it has them, else Anthropic's published multiples.
+            write = info.cache_write_price / _MILLION
+            if write <= p_in:
+                write = p_in * ANTHROPIC_WRITE
+            if cached >= p_in:
+                cached = p_in * ANTHROPIC_READ
+            return cls(p_in, cached, write, info.output_price / _MILLION)
+        return cls(p_in, cached, p_in, info.output_price / _MILLION)
 
     def cost(self, priced: Priced, output: int) -> float:
         return (
@@ -460,7 +465,8 @@ def choose_default(results: Sequence[SessionResult], min_facts: float = 0.9) -> 
 
 
 def plot(results: Sequence[SessionResult], policies: Sequence[Policy], path: Path) -> None:
-    """Net saving and facts kept against the budget cap, one line per corpus (and variant)."""
+    """Net saving and facts kept against the budget cap, one line per corpus (solid: the cap
+    alone, dashed: with the lossless tier)."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -468,35 +474,50 @@ def plot(results: Sequence[SessionResult], policies: Sequence[Policy], path: Pat
 
     cells = totals(results, "corpus+policy")
     corpora = list(dict.fromkeys(r.corpus for r in results))
-    capped = [p for p in policies if p.cap]
-    variants = list(dict.fromkeys(p.variant for p in capped))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    capped = [p for p in policies if p.cap and p.variant in ("", "+lossless")]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for i, corpus in enumerate(corpora):
-        color = f"C{i}"
-        for variant in variants:
+        for variant, style in (("", "-"), ("+lossless", "--")):
             pts = [
-                (p.cap, cells.get(f"{corpus} · {p.name}")) for p in capped if p.variant == variant
+                (p.cap, t)
+                for p in capped
+                if p.variant == variant and (t := cells.get(f"{corpus} · {p.name}"))
             ]
-            xs = [x for x, t in pts if t and x]
-            ts = [t for _, t in pts if t]
-            if not xs:
+            if not pts:
                 continue
-            style = {"": "-", "+lossless": "--", "+expand": ":", "+lossless+expand": "-."}
-            label = corpus + (f" {variant}" if variant else "")
-            ls = style.get(variant, "-")
-            ax1.plot(xs, [t.saving * 100 for t in ts], ls, color=color, marker="o", label=label)
-            ax2.plot(xs, [t.kept_share * 100 for t in ts], ls, color=color, marker="o", label=label)
-    for ax, title in ((ax1, "net saving, % of the bill"), (ax2, "facts kept, %")):
+            xs = [x for x, _ in pts]
+            label = corpus if not variant else None
+            for ax, ys in (
+                (axes[0], [t.saving * 100 for _, t in pts]),
+                (axes[1], [t.kept_share * 100 for _, t in pts]),
+            ):
+                ax.plot(xs, ys, style, color=f"C{i}", marker="o", label=label)
+    caps = sorted({p.cap for p in capped if p.cap})
+    for ax, title in zip(axes, ("net saving, % of the bill", "facts kept, %"), strict=True):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(caps, [f"{c // 1000}k" for c in caps])
         ax.set_xlabel("budget cap (tokens)")
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-    ax1.axhline(0, color="black", lw=0.8)
-    ax2.axhline(90, color="grey", lw=0.8, ls="--")
-    ax2.legend(fontsize=7, loc="lower right")
+    axes[0].axhline(0, color="black", lw=0.8)
+    axes[1].axhline(90, color="grey", lw=0.8, ls=":")
+    handles, labels = axes[0].get_legend_handles_labels()
+    title = "solid: cap alone\ndashed: + lossless"
+    fig.legend(handles, labels, loc="center right", fontsize=8, title=title)
     fig.suptitle("compactd on real sessions, net of prompt caching (bench/cost.py)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.85, 1))
     fig.savefig(path, dpi=110)
+
+
+def replot(json_path: Path, path: Path) -> None:
+    """The plot again from a `--json` file, without replaying."""
+    rows = json.loads(json_path.read_text())
+    results = []
+    for row in rows:
+        plain, sent = Arm(**row.pop("plain")), Arm(**row.pop("sent"))
+        row.pop("saving", None)
+        results.append(SessionResult(plain=plain, sent=sent, **row))
+    plot(results, all_policies(), path)
 
 
 async def main() -> None:
@@ -512,7 +533,11 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, help="write every session's figures here")
     parser.add_argument("--plot", type=Path, help="draw the PNG here (needs matplotlib)")
     parser.add_argument("--sessions", action="store_true", help="print the per-session table")
+    parser.add_argument("--replot", type=Path, help="only draw --plot from this --json file")
     args = parser.parse_args()
+    if args.replot:
+        replot(args.replot, args.plot or args.replot.with_suffix(".png"))
+        return
     policies = all_policies()
     if args.providers:
         chain = args.providers.split(",")

@@ -205,7 +205,7 @@ class PolicySettings:
     mode: Mode = "enforce"
     providers: tuple[str, ...] = ("trim",)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    budget_tokens: int = 0
+    budget_tokens: int = 32000
     budget_fraction: float = 1.0
     trigger_ratio: float = 1.0
     target_ratio: float = 0.7

@@ -149,7 +149,8 @@ def _info(window: int = 128_000, max_output: int = 16_384) -> ModelInfo:
     return ModelInfo("m*", window, max_output, "o200k_base", 0.0, 0.0, 0.0)
 
 
-POLICY = PolicySettings()
+POLICY = PolicySettings(budget_tokens=0)
+"""No cap: the window arithmetic itself (the shipped default caps the budget at 32k)."""
 
 
 def test_budget_reserves_the_models_default_output_and_the_margin() -> None:
@@ -195,10 +196,19 @@ def test_budgets_of_real_models(
     assert compute_budget(table.lookup(model), body, POLICY, 64).budget == expected
 
 
+def test_the_default_policy_caps_the_budget_at_32k() -> None:
+    assert compute_budget(_info(), {}, PolicySettings(), 64).budget == 32_000
+    assert compute_budget(
+        _info(window=16_000, max_output=4000), {}, PolicySettings(), 64
+    ).budget == (16_000 - 4000 - 64)
+
+
 def test_policy_caps_lower_the_budget_by_tokens_and_by_fraction() -> None:
     by_tokens = compute_budget(_info(), {}, PolicySettings(budget_tokens=50_000), 64)
     assert by_tokens.budget == 50_000
-    by_fraction = compute_budget(_info(), {}, PolicySettings(budget_fraction=0.5), 64)
+    by_fraction = compute_budget(
+        _info(), {}, PolicySettings(budget_tokens=0, budget_fraction=0.5), 64
+    )
     assert by_fraction.budget == 64_000
     both = compute_budget(_info(), {}, PolicySettings(budget_tokens=70_000, budget_fraction=0.5), 0)
     assert both.budget == 64_000
