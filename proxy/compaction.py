@@ -485,6 +485,7 @@ class Compactor:
             self._chains[policy.name],
             config,
             check=request.dialect.problems if request.dialect is not CHAT else None,
+            repair=request.dialect.repair if request.dialect is not CHAT else None,
         )
         self.metrics.observe_compaction(
             policy=policy.name,

@@ -79,6 +79,9 @@ class Dialect(Protocol):
     def problems(self, original: Sequence[Message], result: CompactionResult) -> list[str]:
         """Invariants of this API a provider's result breaks (besides the chat validator's)."""
 
+    def repair(self, original: Sequence[Message], result: CompactionResult) -> CompactionResult:
+        """A provider's result with what this API forbids changing put back where it can be."""
+
 
 @dataclass(frozen=True)
 class ChatCompletions:
@@ -115,6 +118,11 @@ class ChatCompletions:
         """None beyond the chat validator's."""
         del original, result
         return []
+
+    def repair(self, original: Sequence[Message], result: CompactionResult) -> CompactionResult:
+        """Nothing to put back."""
+        del original
+        return result
 
 
 CHAT = ChatCompletions()

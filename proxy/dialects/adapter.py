@@ -24,6 +24,7 @@ from proxy.dialects.native import (
     native,
     native_problems,
     opaque_tokens,
+    repair_result,
 )
 from proxy.providers.base import CompactionResult
 from proxy.tokens import TokenCounter
@@ -80,6 +81,10 @@ class Adapter:
         """The pending turn and native-item invariants (see `native_problems`)."""
         return native_problems(original, result.messages, result.verbatim, self.pending(original))
 
+    def repair(self, original: Sequence[Message], result: CompactionResult) -> CompactionResult:
+        """What a provider must not change put back where it can be (see `repair_result`)."""
+        return repair_result(original, result, self.pending(original))
+
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
         """The request with only its history field rebuilt from these projected messages."""
         new = dict(body)
@@ -110,24 +115,28 @@ class Way:
 
 def emit_all(
     way: Way, body: Mapping[str, Any], messages: Sequence[Message]
-) -> list[tuple[Message, list[Any]]]:
-    """Every sent message with the native items it goes back as, breakpoints put back (and the
-    last lost one moved, see `Breakpoints`) against the request's own projection."""
+) -> list[tuple[Message, list[Any], bool]]:
+    """Every sent message with the native items it goes back as and whether they are the
+    client's own (unchanged), breakpoints put back (and the last lost one moved, see
+    `Breakpoints`) against the request's own projection."""
     projected = way.project(body) if body else None
     current, marks = projected if projected is not None else ([], Marks(way.mark))
     breakpoints = Breakpoints(marks, default_ttl=way.default_ttl, place=way.place)
-    out: list[tuple[Message, list[Any]]] = []
+    out: list[tuple[Message, list[Any], bool]] = []
     for sent in match_originals(messages, current):
         m = sent.message
         nat = native(m)
+        kept = nat is not None and (
+            sent.original is not None or is_unchanged(m, way.project_native)
+        )
         if nat is None:
             items = way.stand_in(m)
-        elif sent.original is not None or is_unchanged(m, way.project_native):
+        elif kept:
             items = way.items(nat)
         else:
             items = way.rebuild(m, nat)
         breakpoints.add(sent.original, items)
-        out.append((m, items))
+        out.append((m, items, kept))
     breakpoints.apply()
     return out
 

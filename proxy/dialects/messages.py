@@ -386,16 +386,17 @@ def _emit(body: Mapping[str, Any], messages: Sequence[Message]) -> list[Any]:
     did, it follows a stand-in, or its role differs); a stand-in is a user message."""
     out: list[Message] = []
     after_stand_in = False
-    for m, blocks in emit_all(_WAY, body, messages):
+    for m, blocks, kept in emit_all(_WAY, body, messages):
         nat = native(m)
         stand_in, after_stand_in = after_stand_in, nat is None
         role = (nat.get("role") if nat is not None else None) or "user"
         # What follows a stand-in opens a message of its own: a restore then projects the
         # stand-in alone, and expands it without swallowing its neighbour.
         start = nat is None or bool(nat.get("start")) or stand_in
-        was_text = nat is None or isinstance(nat["content"], str)
+        # Only the client's own messages keep a string: what compactd made is blocks whether or
+        # not a breakpoint moves onto it, so its bytes do not change with the client's breakpoints.
         content: Any = blocks
-        if was_text and len(blocks) == 1 and MARK not in blocks[0]:
+        if kept and nat is not None and isinstance(nat["content"], str) and MARK not in blocks[0]:
             content = blocks[0]["text"]
         if start or not out or out[-1]["role"] != role:
             out.append({"role": role, "content": content})

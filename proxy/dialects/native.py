@@ -16,6 +16,7 @@ becomes a plain text message. What only the native items carry is counted by `Na
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -26,6 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.digest import canonical_message, message_digest
+from proxy.providers.base import CompactionResult
 from proxy.providers.markers import is_stand_in
 from proxy.providers.units import final_unit_start, message_text
 from proxy.providers.validate import align
@@ -306,6 +308,32 @@ def pending_assistant(messages: Sequence[Message]) -> int | None:
     if j < len(messages) - 1 and messages[j].get("role") == "assistant":
         return j
     return None
+
+
+def repair_result(
+    original: Sequence[Message], result: CompactionResult, pending: int | None
+) -> CompactionResult:
+    """A provider's result with what it must not change on these APIs put back, where it can
+    be: the assistant turn a pending tool result continues, rewritten one for one, goes back
+    to the original (its reasoning or thinking must reach the model as issued); a one-for-one
+    rewrite that lost its items gets them back. What cannot be put back (the pending turn
+    folded into a stand-in) is left for `native_problems` to report."""
+    alignment = align(original, result.messages, result.verbatim)
+    if isinstance(alignment, str):
+        return result
+    messages = list(result.messages)
+    for pos, ((start, end), refs) in enumerate(zip(alignment.spans, alignment.refs, strict=True)):
+        if not refs or end - start != 1:
+            continue
+        if start == pending:
+            messages[pos] = original[start]
+        elif not is_stand_in(message_text(messages[pos])) and native(messages[pos]) != native(
+            original[start]
+        ):
+            messages[pos] = {**messages[pos], NATIVE: original[start][NATIVE]}
+    if messages == result.messages:
+        return result
+    return dataclasses.replace(result, messages=messages)
 
 
 def native_problems(

@@ -426,8 +426,11 @@ def _first_visible(items: list[Any]) -> int:
 
 def _stand_in(message: Message) -> list[Any]:
     """A stand-in for dropped units: a user message of its own. Never merged into a model run
-    (a restore projects it alone again), never between a reasoning item and what follows it."""
-    return [{"role": "user", "content": "\n".join(new_texts(message.get("content")))}]
+    (a restore projects it alone again), never between a reasoning item and what follows it.
+    Its text is an input part whether or not a breakpoint moves onto it, so its bytes do not
+    change from turn to turn with the client's breakpoints."""
+    text = "\n".join(new_texts(message.get("content")))
+    return [{"role": "user", "content": [{"type": "input_text", "text": text}]}]
 
 
 def _native_items(nat: Any) -> list[Any]:
@@ -457,7 +460,7 @@ def _fixed(counter: TokenCounter, body: Mapping[str, Any]) -> int:
 def _emit(body: Mapping[str, Any], messages: Sequence[Message]) -> list[Any]:
     """`input` rebuilt: originals as they were, rewrites in the API's shape, the client's
     breakpoints where they were (see `Breakpoints`)."""
-    return [item for _, items in emit_all(_WAY, body, messages) for item in items]
+    return [item for _, items, _ in emit_all(_WAY, body, messages) for item in items]
 
 
 _INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
@@ -476,10 +479,6 @@ def _place(items: list[Any], key: str, value: Any) -> bool:
                     if isinstance(part, Mapping) and part.get("type") in _INPUT_PARTS:
                         mark_path(items, (i, k), key, value)
                         return True
-        if item.get("role") == "user" and isinstance(item.get("content"), str):
-            text = {"type": "input_text", "text": item["content"], key: value}
-            items[i] = {**item, "content": [text]}
-            return True
     return False
 
 

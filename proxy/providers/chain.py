@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 RunSync = Callable[..., Awaitable[Any]]
 Check = Callable[[Sequence[Message], CompactionResult], list[str]]
 """Extra invariants a result must keep (an API adapter's), on top of `check_result`."""
+Repair = Callable[[Sequence[Message], CompactionResult], CompactionResult]
+"""Puts back what a result must not change (an API adapter's), before it is validated."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,10 @@ async def run_chain(
     *,
     run_sync: RunSync = asyncio.to_thread,
     check: Check | None = None,
+    repair: Repair | None = None,
 ) -> ChainOutcome:
     """Run `providers` in order on `messages` until the request costs at most `config.limit`;
-    a result that breaks `check_result` (or `check`, if given) is discarded."""
+    a result that breaks `check_result` (or `check`, if given, after `repair`) is discarded."""
     tokens_before = config.count_tokens(messages)
     current, tokens = messages, tokens_before
     verbatim: dict[str, list[Message]] = {}
@@ -100,6 +103,8 @@ async def run_chain(
             continue
         # Validation is linear but not free on a long history: off the event loop like compress.
         try:
+            if repair is not None:
+                result = await run_sync(repair, current, result)
             problems = await run_sync(
                 functools.partial(check_result, check_budget=False), current, result, config
             )

@@ -48,30 +48,29 @@ class Harness:
         services: Services = self.app.router.state.services
         return services
 
+    async def chat(self, body: dict[str, Any], key: str = KEY, **headers: str) -> httpx.Response:
+        """POST /v1/chat/completions (to the same fake upstream as the Responses API)."""
+        return await self._post(
+            "/v1/chat/completions", body, {"authorization": f"Bearer {key}"}, headers
+        )
+
+    async def _post(
+        self, path: str, body: dict[str, Any], auth: dict[str, str], headers: dict[str, str]
+    ) -> httpx.Response:
+        return await self.client.post(
+            path,
+            content=json.dumps(body).encode(),
+            headers={**auth, "content-type": "application/json", **headers},
+        )
+
     async def create(self, body: dict[str, Any], key: str = KEY, **headers: str) -> httpx.Response:
         """POST /v1/responses."""
-        return await self.client.post(
-            "/v1/responses",
-            content=json.dumps(body).encode(),
-            headers={
-                "authorization": f"Bearer {key}",
-                "content-type": "application/json",
-                **headers,
-            },
-        )
+        return await self._post("/v1/responses", body, {"authorization": f"Bearer {key}"}, headers)
 
     async def message(self, body: dict[str, Any], key: str = KEY, **headers: str) -> httpx.Response:
         """POST /v1/messages, as the anthropic SDK sends it (x-api-key, anthropic-version)."""
-        return await self.client.post(
-            "/v1/messages",
-            content=json.dumps(body).encode(),
-            headers={
-                "x-api-key": key,
-                "anthropic-version": "2023-06-01",
-                "content-type": "application/json",
-                **headers,
-            },
-        )
+        auth = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        return await self._post("/v1/messages", body, auth, headers)
 
     async def uncompress(self, body: dict[str, Any], key: str = KEY) -> httpx.Response:
         return await self.client.post(

@@ -95,7 +95,8 @@ def test_a_stand_in_is_a_user_message_of_its_own() -> None:
     projected = MESSAGES.messages(b)
     assert projected is not None
     out = sent(MESSAGES.with_messages(b, [projected[0], STAND_IN, *projected[3:]]))
-    assert out[1] == {"role": "user", "content": "[compactd:ref=abcdef1234 dropped]"}
+    text = {"type": "text", "text": "[compactd:ref=abcdef1234 dropped]"}
+    assert out[1] == {"role": "user", "content": [text]}
     assert out[2:] == msgs[3:]
 
 

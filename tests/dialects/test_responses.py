@@ -105,7 +105,8 @@ def test_a_stand_in_is_a_plain_message() -> None:
     items = responses_input(FakeResponses(), 3)
     messages = RESPONSES.messages(body(items)) or []
     out = sent_input(RESPONSES.with_messages(body(items), [*messages[:2], STAND_IN, *messages[4:]]))
-    assert out[2] == {"role": "user", "content": "[compactd:ref=abcdef1234 dropped]"}
+    text = {"type": "input_text", "text": "[compactd:ref=abcdef1234 dropped]"}
+    assert out[2] == {"role": "user", "content": [text]}
     assert out[3:] == items[5:]
 
 
