@@ -51,6 +51,9 @@ from typing import Any
 
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import quality_apis
 from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
@@ -328,14 +331,18 @@ def valid(
     return check_result(case.messages, result, config, check_budget=False)
 
 
-async def run(cases: list[Case], provs: list[ContextProvider]) -> dict[tuple[str, float, str], Row]:
-    """Every provider on every case at every budget."""
+async def run(
+    cases: list[Case], provs: list[ContextProvider], api: str = "chat"
+) -> dict[tuple[str, float, str], Row]:
+    """Every provider on every case at every budget (`api`: the shape the cases are projected
+    from, see bench/quality_apis.py)."""
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
+    per_message = quality_apis.counting(api, counter)
     rows: dict[tuple[str, float, str], Row] = {}
     for case in cases:
 
         def count(ms: Sequence[Message], case: Case = case) -> int:
-            return counter.count_request({"messages": list(ms), "tools": case.tools})
+            return per_message.count_messages(list(ms)) + counter.count_tools({"tools": case.tools})
 
         total = count(case.messages)  # warms the per-message cache, as the proxy's step 6 does
         for fraction in BUDGETS:
@@ -345,7 +352,7 @@ async def run(cases: list[Case], provs: list[ContextProvider]) -> dict[tuple[str
                 limit=budget,
                 budget=budget,
                 count_tokens=count,
-                count_message=counter.count_message,
+                count_message=per_message.count_message,
                 complete=fake_complete,
             )
             for prov in provs:
@@ -581,14 +588,17 @@ def main() -> None:
     parser.add_argument("--corpora", default=",".join(CORPUS_NAMES), help="which corpora")
     parser.add_argument("--big-only", action="store_true", help="only the 100k-token timing")
     parser.add_argument("--no-big", action="store_true", help="skip the 100k-token timing")
+    parser.add_argument(
+        "--api", choices=("chat", "responses", "messages"), default="chat", help="request shape"
+    )
     args = parser.parse_args()
     provs = providers(args.providers.split(","))
     if args.big_only:
         print("\n".join(big_conversation_ms(provs)))
         print("\n".join(event_loop_gaps(provs)))
         return
-    cases = load(args.corpora.split(","), args.limit)
-    rows = asyncio.run(run(cases, provs))
+    cases = [quality_apis.as_api(c, args.api) for c in load(args.corpora.split(","), args.limit)]
+    rows = asyncio.run(run(cases, provs, args.api))
     print(table(rows))
     print()
     for (corpus, fraction, name), r in rows.items():

@@ -154,12 +154,9 @@ def _two_digits(n: int) -> int:
     return max(1, round(n / scale) * scale)
 
 
-def settings_for(
-    sessions: list[Session], upstream: str, data_dir: str, accounting: bool, precompute: float = 0
-) -> Settings:
-    """Proxy settings: one header-selected policy per distinct budget."""
-    budgets = sorted({s.budget for s in sessions})
-    policies = [
+def budget_policies(sessions: list[Session], precompute: float = 0) -> list[dict[str, Any]]:
+    """One policy per distinct budget, selected by the `x-bench-budget` header."""
+    return [
         {
             "name": f"b{b}",
             "match_header": BUDGET_HEADER,
@@ -167,12 +164,18 @@ def settings_for(
             "budget_tokens": b,
             "precompute_ratio": precompute,
         }
-        for b in budgets
+        for b in sorted({s.budget for s in sessions})
     ]
+
+
+def settings_for(
+    sessions: list[Session], upstream: str, data_dir: str, accounting: bool, precompute: float = 0
+) -> Settings:
+    """Proxy settings: one header-selected policy per distinct budget."""
     overrides = {
         "server": {"data_dir": data_dir, "secret": "bench-session-secret"},
         "upstream": {"url": upstream},
-        "policies": policies,
+        "policies": budget_policies(sessions, precompute),
         "accounting": {"enabled": accounting},
     }
     return load_settings(None, env={}, overrides=overrides)

@@ -41,9 +41,15 @@ _TTL = {"5m": 300, "1h": 3600}
 
 
 def true_tokens(value: Any) -> int:
-    """The fake upstreams' own count: ~1 token per 3.6 characters of the canonical JSON."""
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return max(1, int(len(text) / 3.6))
+    """The fake upstreams' own count, not tiktoken's: ~1 token per 3.6 characters of every
+    string in the value, plus 3 per object (its framing)."""
+    if isinstance(value, str):
+        return max(1, int(len(value) / 3.6))
+    if isinstance(value, dict):
+        return 3 + sum(true_tokens(v) for k, v in value.items() if k not in ("id", "signature"))
+    if isinstance(value, list):
+        return sum(true_tokens(v) for v in value)
+    return 0 if value is None else 1
 
 
 def sign(text: str) -> str:
@@ -100,6 +106,8 @@ class FakeResponses(_Base):
     counter: int = 0
 
     def answer(self, req: Received) -> tuple[int, bytes, bool]:
+        if req.method == "POST" and req.path == "/v1/chat/completions":
+            return self.chat(req.json())
         if req.method != "POST" or req.path != "/v1/responses":
             return 200, json.dumps({"object": "other", "path": req.path}).encode(), False
         body = req.json()
@@ -156,6 +164,39 @@ class FakeResponses(_Base):
             raise InvalidRequestError(
                 f"No tool output found for function call {sorted(missing)[0]}."
             )
+
+    def chat(self, body: Json) -> tuple[int, bytes, bool]:
+        """Chat completions on the same upstream: tool pairing enforced, prefix caching simulated
+        over messages as over Responses items."""
+        pending: set[str] = set()
+        problem = ""
+        for m in body.get("messages", []):
+            if m.get("role") == "tool":
+                if m.get("tool_call_id") not in pending:
+                    problem = "a tool message answers no tool call"
+                pending.discard(m.get("tool_call_id"))
+                continue
+            if pending:
+                problem = "tool_calls must be followed by their tool messages"
+            pending = {c["id"] for c in m.get("tool_calls") or []}
+        if problem:
+            self.refused.append(problem)
+            error = {"message": problem, "type": "invalid_request_error", "code": None}
+            return 400, json.dumps({"error": error}).encode(), False
+        usage = self.usage({"input": body.get("messages", []), "tools": body.get("tools")}, [])
+        message = {"role": "assistant", "content": "Done."}
+        reply = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            "usage": {
+                "prompt_tokens": usage["input_tokens"],
+                "completion_tokens": 2,
+                "prompt_tokens_details": usage["input_tokens_details"],
+            },
+        }
+        return 200, json.dumps(reply).encode(), False
 
     def output(self, body: Json) -> list[Json]:
         self.counter += 1
