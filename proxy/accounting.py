@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -27,6 +28,7 @@ from proxy.store.base import StoreError, UsageDelta, UsageRecord, key_name
 log = logging.getLogger("compactd.accounting")
 
 _Key = tuple[str, str, str, str]
+MODEL_MEMO = 1024
 
 
 class UsageSink(Protocol):
@@ -59,6 +61,8 @@ class Accountant:
         self._max_pending = max_pending
         self._max_model_chars = max_model_chars
         self._pending: dict[_Key, dict[str, int]] = {}
+        self._models: dict[str, str] = {}  # client model name -> its key name (bounded)
+        self._day = (0, "")
         self._task: asyncio.Task[None] | None = None
         self._flushing = asyncio.Lock()
 
@@ -67,9 +71,20 @@ class Accountant:
         """Aggregates waiting for the next flush."""
         return len(self._pending)
 
+    def today(self) -> str:
+        """Today's UTC date, YYYY-MM-DD (formatted once a day, not once a request)."""
+        number = int(time.time() // 86400)
+        if number != self._day[0]:
+            self._day = (number, time.strftime("%Y-%m-%d", time.gmtime(number * 86400)))
+        return self._day[1]
+
     def add(self, record: UsageRecord) -> None:
         """Count one request (never blocks, never raises for a full table: it drops)."""
-        model = usage_model(record.model, self._max_model_chars)
+        model = self._models.get(record.model)
+        if model is None:
+            model = usage_model(record.model, self._max_model_chars)
+            if len(self._models) < MODEL_MEMO:
+                self._models[record.model] = model
         self._merge(
             (record.tenant, record.policy, model, record.day), codec.usage_increments(record)
         )

@@ -383,7 +383,7 @@ class _ChatExchange:
                     tenant=req.tenant or ANONYMOUS,
                     policy=out.policy or "none",
                     model=model,
-                    day=time.strftime("%Y-%m-%d", time.gmtime()),
+                    day=self.h.accountant.today(),
                     action=out.action,
                     tokens_before=before,
                     tokens_after=after,

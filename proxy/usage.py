@@ -174,12 +174,18 @@ class SSEUsageTap:
                 return chunk
         if not self._cr and b"\r" in data:
             self._cr, self._pos = True, 0  # rescan the held event line by line
-        # Copy mode, nothing held: most chunks are whole events without a usage object.
-        if not self._strip and not self._cr and not self._buf and _next_usage_object(data, 0) < 0:
-            cut = data.rfind(b"\n\n")
-            if cut + 2 != len(data):
-                self._buf += data[cut + 2 :] if cut >= 0 else data
-                self._check_size()
+        if not self._strip and not self._cr and not self._buf:
+            # Copy mode, nothing held: most chunks are whole events without a usage object.
+            found = _next_usage_object(data, 0)
+            if found < 0:
+                cut = data.rfind(b"\n\n")
+                if cut + 2 != len(data):
+                    self._buf += data[cut + 2 :] if cut >= 0 else data
+                    self._check_size()
+                return chunk
+            self._buf += data
+            self._read_usage(final=False, first=found)  # no second search for what we found
+            self._check_size()
             return chunk
         self._buf += data
         out = self._scan(final=False) + self._check_size()
@@ -234,13 +240,14 @@ class SSEUsageTap:
         self._pos = max(self._pos - start, 0)
         return bytes(out)
 
-    def _read_usage(self, *, final: bool) -> None:
+    def _read_usage(self, *, final: bool, first: int = -1) -> None:
         """Copy mode on an LF stream (OpenAI's, Anthropic's): read only the events holding a
         usage object, found with C-speed searches instead of walking every event, and keep only
         the trailing, incomplete event. This is what makes accounting nearly free."""
         buf = self._buf
         done = 0
-        while (found := _next_usage_object(buf, done)) >= 0:
+        found = first if first >= 0 else _next_usage_object(buf, 0)
+        while found >= 0:
             start = buf.rfind(b"\n\n", done, found)
             start = done if start < 0 else start + 2
             end = buf.find(b"\n\n", found)
@@ -251,6 +258,7 @@ class SSEUsageTap:
                 return
             self._dispatch(bytes(buf[start : end + 2]))
             done = end + 2
+            found = _next_usage_object(buf, done)
         cut = buf.rfind(b"\n\n", done)
         del buf[: max(done, cut + 2 if cut >= 0 else 0)]
 
@@ -313,7 +321,7 @@ def _next_usage_object(buf: bytes | bytearray, start: int) -> int:
 def _data_lines(event: bytes) -> list[bytes]:
     """The values of an event's `data` fields (one optional space after the colon removed)."""
     values = []
-    for line in _EOL.split(event):
+    for line in _EOL.split(event) if b"\r" in event else event.split(b"\n"):
         if line.startswith(b"data:"):
             value = line[5:]
             values.append(value[1:] if value.startswith(b" ") else value)

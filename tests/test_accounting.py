@@ -133,3 +133,12 @@ async def test_batches_reach_sqlite_in_a_file_of_their_own(tmp_path: Path) -> No
 
     assert [(r["tenant"], r["requests"]) for r in rows] == [("t1", 2), ("t2", 1)]
     assert (tmp_path / "compactd-usage.db").exists()
+
+
+def test_today_is_the_utc_date() -> None:
+    import time
+
+    acc = Accountant(Sink(), Metrics(multiprocess=""))
+
+    assert acc.today() == time.strftime("%Y-%m-%d", time.gmtime())
+    assert acc.today() is acc.today()  # formatted once
