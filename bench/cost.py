@@ -19,8 +19,9 @@ in what compactd forwards: a fact is kept when it is still in the text or tool-c
 a non-system message. With the expand tool, "reachable" also counts facts inside the originals of
 the refs the forwarded messages carry (what the model could expand). That request is not priced.
 
-Policies: `default` (the shipped default policy), `cap-<N>k` (budget_tokens = N x 1000),
-`window-<P>%` (budget_fraction), each also with `+lossless` and `+expand` and both, where the
+Policies: `default` (the shipped default policy), `no-cap` (budget_tokens = 0: the budget is the
+model's window), `cap-<N>k` (budget_tokens = N x 1000), `window-<P>%` (budget_fraction, no
+cap), each also with `+lossless` and `+expand` and both, where the
 policy keys exist. Prints markdown tables; `--json` keeps every session's figures, `--plot` draws
 net saving and facts kept against the budget cap, one line per corpus (needs matplotlib: the
 `bench` extra).
@@ -96,9 +97,12 @@ def _has_key(key: str) -> bool:
 
 def all_policies() -> list[Policy]:
     """Every policy the issue asks for, with the variants whose keys exist in this build."""
-    bases = [Policy("default", {})]
+    bases = [Policy("default", {}), Policy("no-cap", {"budget_tokens": 0})]
     bases += [Policy(f"cap-{k}k", {"budget_tokens": k * 1000}, cap=k * 1000) for k in CAPS]
-    bases += [Policy(f"window-{int(f * 100)}%", {"budget_fraction": f}) for f in FRACTIONS]
+    bases += [
+        Policy(f"window-{int(f * 100)}%", {"budget_tokens": 0, "budget_fraction": f})
+        for f in FRACTIONS
+    ]
     variants: list[tuple[str, dict[str, Any]]] = [("", {})]
     if _has_key("lossless"):
         variants.append(("+lossless", {"lossless": True}))
