@@ -80,6 +80,9 @@ class CompactdApp:
         if scope["type"] == "http" and scope["path"].startswith("/v1/") and self.handler:
             await self.handler(scope, receive, send)
             return
+        if scope["type"] == "websocket" and scope["path"].startswith("/v1/") and self.handler:
+            await self.handler.websocket(scope, receive, send)
+            return
         await self.router(scope, receive, send)
 
 

@@ -36,6 +36,7 @@ from proxy.stats import fail_open_reason
 from proxy.store.base import Store, UsageRecord
 from proxy.tenant import ANONYMOUS
 from proxy.usage import MAX_EVENT_BYTES, SSEUsageTap, Usage, usage_from_json
+from proxy.websocket import POLICY_VIOLATION, relay_websocket, ws_url
 
 log = logging.getLogger("compactd.handler")
 
@@ -132,6 +133,22 @@ class Handler:
             if stream.error is not None:
                 raise stream.error from None
             raise
+
+    async def websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket upgrade under /v1 (the Responses API's WebSocket mode), relayed
+        untouched to the path's upstream (`proxy.websocket`)."""
+        sub_path = _sub_path(scope)
+        anthropic = is_anthropic(sub_path, scope["headers"])
+        upstream = self.anthropic if anthropic and self.anthropic is not None else self.upstream
+        gate = self.anthropic_gate if anthropic and self.anthropic_gate is not None else self.gate
+        try:
+            url = ws_url(str(upstream.url(sub_path, scope.get("query_string", b""))))
+            gate.authorize(list(scope["headers"]))
+        except ProxyError:
+            await receive()  # the connect event, then refuse the handshake
+            await send({"type": "websocket.close", "code": POLICY_VIOLATION})
+            return
+        await relay_websocket(scope, receive, send, url=url, gate=gate, max_message=self.max_body)
 
     async def _chat(
         self, scope: Scope, receive: Receive, send: Send, url: httpx.URL, route: _Route
