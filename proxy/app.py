@@ -134,6 +134,8 @@ def create_app(
                 allowed=allowed,
                 key_header="x-api-key",
             ),
+            count_tokens_band=settings.tokens.count_tokens_band,
+            count_tokens_timeout=settings.tokens.count_tokens_timeout_ms / 1000,
         )
         try:
             yield

@@ -34,6 +34,18 @@ MODEL_CHARS = 128
 _MAX_MODELS = 512
 
 
+def scaled(budget: Budget, ratio: float) -> Budget:
+    """`budget` in the units of an estimate that is `ratio` times below the upstream's count."""
+    if ratio == 1.0:
+        return budget
+    return dataclasses.replace(
+        budget,
+        budget=max(1, int(budget.budget / ratio)),
+        trigger=max(1, int(budget.trigger / ratio)),
+        target=max(1, int(budget.target / ratio)),
+    )
+
+
 class CalibrationStore(Protocol):
     """The part of the store calibration uses (every Store)."""
 
@@ -66,15 +78,7 @@ class Calibration:
 
     def budget(self, api: str, model: str, budget: Budget) -> Budget:
         """`budget` in estimate units for this API and model."""
-        ratio = self.ratio(api, model)
-        if ratio == 1.0:
-            return budget
-        return dataclasses.replace(
-            budget,
-            budget=max(1, int(budget.budget / ratio)),
-            trigger=max(1, int(budget.trigger / ratio)),
-            target=max(1, int(budget.target / ratio)),
-        )
+        return scaled(budget, self.ratio(api, model))
 
     def observe(self, api: str, model: str, estimate: int, actual: int) -> None:
         """One response: we estimated `estimate` input tokens, the upstream counted `actual`."""

@@ -25,7 +25,7 @@ from typing import Any
 from proxy import rewrite
 from proxy.bodycache import BodyCache
 from proxy.budget import Budget, ModelTable, compute_budget, requested_output
-from proxy.calibration import Calibration
+from proxy.calibration import HIGH, LOW, Calibration, scaled
 from proxy.checkpoint import (
     CompactionError,
     compaction_for,
@@ -35,6 +35,7 @@ from proxy.checkpoint import (
 )
 from proxy.config import PolicySettings, Settings
 from proxy.decision import CHAT, REWRITTEN, Action, ChatRequest, Dialect, Outcome, read_request
+from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting
 from proxy.digest import prefix_digests
 from proxy.expand import ExpandPlan, with_tool
@@ -96,6 +97,8 @@ class _Counted:
     counter: Counting
     fixed: int
     tokens: int
+    raw: Budget
+    """The budget in the upstream's units (before calibration)."""
 
 
 @dataclass(frozen=True)
@@ -163,11 +166,15 @@ class Compactor:
         """The request value for these bytes and the client's headers (tenant from their key)."""
         return read_request(raw, headers, self.tenancy, dialect, parse=self.bodies.parse)
 
-    async def decide(self, request: ChatRequest, *, window: int | None = None) -> Outcome:
+    async def decide(
+        self, request: ChatRequest, *, window: int | None = None, confirm: Confirm | None = None
+    ) -> Outcome:
         """What to forward. Never raises: a failure forwards the original bytes.
 
         `window`: the context window the upstream reported (a retry); the request is then
         compacted under it even below the trigger, since the upstream refused it as it was.
+        `confirm`: the upstream's own count of the request, asked for near the trigger
+        (`proxy.dialects.confirm`).
         """
         if request.body is None or request.messages is None:
             return self._outcome(request, "passthrough")  # not ours to judge: the upstream is
@@ -189,6 +196,8 @@ class Compactor:
         try:
             counted = await self._count(request, policy, window)
             tokens = counted.tokens
+            if confirm is not None and window is None:
+                counted = await self._confirmed(request, counted, confirm)
             return await self._compact(request, policy, counted, forced=window is not None)
         except Exception as exc:  # the single fail-open boundary: forward the original request
             reason = _reason(exc)
@@ -272,6 +281,7 @@ class Compactor:
         counter = self._counter(request.dialect, base)
         fixed = request.dialect.fixed_tokens(base, request.body)
         in_thread = len(request.raw) > COUNT_IN_THREAD_BYTES
+        raw = budget
         if self.calibration is not None:
             # An API whose tokenizer is not public: the budget in our estimate's units.
             budget = self.calibration.budget(request.dialect.name, request.model, budget)
@@ -281,7 +291,24 @@ class Compactor:
             counted = await asyncio.to_thread(counter.count_messages, request.messages)
         else:
             counted = counter.count_messages(request.messages)
-        return _Counted(budget, counter, fixed, fixed + counted)
+        return _Counted(budget, counter, fixed, fixed + counted, raw)
+
+    async def _confirmed(
+        self, request: ChatRequest, counted: _Counted, confirm: Confirm
+    ) -> _Counted:
+        """The figures with the upstream's own count, if the estimate is near the trigger and
+        the upstream answers; as they were otherwise."""
+        band = self.settings.tokens.count_tokens_band
+        if counted.tokens <= 0 or not near(counted.tokens, counted.budget.trigger, band):
+            return counted
+        actual = await confirm()
+        self.metrics.count_confirmed("failed" if actual is None else "confirmed")
+        if actual is None:
+            return counted
+        if self.calibration is not None:
+            self.calibration.observe(request.dialect.name, request.model, counted.tokens, actual)
+        ratio = min(HIGH, max(LOW, actual / counted.tokens))
+        return dataclasses.replace(counted, budget=scaled(counted.raw, ratio))
 
     async def _compact(
         self, request: ChatRequest, policy: PolicySettings, counted: _Counted, *, forced: bool

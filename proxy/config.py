@@ -168,9 +168,13 @@ class TokenSettings:
     body_cache_mb: int = 16
     min_learned_window: int = 8192
     learned_window_seconds: int = 86_400
+    count_tokens_band: float = 0.0
+    count_tokens_timeout_ms: int = 1000
 
     def validate(self, p: str) -> None:
         _check(self.safety_margin >= 0, f"{p}.safety_margin", "must be >= 0")
+        _check(0 <= self.count_tokens_band < 1, f"{p}.count_tokens_band", "must be in [0, 1)")
+        _check(self.count_tokens_timeout_ms > 0, f"{p}.count_tokens_timeout_ms", "must be > 0")
         _check(self.min_learned_window >= 1024, f"{p}.min_learned_window", "must be >= 1024")
         _check(self.learned_window_seconds >= 60, f"{p}.learned_window_seconds", "must be >= 60")
         _check(self.cache_size >= 0, f"{p}.cache_size", "must be >= 0")

@@ -23,6 +23,7 @@ from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
 from proxy.decision import REWRITTEN, ChatRequest, Outcome
 from proxy.dialects.apis import Api, compacted_api, is_anthropic
+from proxy.dialects.confirm import Confirm, confirmer
 from proxy.dialects.errors import anthropic_sse_error, send_api_error
 from proxy.errors import BodyTooLargeError, ProxyError
 from proxy.expand import Expander, ExpandPlan, add_usage
@@ -78,6 +79,9 @@ class Handler:
     anthropic: Upstream | None = None
     """The upstream for Anthropic's paths (`upstream.anthropic_url`); None: `upstream`."""
     anthropic_gate: Gate | None = None
+    count_tokens_band: float = 0.0
+    """Anthropic requests this near their trigger are counted upstream first (0: never)."""
+    count_tokens_timeout: float = 1.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -157,12 +161,20 @@ class Handler:
         headers = route.gate.authorize(list(scope["headers"]))
         # The request value is read once, from the client's own headers (its key is its tenant).
         request = self.compactor.read(raw, scope["headers"], route.api.dialect)
-        outcome = await self.compactor.decide(request)
+        outcome = await self.compactor.decide(
+            request, confirm=self._confirm(route, headers, request)
+        )
         exchange = _ChatExchange(
             self, send, url, headers=headers, request=request, outcome=outcome, route=route
         )
         cancelled = await until_disconnect(exchange.run(), receive)
         exchange.finish(cancelled=cancelled)
+
+    def _confirm(self, route: _Route, headers: RawHeaders, request: ChatRequest) -> Confirm | None:
+        """How the upstream counts this request, where it can and the config asks for it."""
+        if not route.api.anthropic or self.count_tokens_band <= 0 or request.body is None:
+            return None
+        return confirmer(route.upstream, headers, request.body, timeout=self.count_tokens_timeout)
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,13 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self._count_confirms = Counter(
+            "compactd_count_tokens_confirms",
+            "Anthropic requests near their trigger counted by the upstream's count_tokens:"
+            " confirmed, or failed (the estimate decided).",
+            ["result"],
+            registry=r,
+        )
         self._refused = Counter(
             "compactd_client_requests_refused",
             "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
@@ -347,6 +354,10 @@ class Metrics:
     def precomputed(self, outcome: str) -> None:
         """One precomputation finished, or was skipped (`proxy.precompute`)."""
         self._precompute.labels(outcome).inc()
+
+    def count_confirmed(self, result: str) -> None:
+        """One `count_tokens` confirmation (`proxy.dialects.confirm`): confirmed or failed."""
+        self._count_confirms.labels(result).inc()
 
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""

@@ -309,6 +309,8 @@ class FakeMessages(_Base):
     redacted: set[str] = field(default_factory=set)
     counter: int = 0
     thinking_replies: bool = True
+    count_tokens_status: int = 200
+    """Set to answer `/count_tokens` with this error status instead (529: overloaded)."""
 
     def answer(self, req: Received) -> tuple[int, bytes, bool]:
         if req.method != "POST" or not req.path.startswith("/v1/messages"):
@@ -327,6 +329,9 @@ class FakeMessages(_Base):
                 "error": {"type": "invalid_request_error", "message": str(exc)},
             }
             return 400, json.dumps(error).encode(), False
+        if req.path == "/v1/messages/count_tokens" and self.count_tokens_status != 200:
+            error = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+            return self.count_tokens_status, json.dumps(error).encode(), False
         if req.path == "/v1/messages/count_tokens":
             return 200, json.dumps({"input_tokens": self.prompt_tokens(body)}).encode(), False
         content = self.output(body)
