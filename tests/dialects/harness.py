@@ -18,6 +18,7 @@ import httpx
 
 from proxy.app import CompactdApp, create_app
 from proxy.config import load_settings
+from proxy.providers.registry import ProviderRegistry
 from proxy.services import Services
 from tests.api_fakes import FakeMessages, FakeResponses
 from tests.inprocess import lifespan
@@ -102,8 +103,10 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def harness(tmp_path: Path, **sections: Any) -> AsyncIterator[Harness]:
-    """compactd with config `sections` in front of both fakes."""
+async def harness(
+    tmp_path: Path, registry: ProviderRegistry | None = None, **sections: Any
+) -> AsyncIterator[Harness]:
+    """compactd with config `sections` (and providers from `registry`) in front of both fakes."""
     responses, messages = FakeResponses(), FakeMessages()
     overrides: dict[str, Any] = {
         **sections,
@@ -116,7 +119,7 @@ async def harness(tmp_path: Path, **sections: Any) -> AsyncIterator[Harness]:
     }
     settings = load_settings(None, env={}, overrides=overrides)
     transport = httpx.ASGITransport(app=_ByHost(responses, messages))  # type: ignore[arg-type]
-    app = create_app(settings, transport=transport)
+    app = create_app(settings, transport=transport, registry=registry)
     async with lifespan(app):
         asgi = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=asgi, base_url="http://compactd") as client:

@@ -170,3 +170,54 @@ async def test_the_upstreams_own_counts_calibrate_the_estimate(tmp_path) -> None
         assert ratio == pytest.approx(actual / estimate)
         assert ratio != 1.0
         assert h.services.calibration.ratio("responses", "claude-sonnet-5") == 1.0
+
+
+def _marked(msgs: list[Json], *positions: int) -> list[Json]:
+    """A copy of `msgs` with Claude Code's breakpoints on the last block of these messages."""
+    out: list[Json] = json.loads(json.dumps(msgs))
+    for p in positions:
+        out[p]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    return out
+
+
+def _breakpoints(messages: list[Json]) -> list[int]:
+    """The indexes of the messages that carry a breakpoint."""
+    return [i for i, m in enumerate(messages) if '"cache_control"' in json.dumps(m)]
+
+
+async def test_the_replayed_prefix_ends_on_a_client_breakpoint_and_is_read_from_cache(
+    tmp_path,
+) -> None:
+    async with harness(tmp_path, default_policy={"budget_tokens": 8000}) as h:
+        msgs = messages_history(h.messages, 50)
+        # The system breakpoint, one on an old result (lost to compaction), one on the newest.
+        first = request(_marked(msgs, 31, -1))
+        sent = await h.compacted("messages", first)
+        assert len(h.messages.breakpoints(h.messages.last.json())) <= 4
+        marks = _breakpoints(sent)
+        assert marks[-1] == len(sent) - 1  # the newest, where the client put it
+        # The lost one moved to the end of the compacted prefix: the last message compactd made.
+        moved = marks[-2]
+        assert sent[moved] not in msgs
+        tail = len(sent) - moved - 1  # after it, the client's own messages, marks and all
+        assert sent[moved + 1 :] == first["messages"][-tail:]
+        prefix = h.messages.prompt_tokens({**first, "messages": sent[: moved + 1]})
+        assert prefix >= 1024  # long enough to be cached
+
+        # Next turns: a burst of small calls, more blocks than the cache looks back over from
+        # the client's new breakpoint, so only the moved breakpoint's entry can be read.
+        more = list(msgs)
+        for k in range(12):
+            h.messages.counter += 1
+            use = {"type": "tool_use", "id": f"toolu_b{k}", "name": "Bash", "input": {"c": "ls"}}
+            result = {"type": "tool_result", "tool_use_id": f"toolu_b{k}", "content": "ok"}
+            more.append({"role": "assistant", "content": [h.messages.thinking(f"b{k}"), use]})
+            more.append({"role": "user", "content": [result]})
+        second = await h.message(request(_marked(more, 31, -1)))
+        assert second.headers["x-compactd-action"] == "replayed", second.text
+        assert h.messages.refused == []
+        resent = h.messages.last.json()["messages"]
+        assert resent[: moved + 1] == sent[: moved + 1]  # breakpoint and all
+        usage = second.json()["usage"]
+        assert usage["cache_read_input_tokens"] >= prefix
+        assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") >= prefix

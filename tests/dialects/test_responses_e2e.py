@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import orjson
+import pytest
 
 from tests.dialects.conversations import responses_input
 from tests.dialects.harness import harness
@@ -79,10 +80,13 @@ async def test_over_budget_it_is_compacted_validly_and_replayed_then_restored(tm
         assert restored.json()["missing_ids"] == []
 
 
-async def test_server_side_history_is_forwarded_counted_and_said_so(tmp_path) -> None:
+@pytest.mark.parametrize(
+    "history", [{"previous_response_id": "resp_1"}, {"conversation": {"id": "conv_1"}}]
+)
+async def test_server_side_history_is_forwarded_counted_and_said_so(tmp_path, history) -> None:
     async with harness(tmp_path, **SMALL) as h:
         items = responses_input(h.responses, 30)
-        body = request(items, previous_response_id="resp_1")
+        body = request(items, **history)
         raw = json.dumps(body).encode()
         response = await h.client.post(
             "/v1/responses",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -48,30 +51,38 @@ async def create(sdk: anthropic.AsyncAnthropic, messages: list[Any]) -> Any:
     return raw.headers, await raw.parse()
 
 
-async def test_messages_create_with_tools_and_thinking_round_trips(
-    fake_messages, make_proxy
-) -> None:
+@contextlib.asynccontextmanager
+async def tool_session(
+    fake_messages: Any, make_proxy: Any
+) -> AsyncIterator[tuple[FakeMessages, anthropic.AsyncAnthropic, list[Any]]]:
+    """The SDK through compactd, the fake upstream's first reply a thinking + tool_use turn."""
     fake, base = fake_messages
     fake.replies.append(tool_reply(fake))
     async with make_proxy("http://127.0.0.1:9/v1", upstream={"anthropic_url": base}) as url:
         sdk = client(url)
-        messages: list[Any] = [{"role": "user", "content": "List the files."}]
+        yield fake, sdk, [{"role": "user", "content": "List the files."}]
+        await sdk.close()
+
+
+def answer(messages: list[Any], reply: Any) -> Any:
+    """The agent's next turn: the model's reply as it came, then its tool call's result."""
+    messages.append(
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]}
+    )
+    use = next(b for b in reply.content if b.type == "tool_use")
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}
+    messages.append({"role": "user", "content": [result]})
+    return use
+
+
+async def test_messages_create_with_tools_and_thinking_round_trips(
+    fake_messages, make_proxy
+) -> None:
+    async with tool_session(fake_messages, make_proxy) as (fake, sdk, messages):
         headers, first = await create(sdk, messages)
         assert headers["x-compactd-action"] == "passthrough"
         assert [b.type for b in first.content] == ["thinking", "tool_use"]
-        messages.append(
-            {
-                "role": "assistant",
-                "content": [b.model_dump(exclude_none=True) for b in first.content],
-            }
-        )
-        use = first.content[1]
-        messages.append(
-            {
-                "role": "user",
-                "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "a.py"}],
-            }
-        )
+        answer(messages, first)
         _, second = await create(sdk, messages)
         assert second.content[-1].text == "Done."
         assert fake.refused == []
@@ -95,6 +106,40 @@ async def test_messages_stream_delivers_thinking_and_text(fake_messages, make_pr
         assert final.content[0].type == "thinking"
         assert final.content[0].signature.startswith("sig:")
         assert fake.refused == []
+        await sdk.close()
+
+
+async def test_messages_stream_with_tools_and_thinking_runs_a_tool_loop_byte_for_byte(
+    fake_messages, make_proxy
+) -> None:
+    async with tool_session(fake_messages, make_proxy) as (fake, sdk, messages):
+        for _ in range(2):
+            async with sdk.messages.stream(
+                model="claude-sonnet-5",
+                max_tokens=4000,
+                thinking=THINKING,
+                tools=TOOLS,
+                messages=messages,
+            ) as stream:
+                deltas = [e.type async for e in stream]
+                final = await stream.get_final_message()
+                headers = stream.response.headers
+                sent = stream.response.request.content
+            assert headers["x-compactd-action"] == "passthrough"
+            assert headers["x-compactd-api"] == "messages"
+            # Under budget the upstream gets exactly the bytes the SDK sent.
+            assert hashlib.sha256(fake.last.body).digest() == hashlib.sha256(sent).digest()
+            assert "thinking" in deltas
+            assert "signature" in deltas
+            assert final.content[0].type == "thinking"
+            if final.stop_reason != "tool_use":
+                break
+            use = answer(messages, final)
+            assert use.input == {"command": "ls"}  # assembled from its input_json deltas
+            assert "input_json" in deltas
+        assert final.content[-1].text == "Done."
+        assert len(fake.received) == 2
+        assert fake.refused == []  # the thinking block went back with its signature intact
         await sdk.close()
 
 
