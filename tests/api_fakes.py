@@ -11,8 +11,9 @@ real API refuses:
   turn (consecutive same-role messages are one turn, as the API combines them), a result
   answering no `tool_use` of the turn right before; a thinking block whose signature is not
   the one issued for its text, redacted thinking never issued; an assistant turn that a pending
-  tool result continues not starting with its thinking; more than four `cache_control`
-  breakpoints, one on a thinking block, or a longer TTL after a shorter one.
+  tool result continues not starting with its thinking; a `server_tool_use` without its result
+  in the same turn; more than four `cache_control` breakpoints, one on a thinking block, or a
+  longer TTL after a shorter one.
 
 Answers carry usage with prompt caching simulated: OpenAI caches the longest common prefix of
 items with an earlier request (in 128-token steps, from 1,024 tokens); Anthropic reads the
@@ -382,6 +383,8 @@ class FakeMessages(_Base):
                         raise InvalidRequestError(
                             f"tool_use ids were found without tool_result blocks: {sorted(set(uses) - got)}"
                         )
+            if role == "assistant":
+                self.check_server_tools(blocks)
             for b in blocks:
                 if b.get("type") == "thinking" and b.get("signature") != sign(
                     b.get("thinking", "")
@@ -400,6 +403,27 @@ class FakeMessages(_Base):
                 "thinking is enabled, a final assistant message must start with a thinking block"
             )
         self.check_breakpoints(body)
+
+    @staticmethod
+    def check_server_tools(blocks: list[Json]) -> None:
+        """A `server_tool_use` is answered by its result later in the same assistant turn."""
+        for k, b in enumerate(blocks):
+            if b.get("type") != "server_tool_use":
+                continue
+            later = blocks[k + 1 :]
+            if not any(
+                x.get("type", "").endswith("_tool_result") and x.get("tool_use_id") == b.get("id")
+                for x in later
+            ):
+                raise InvalidRequestError(
+                    f"server_tool_use {b.get('id')} was found without its result block"
+                )
+        for k, b in enumerate(blocks):
+            kind = b.get("type", "")
+            if kind.endswith("_tool_result") and kind != "tool_result":
+                earlier = {x.get("id") for x in blocks[:k] if x.get("type") == "server_tool_use"}
+                if b.get("tool_use_id") not in earlier:
+                    raise InvalidRequestError(f"{kind} answers no server_tool_use before it")
 
     def check_breakpoints(self, body: Json) -> None:
         marks = [ttl for _, ttl in self.breakpoints(body)]
