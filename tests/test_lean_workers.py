@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import tiktoken
 import tiktoken_ext.openai_public as public
@@ -54,3 +58,29 @@ def test_a_trimmed_encoding_encodes_exactly_as_tiktoken_built_afresh() -> None:
             assert trimmed.encode(text, disallowed_special=()) == fresh.encode(
                 text, disallowed_special=()
             )
+
+
+WORKER = """
+import asyncio, sys
+from proxy.app import create_app
+from proxy.config import load_settings
+
+async def main():
+    app = create_app(load_settings(None))
+    async with app.router.router.lifespan_context(app.router):
+        print(",".join(sorted({m.split(".")[0] for m in sys.modules})))
+
+asyncio.run(main())
+"""
+
+
+def test_an_embedded_store_worker_never_imports_redis(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTD_")}
+    env |= {"COMPACTD_DATA_DIR": str(tmp_path), "COMPACTD_SECRET": "lean"}
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, check=True
+    )
+    loaded = set(out.stdout.strip().split(","))
+
+    assert {"proxy", "tiktoken", "sqlite3"} <= loaded  # the worker did start
+    assert not loaded & {"redis", "hiredis"}  # ~6 MB a SQLite-backed worker never uses

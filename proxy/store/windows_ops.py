@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
-from proxy.store.redis_client import Client
-from proxy.store.redis_keys import KeyLayout
 from proxy.store.sqlite_ops import transaction
+
+if TYPE_CHECKING:  # redis-py is imported only by a Redis store (see store.factory)
+    from proxy.store.redis_client import Client
+    from proxy.store.redis_keys import KeyLayout
 
 MAX_WINDOWS = 1024
 CALIBRATION_SCALE = 10_000
