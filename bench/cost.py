@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/cost.py [--corpus tau-bench,aider,...] [--limit 5] [--model gpt-5.4]
         [--rule openai|anthropic] [--policies default,cap-16k,...] [--json out.json]
-        [--plot out.png] [--sessions]
+        [--plot out.png] [--sessions [--session-policies default,cap-16k]]
 
 Every session of the chosen corpora (bench/quality's loaders and fact probes; longest first,
 `--limit` per corpus) is replayed turn by turn through compactd in-process (tests/inprocess.py:
@@ -22,9 +22,13 @@ the refs the forwarded messages carry (what the model could expand). That reques
 Policies: `default` (the shipped default policy), `no-cap` (budget_tokens = 0: the budget is the
 model's window), `cap-<N>k` (budget_tokens = N x 1000), `window-<P>%` (budget_fraction, no
 cap), each also with `+lossless` and `+expand` and both, where the
-policy keys exist. Prints markdown tables; `--json` keeps every session's figures, `--plot` draws
-net saving and facts kept against the budget cap, one line per corpus (needs matplotlib: the
-`bench` extra).
+policy keys exist. Prints markdown tables: the totals per policy, net saving / facts kept per
+policy and corpus, and the prompt tokens the lossless tier alone saves per corpus
+(`no-cap+lossless`: nothing else rewrites a request under a 1M window); `--sessions` adds one row
+per corpus and policy and one per session for the `--session-policies` (default: the shipped
+default and the one the rule picks). `--json` keeps every session's figures, `--plot` draws net
+saving and facts kept against the budget cap, one line per corpus (needs matplotlib: the `bench`
+extra).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ PROBE = "Before we finish: sum up everything above that I may still need, with e
 CAPS = (4, 8, 16, 32, 64)
 FRACTIONS = (0.25, 0.5)
 _MILLION = 1_000_000
+LOSSLESS_ALONE = "no-cap+lossless"
 
 
 @dataclass(frozen=True)
@@ -457,6 +462,38 @@ def matrix(results: Sequence[SessionResult], corpora: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def lossless_alone(results: Sequence[SessionResult], corpora: Sequence[str]) -> str:
+    """Prompt tokens the lossless tier saves on its own, per corpus: `no-cap+lossless` against
+    what the client sent (no cap: nothing else rewrites these sessions)."""
+    cells = totals([r for r in results if r.policy == LOSSLESS_ALONE], "corpus")
+    lines = [
+        "| corpus | prompt tokens without → with the lossless tier | saved | net saving |",
+        "|---|---|---|---|",
+    ]
+    for c in corpora:
+        t = cells.get(c)
+        if t is None:
+            continue
+        saved = 1 - t.sent.prompt / t.plain.prompt if t.plain.prompt else 0.0
+        lines.append(
+            f"| {c} | {t.plain.prompt / 1e6:.3f}M → {t.sent.prompt / 1e6:.3f}M"
+            f" | {saved * 100:.1f} % | {t.saving * 100:+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def per_session(results: Sequence[SessionResult], policies: Sequence[str]) -> str:
+    """One row per session and policy (the policies named, in that order)."""
+    rows = []
+    for name in policies:
+        for r in results:
+            if r.policy == name:
+                t = Total()
+                t.add(r)
+                rows.append(t.row(f"{r.corpus} · {r.session[:40]} · {name}"))
+    return table(rows, COLUMNS)
+
+
 def choose_default(results: Sequence[SessionResult], min_facts: float = 0.9) -> str | None:
     """The policy with the largest total net saving such that no session's net saving is
     negative and at least `min_facts` of the facts are kept (over all sessions)."""
@@ -537,6 +574,9 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, help="write every session's figures here")
     parser.add_argument("--plot", type=Path, help="draw the PNG here (needs matplotlib)")
     parser.add_argument("--sessions", action="store_true", help="print the per-session table")
+    parser.add_argument(
+        "--session-policies", default="", help="policies of --sessions (default: default, chosen)"
+    )
     parser.add_argument("--replot", type=Path, help="only draw --plot from this --json file")
     args = parser.parse_args()
     if args.replot:
@@ -565,11 +605,19 @@ async def main() -> None:
     print(table([t.row(k) for k, t in totals(results).items()], COLUMNS))
     print("\nnet saving / facts kept, per corpus:\n")
     print(matrix(results, names))
+    if any(r.policy == LOSSLESS_ALONE for r in results):
+        print("\nthe lossless tier alone (no-cap+lossless), per corpus:\n")
+        print(lossless_alone(results, names))
+    chosen = choose_default(results)
     if args.sessions:
-        print()
+        print("\nper corpus and policy:\n")
         rows = [t.row(k) for k, t in totals(results, "corpus+policy").items()]
         print(table(rows, COLUMNS))
-    chosen = choose_default(results)
+        wanted = args.session_policies.split(",") if args.session_policies else ["default"]
+        if not args.session_policies and chosen and chosen not in wanted:
+            wanted.append(chosen)
+        print("\nper session:\n")
+        print(per_session(results, wanted))
     print(
         f"\ndefault by the rule (largest net saving, no session negative, >= 90 % facts): {chosen}"
     )

@@ -7,7 +7,17 @@ from pathlib import Path
 import pytest
 
 from bench.cache_model import Priced, PromptCache, Segment, openai_cached
-from bench.cost import Policy, Replayer, SessionResult, all_policies, choose_default, totals
+from bench.cost import (
+    LOSSLESS_ALONE,
+    Policy,
+    Replayer,
+    SessionResult,
+    all_policies,
+    choose_default,
+    lossless_alone,
+    per_session,
+    totals,
+)
 from bench.quality import Case
 
 
@@ -117,3 +127,24 @@ async def test_replay_prices_both_arms(tmp_path: Path) -> None:
     assert capped.sent.usd < capped.plain.usd
     assert plain.kept == plain.facts == 2
     assert capped.reachable >= capped.kept
+
+
+def test_lossless_alone_and_per_session_tables() -> None:
+    def session(name: str, policy: str, plain: int, sent: int) -> SessionResult:
+        result = SessionResult(corpus="c", session=name, policy=policy, facts=1, kept=1)
+        result.plain.prompt, result.sent.prompt = plain, sent
+        result.plain.usd, result.sent.usd = plain / 1000, sent / 1000
+        return result
+
+    results = [
+        session("s1", LOSSLESS_ALONE, 1000, 900),
+        session("s2", LOSSLESS_ALONE, 1000, 1000),
+        session("s1", "default", 1000, 1000),
+    ]
+    assert "| c | 0.002M → 0.002M | 5.0 % | +5.0 % |" in lossless_alone(results, ["c"])
+    rows = per_session(results, ["default", LOSSLESS_ALONE]).splitlines()[2:]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| c · s1 · default",
+        f"| c · s1 · {LOSSLESS_ALONE}",
+        f"| c · s2 · {LOSSLESS_ALONE}",
+    ]
