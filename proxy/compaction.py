@@ -39,7 +39,7 @@ from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting
 from proxy.digest import prefix_digests
 from proxy.expand import ExpandPlan, with_tool
-from proxy.lossless import Lossless, LosslessTier
+from proxy.lossless import Lossless, LosslessTier, StoredForms
 from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
 from proxy.precompute import PRECOMPUTED, Precomputer
@@ -155,6 +155,7 @@ class Compactor:
         self.calibration = calibration
         self._counters: dict[tuple[str, str], Counting] = {}
         self.lossless = LosslessTier()
+        self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
@@ -336,8 +337,9 @@ class Compactor:
             figures["providers"] = ("lossless",)
             if shadow:
                 return self._outcome(request, "shadow", shadow_action="lossless", **figures)
+            unstored = await self._store_forms(request, policy, forms, after=-1)
             content = request.dialect.with_messages(request.body, forms.messages)
-            return self._outcome(request, "lossless", content, **figures)
+            return self._outcome(request, "lossless", content, unstored=unstored, **figures)
         if request.tenant is None:
             # No credential, no tenant to keep originals under: never compacted, never stored.
             figures["tokens_after"] = counted.tokens
@@ -364,6 +366,11 @@ class Compactor:
             )
         if shadow:
             return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
+        if forms is not None:
+            # The forms past the checkpoint (or all of them, without one) go out as they are.
+            cp = plan.compaction.checkpoint if plan.compaction is not None else None
+            after = cp.covered_through if cp is not None else plan.generation
+            unstored = await self._store_forms(request, policy, forms, after=after) or unstored
         content = request.dialect.with_messages(request.body, sent)
         expand = self._expand_plan(request, policy, sent, forms)
         if expand is not None:
@@ -411,6 +418,45 @@ class Compactor:
             return "stored"
 
         self.precompute.schedule((tenant, request.conversation, generation), work)
+
+    async def _store_forms(
+        self, request: ChatRequest, policy: PolicySettings, forms: Lossless, *, after: int
+    ) -> bool:
+        """The originals of the lossless forms past message `after` that this worker has not
+        written lately, stored before the forms are forwarded (a checkpoint stores those it
+        covers), so every ref compactd sends resolves and every rewrite can be restored.
+        Returns whether they go out unstored (`compact-unstored`); otherwise a store failure
+        raises and the original request is forwarded."""
+        tenant = request.tenant
+        assert tenant is not None
+        assert request.messages is not None
+        conversation, now = request.conversation, time.time()
+        due = [
+            (i, ref)
+            for i, ref in enumerate(forms.refs)
+            if ref is not None
+            and i > after
+            and self.stored_forms.due(tenant, conversation, ref, now)
+        ]
+        if not due:
+            return False
+        digests = self.bodies.digests(request.messages)
+        originals = {digests[i]: request.messages[i] for i, _ in due}
+        refs = {ref: [digests[i]] for i, ref in due}
+        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
+        t0 = time.perf_counter()
+        try:
+            await self.store.save_originals(tenant, conversation, originals, refs, ttl)
+        except StoreError:
+            if self.settings.store.on_store_error != "compact-unstored":
+                raise
+            self.metrics.fail_open("store_unstored")
+            log.warning("lossless originals not stored; forwarding the forms (compact-unstored)")
+            return True
+        finally:
+            self.metrics.observe_store("save_originals", time.perf_counter() - t0)
+        self.stored_forms.written(tenant, conversation, list(refs), now)
+        return False
 
     def _expand_plan(
         self,

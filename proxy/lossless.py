@@ -20,8 +20,10 @@ compaction works on these forms, so a message it keeps, and the prefix it replay
 same forms; `proxy.checkpoint.compaction_for` records each rewritten message under its ref (the
 id of its original), with the original stored like any other, so a restore gives back the exact
 original whether the message was kept, summarized or dropped. Forms outside every checkpoint are
-recomputed from the client's own message on each turn and need no store; the references a request
-carries resolve from the request itself too (`Lossless.originals`, what the expand tool reads).
+recomputed from the client's own message on each turn, and their originals are stored before the
+first request that sends them goes out (`Compactor._store_forms`, `StoredForms`), so every ref a
+request carries resolves from the store; it resolves from the request itself too
+(`Lossless.originals`, what the expand tool reads first).
 """
 
 from __future__ import annotations
@@ -221,3 +223,30 @@ class LosslessTier:
             refs.append(ref)
             originals[ref] = message
         return Lossless(out, tuple(refs), originals)
+
+
+STORED_SECONDS = 600.0
+"""How long a worker trusts that a form's original is in the store before writing it again (so
+a purged or expired conversation gets its originals back within this long)."""
+
+
+class StoredForms:
+    """Which forms' originals this worker wrote, and when: each is written once, not per turn."""
+
+    def __init__(self, size: int = CACHE_SIZE * 5, seconds: float = STORED_SECONDS) -> None:
+        self.size = size
+        self.seconds = seconds
+        self._at: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+
+    def due(self, tenant: str, conversation: str, ref: str, now: float) -> bool:
+        """Whether this form's original has to be written (again)."""
+        at = self._at.get((tenant, conversation, ref))
+        return at is None or now - at >= self.seconds
+
+    def written(self, tenant: str, conversation: str, refs: Sequence[str], now: float) -> None:
+        for ref in refs:
+            key = (tenant, conversation, ref)
+            self._at[key] = now
+            self._at.move_to_end(key)
+        while len(self._at) > self.size:
+            self._at.popitem(last=False)

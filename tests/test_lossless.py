@@ -13,6 +13,7 @@ from bench.session_replay import message_spans as message_spans_of
 from proxy.checkpoint import restore
 from proxy.digest import message_digest
 from proxy.lossless import LosslessTier, clean_text, collapse_runs, minify_json
+from proxy.store.base import StoreError
 from tests.inprocess import running
 
 Message = dict[str, Any]
@@ -186,3 +187,61 @@ async def test_off_by_default_and_never_for_keyless_requests(tmp_path: Path) -> 
         r = await proxy.client.post("/v1/chat/completions", content=raw)
         assert r.headers["x-compactd-action"] == "passthrough"
         assert proxy.upstream.last.content == raw
+
+
+async def test_every_form_sent_is_stored_first_and_its_refs_resolve(tmp_path: Path) -> None:
+    """Under the trigger no checkpoint is made, yet the originals of the forms are stored
+    before they go out (once per form): a repeated output's ref resolves through uncompress,
+    and the conversation holds every rewritten message as the client sent it."""
+    repeated = "\n".join(f"row {i}: ok" for i in range(40))
+    messages: list[Message] = [{"role": "system", "content": "You are a coding agent."}]
+    async with running(tmp_path, default_policy={"lossless": True}) as proxy:
+        for k in range(3):
+            messages += agent_turn(k)
+            messages.append({"role": "user", "content": f"and again {k}"})
+            call = f"again_{k}"
+            messages += [
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call,
+                            "type": "function",
+                            "function": {"name": "ls", "arguments": "{}"},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": call, "content": repeated},
+            ]
+            r = await proxy.chat({"model": "gpt-4o", "messages": messages})
+            assert r.headers["x-compactd-action"] == "lossless"
+        writes = proxy.metric("compactd_store_seconds_count", op="save_originals")
+        sent = proxy.upstream.last_json()["messages"]
+        assert "[compactd:ref=" in sent[-1]["content"]
+        restored = await proxy.uncompress(sent)
+        info = await proxy.services.store.get_conversation(None, proxy.conversations[-1])
+    assert restored.json()["missing_ids"] == []
+    assert restored.json()["messages"][-1] == messages[-1]
+    assert writes == 3  # one write per turn: only the forms that were new
+    assert info is not None
+    assert info.checkpoints == []
+    rewritten = [m for m, f in zip(messages, sent, strict=True) if m != f]
+    assert sorted(map(json.dumps, info.originals.values())) == sorted(map(json.dumps, rewritten))
+
+
+async def test_a_form_is_not_sent_when_its_original_cannot_be_stored(tmp_path: Path) -> None:
+    messages: list[Message] = [{"role": "system", "content": "s"}, *agent_turn(1)]
+    async with running(tmp_path, default_policy={"lossless": True}) as proxy:
+        store = proxy.services.store
+
+        async def down(*_: object, **__: object) -> None:
+            raise StoreError("down")
+
+        store.save_originals = down  # type: ignore[method-assign]
+        raw = json.dumps({"model": "gpt-4o", "messages": messages}).encode()
+        r = await proxy.client.post(
+            "/v1/chat/completions", content=raw, headers={"authorization": "Bearer sk-a"}
+        )
+    assert r.headers["x-compactd-action"] == "error"
+    assert proxy.upstream.last.content == raw

@@ -168,6 +168,19 @@ class Store(Protocol):
         (its originals and refs are still written, so the caller's ref ids resolve) and returned;
         the caller should forward the returned checkpoint's messages, not its own."""
 
+    async def save_originals(
+        self,
+        tenant: str,
+        conversation: str,
+        originals: Mapping[str, Message],
+        refs: Mapping[str, list[str]],
+        ttl_seconds: int,
+    ) -> None:
+        """Write originals (digest -> message) and refs (ref id -> digests) without a
+        checkpoint, in one atomic step: what the lossless tier forwards outside every
+        checkpoint. Idempotent (both are content-addressed); pushes the conversation's expiry
+        back like a compaction."""
+
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns (others omitted)."""
 

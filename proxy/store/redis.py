@@ -9,7 +9,7 @@ pooled connection got out of step and leaked chats across users in 2023 (CVE-202
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
@@ -168,6 +168,31 @@ class RedisStore:
             )
         )
         return codec.load_checkpoint(stored, tenant)
+
+    async def save_originals(
+        self,
+        tenant: str,
+        conversation: str,
+        originals: Mapping[str, Message],
+        refs: Mapping[str, list[str]],
+        ttl_seconds: int,
+    ) -> None:
+        """The ref index, then originals and refs in one script (redis_save.save_originals)."""
+        check_ids(tenant, conversation)
+        wait_ms = max(1, int(self._timeout * 1000) // 3)
+        await self._io(
+            lambda r: redis_save.save_originals(
+                r,
+                self._keys,
+                tenant=tenant,
+                conversation=conversation,
+                originals=originals,
+                refs=refs,
+                ttl=ttl_seconds,
+                min_acks=self._min_acks,
+                wait_ms=wait_ms,
+            )
+        )
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> originals (three round trips: the ref index, refs, originals)."""

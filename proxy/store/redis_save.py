@@ -15,25 +15,24 @@ instances) never drops one whose conversation lives.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, TryAgainError
 
 from proxy.store import codec
-from proxy.store.base import Compaction, StoreError
+from proxy.store.base import Compaction, Message, StoreError
 from proxy.store.redis_client import Client
 from proxy.store.redis_keys import ConversationKeys, KeyLayout
 from proxy.store.redis_ops import expire_at_least
 
-# KEYS: originals, refs, checkpoints, index, meta (ConversationKeys.data()).
-# ARGV: ttl, now, source digest, covered_through, checkpoint, tenant, conversation, the number
-# of originals, then digest/original pairs, then ref/digests pairs. Returns the stored
-# checkpoint (the first writer's). `#!lua`: Redis refuses it up front when out of memory, so it
-# never stops half-way through its writes.
-SAVE_SCRIPT = """#!lua
-local ttl, now, d = ARGV[1], ARGV[2], ARGV[3]
-local i, last = 9, 8 + 2 * tonumber(ARGV[8])
+
+def _write_lua(first: int, tenant: int) -> str:
+    """Lua writing ARGV's digest/original pairs (from `first`, their number just before it)
+    and then ref/digests pairs, and the meta hash (tenant and conversation at `tenant`,
+    `tenant` + 1); every key of the conversation then lives `ttl` more seconds."""
+    return f"""local i, last = {first}, {first - 1} + 2 * tonumber(ARGV[{first - 1}])
 while i < last do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
   i = i + 2
@@ -42,13 +41,31 @@ while i < #ARGV do
   redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
   i = i + 2
 end
+redis.call('HSETNX', KEYS[5], 'created_at', now)
+redis.call('HSET', KEYS[5], 'tenant', ARGV[{tenant}], 'conversation', ARGV[{tenant + 1}],
+  'updated_at', now, 'ttl', ttl)
+for k = 1, 5 do redis.call('EXPIRE', KEYS[k], ttl) end
+"""
+
+
+# KEYS: originals, refs, checkpoints, index, meta (ConversationKeys.data()).
+# ARGV: ttl, now, source digest, covered_through, checkpoint, tenant, conversation, the number
+# of originals, then digest/original pairs, then ref/digests pairs. Returns the stored
+# checkpoint (the first writer's). `#!lua`: Redis refuses it up front when out of memory, so it
+# never stops half-way through its writes.
+SAVE_SCRIPT = f"""#!lua
+local ttl, now, d = ARGV[1], ARGV[2], ARGV[3]
 redis.call('HSETNX', KEYS[3], d, ARGV[5])
 redis.call('HSET', KEYS[4], d, ARGV[4], '~ttl', ttl)
-redis.call('HSETNX', KEYS[5], 'created_at', now)
-redis.call('HSET', KEYS[5], 'tenant', ARGV[6], 'conversation', ARGV[7], 'updated_at', now,
-  'ttl', ttl)
-for k = 1, 5 do redis.call('EXPIRE', KEYS[k], ttl) end
-return redis.call('HGET', KEYS[3], d)
+{_write_lua(9, 6)}return redis.call('HGET', KEYS[3], d)
+"""
+
+# KEYS as above; ARGV: ttl, now, tenant, conversation, the number of originals, then
+# digest/original pairs, then ref/digests pairs. Originals and refs without a checkpoint (what
+# the lossless tier forwards outside every checkpoint); pushes every key's expiry back.
+ORIGINALS_SCRIPT = f"""#!lua
+local ttl, now = ARGV[1], ARGV[2]
+{_write_lua(6, 3)}return 1
 """
 
 # KEYS as above; ARGV: ttl, now. Pushes a conversation's expiry back (if it still exists).
@@ -129,10 +146,18 @@ def save_args(compaction: Compaction, ttl: int, now: float) -> list[Any]:
     cp = compaction.checkpoint
     tenant = cp.tenant
     args: list[Any] = [ttl, now, cp.source_digest, cp.covered_through, codec.dump_checkpoint(cp)]
-    args += [tenant, cp.conversation, len(compaction.originals)]
-    for digest, message in compaction.originals.items():
+    args += [tenant, cp.conversation]
+    return args + _pair_args(tenant, compaction.originals, compaction.refs)
+
+
+def _pair_args(
+    tenant: str, originals: Mapping[str, Message], refs: Mapping[str, list[str]]
+) -> list[Any]:
+    """The number of originals, digest/original pairs, then ref/digests pairs."""
+    args: list[Any] = [len(originals)]
+    for digest, message in originals.items():
         args += [digest, codec.dump_original(tenant, message)]
-    for ref, digests in compaction.refs.items():
+    for ref, digests in refs.items():
         args += [ref, codec.dump_ref(tenant, digests)]
     return args
 
@@ -175,6 +200,41 @@ async def durable_pipeline(
     raise StoreError(f"slot of {key[:40]!r} kept moving; write not made")
 
 
+async def _write(
+    r: Client,
+    keys: KeyLayout,
+    *,
+    tenant: str,
+    conversation: str,
+    ref_ids: list[str],
+    script: str,
+    args: list[Any],
+    ttl: int,
+    now: float,
+    min_acks: int,
+    wait_ms: int,
+) -> Any:
+    """Pointers first, then the data in one script over the conversation's keys; its reply."""
+    k: ConversationKeys = keys.conversation(tenant, conversation)
+    await durable_pipeline(
+        r,
+        keys.tenant_refs(tenant),
+        lambda p: queue_pointers(
+            p, keys, tenant=tenant, conversation=conversation, ref_ids=ref_ids, ttl=ttl, now=now
+        ),
+        min_acks=min_acks,
+        wait_ms=wait_ms,
+    )
+    (reply,) = await durable_pipeline(
+        r,
+        k.meta,
+        lambda p: p.eval(script, 5, *k.data(), *args),
+        min_acks=min_acks,
+        wait_ms=wait_ms,
+    )
+    return reply
+
+
 async def save(
     r: Client,
     keys: KeyLayout,
@@ -186,30 +246,52 @@ async def save(
 ) -> bytes:
     """Pointers first, then the data in one script; returns the stored checkpoint."""
     cp = compaction.checkpoint
-    tenant, conv = cp.tenant, cp.conversation
-    k: ConversationKeys = keys.conversation(tenant, conv)
     now = time.time()
-    refs = list(compaction.refs)
-    await durable_pipeline(
+    stored = await _write(
         r,
-        keys.tenant_refs(tenant),
-        lambda p: queue_pointers(
-            p, keys, tenant=tenant, conversation=conv, ref_ids=refs, ttl=ttl, now=now
-        ),
-        min_acks=min_acks,
-        wait_ms=wait_ms,
-    )
-    args = save_args(compaction, ttl, now)
-    (stored,) = await durable_pipeline(
-        r,
-        k.meta,
-        lambda p: p.eval(SAVE_SCRIPT, 5, *k.data(), *args),
+        keys,
+        tenant=cp.tenant,
+        conversation=cp.conversation,
+        ref_ids=list(compaction.refs),
+        script=SAVE_SCRIPT,
+        args=save_args(compaction, ttl, now),
+        ttl=ttl,
+        now=now,
         min_acks=min_acks,
         wait_ms=wait_ms,
     )
     if stored is None:
         raise StoreError("the checkpoint was not stored")
     return bytes(stored)
+
+
+async def save_originals(
+    r: Client,
+    keys: KeyLayout,
+    *,
+    tenant: str,
+    conversation: str,
+    originals: Mapping[str, Message],
+    refs: Mapping[str, list[str]],
+    ttl: int,
+    min_acks: int = 0,
+    wait_ms: int = 0,
+) -> None:
+    """Pointers first (as for a compaction), then originals and refs in one script."""
+    now = time.time()
+    await _write(
+        r,
+        keys,
+        tenant=tenant,
+        conversation=conversation,
+        ref_ids=list(refs),
+        script=ORIGINALS_SCRIPT,
+        args=[ttl, now, tenant, conversation, *_pair_args(tenant, originals, refs)],
+        ttl=ttl,
+        now=now,
+        min_acks=min_acks,
+        wait_ms=wait_ms,
+    )
 
 
 async def refresh(

@@ -18,7 +18,7 @@ import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -114,6 +114,19 @@ class SqliteStore:
         if purge_due:
             self._next_purge = now + sqlite_ops.PURGE_EVERY_SECONDS
         return await self._run(sqlite_ops.save_compaction, compaction, ttl_seconds, purge_due)
+
+    async def save_originals(
+        self,
+        tenant: str,
+        conversation: str,
+        originals: Mapping[str, Message],
+        refs: Mapping[str, list[str]],
+        ttl_seconds: int,
+    ) -> None:
+        """One BEGIN IMMEDIATE transaction: the conversation row, originals and refs."""
+        check_ids(tenant, conversation)
+        save = partial(sqlite_ops.save_originals, originals=originals, refs=refs, ttl=ttl_seconds)
+        await self._run(save, tenant, conversation)
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -147,6 +147,56 @@ def refresh(con: sqlite3.Connection, tenant: str, conv: str, ttl: int) -> None:
         )
 
 
+def _write_originals(
+    con: sqlite3.Connection,
+    t: str,
+    c: str,
+    *,
+    originals: Mapping[str, Message],
+    refs: Mapping[str, list[str]],
+    ttl: int,
+    now: float,
+) -> None:
+    """The conversation row (a stale one replaced), its originals and refs (inside the
+    caller's transaction)."""
+    stale = con.execute(
+        "SELECT 1 FROM conversations WHERE tenant = ? AND conversation = ? AND expires_at <= ?",
+        (t, c, now),
+    ).fetchone()
+    if stale:
+        delete_conversation(con, t, c)
+    con.execute(
+        "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)"
+        " ON CONFLICT (tenant, conversation) DO UPDATE SET updated_at = excluded.updated_at,"
+        " ttl = excluded.ttl, expires_at = excluded.expires_at",
+        (t, c, now, now, ttl, now + ttl),
+    )
+    con.executemany(
+        "INSERT OR IGNORE INTO originals VALUES (?, ?, ?, ?)",
+        [(t, c, d, codec.dump_original(t, m)) for d, m in originals.items()],
+    )
+    con.executemany(
+        "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
+        [(t, c, ref, codec.dump_ref(t, ds)) for ref, ds in refs.items()],
+    )
+
+
+def save_originals(
+    con: sqlite3.Connection,
+    tenant: str,
+    conversation: str,
+    *,
+    originals: Mapping[str, Message],
+    refs: Mapping[str, list[str]],
+    ttl: int,
+) -> None:
+    """Originals and refs without a checkpoint, in one IMMEDIATE transaction."""
+    with transaction(con):
+        _write_originals(
+            con, tenant, conversation, originals=originals, refs=refs, ttl=ttl, now=time.time()
+        )
+
+
 def save_compaction(
     con: sqlite3.Connection, compaction: Compaction, ttl: int, purge_due: bool
 ) -> Checkpoint:
@@ -157,25 +207,8 @@ def save_compaction(
     with transaction(con):
         if purge_due:
             purge_expired(con, now)
-        stale = con.execute(
-            "SELECT 1 FROM conversations WHERE tenant = ? AND conversation = ? AND expires_at <= ?",
-            (t, c, now),
-        ).fetchone()
-        if stale:
-            delete_conversation(con, t, c)
-        con.execute(
-            "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT (tenant, conversation) DO UPDATE SET updated_at = excluded.updated_at,"
-            " ttl = excluded.ttl, expires_at = excluded.expires_at",
-            (t, c, now, now, ttl, now + ttl),
-        )
-        con.executemany(
-            "INSERT OR IGNORE INTO originals VALUES (?, ?, ?, ?)",
-            [(t, c, d, codec.dump_original(t, m)) for d, m in compaction.originals.items()],
-        )
-        con.executemany(
-            "INSERT OR REPLACE INTO refs VALUES (?, ?, ?, ?)",
-            [(t, c, ref, codec.dump_ref(t, ds)) for ref, ds in compaction.refs.items()],
+        _write_originals(
+            con, t, c, originals=compaction.originals, refs=compaction.refs, ttl=ttl, now=now
         )
         con.execute(
             "INSERT OR IGNORE INTO checkpoints VALUES (?, ?, ?, ?, ?)",

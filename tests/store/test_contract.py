@@ -140,6 +140,33 @@ async def test_refs_resolve_to_their_originals_in_order(backend: Backend) -> Non
     assert resolved == {"0005abcdef": msgs[:6]}
 
 
+async def test_originals_saved_without_a_checkpoint_resolve_for_their_tenant_only(
+    backend: Backend,
+) -> None:
+    """What the lossless tier forwards outside every checkpoint: refs resolve, nothing replays."""
+    msgs = history(6)
+    digests = [message_digest(m) for m in msgs]
+    originals = {digests[4]: msgs[4], digests[5]: msgs[5]}
+    refs = {"00aa000004": [digests[4]], "00aa000005": [digests[5]]}
+    store = backend.store
+    await store.save_originals(A, "c1", originals, refs, TTL)
+    await store.save_originals(A, "c1", originals, refs, TTL)  # idempotent
+
+    assert await store.resolve_refs(A, ["00aa000004", "00aa000005"]) == {
+        "00aa000004": [msgs[4]],
+        "00aa000005": [msgs[5]],
+    }
+    assert await store.resolve_refs(B, ["00aa000004"]) == {}
+    assert await store.find_checkpoint(A, "c1", prefixes(msgs)) is None
+    info = await store.get_conversation(A, "c1")
+    assert info is not None
+    assert (info.checkpoints, info.originals) == ([], originals)
+    # A later compaction of the same conversation keeps them.
+    await store.save_compaction(compaction(A, "c1", msgs, 3), TTL)
+    assert (await store.resolve_refs(A, ["00aa000005"]))["00aa000005"] == [msgs[5]]
+    assert [i.conversation for i in await store.list_conversations(A)] == ["c1"]
+
+
 async def test_a_tenant_cannot_see_another_tenants_data_even_with_its_conversation_id(
     backend: Backend,
 ) -> None:
