@@ -34,6 +34,7 @@ COMPACTED_PATHS = frozenset({CHAT_PATH, b"/responses", b"/messages"})
 """The routes whose requests are compacted (proxy.dialects.apis): never reachable by spelling."""
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(string.ascii_letters.encode() + string.digits.encode() + b"-._~")
+_TRAILING = bytes(range(33))  # blanks and control characters, NUL included
 
 
 def route(sub_path: bytes) -> bytes:
@@ -43,13 +44,15 @@ def route(sub_path: bytes) -> bytes:
     empty segments and a trailing slash are dropped, as most servers do: `/chat/%63ompletions`
     and `/chat/completions/` are the chat route (`/responses/` that of the Responses API), with
     compaction, policy and accounting, not a way around them. A path that only names a compacted
-    route once its slashes are decoded is refused.
+    route once its slashes are decoded, or as a lenient server reads it (any case, `;` parameters
+    or trailing blanks and NULs dropped), is refused: forwarded, it could be chat to the upstream
+    and not to us.
     """
     if sub_path in COMPACTED_PATHS:
         return sub_path
     plain = _PERCENT.sub(_unreserved, sub_path)
     named = b"/" + b"/".join(s for s in plain.split(b"/") if s)
-    if named not in COMPACTED_PATHS and _squashed(_decoded(sub_path)) in COMPACTED_PATHS:
+    if named not in COMPACTED_PATHS and _lenient(_decoded(sub_path)) in COMPACTED_PATHS:
         raise BadPathError("Invalid request path.")
     return named
 
@@ -69,8 +72,11 @@ def _decoded(path: bytes) -> bytes:
     return path.replace(b"\\", b"/")
 
 
-def _squashed(path: bytes) -> bytes:
-    return b"/" + b"/".join(s for s in path.split(b"/") if s)
+def _lenient(path: bytes) -> bytes:
+    """`path` as the most forgiving server would match it: no empty segments, no `;` parameters,
+    no trailing blanks or control characters, lower case."""
+    segments = (s.partition(b";")[0].rstrip(_TRAILING) for s in path.lower().split(b"/"))
+    return b"/" + b"/".join(s for s in segments if s)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Issue 11, item 12: chat paths however spelled get the chat route; encoded dot-segments are
-refused; `Expect: 100-continue` never reaches the upstream."""
+"""Issue 11, item 12: chat paths however spelled get the chat route; encoded dot-segments, and
+spellings only a lenient upstream would read as a compacted route, are refused; `Expect:
+100-continue` never reaches the upstream."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ async def test_every_spelling_of_the_chat_path_is_compacted(upstream, make_proxy
         "/v1/files/..%5cadmin",
         "/v1/files/%252e%252e%252fadmin",
         "/v1/chat%2fcompletions",
+        # What a lenient server (ASP.NET, servlet containers) would take as the chat route:
+        "/v1/chat/COMPLETIONS",
+        "/v1/chat/completions;jsessionid=1",
+        "/v1/chat/completions%20",
+        "/v1/chat/completions%00",
+        "/v1/Responses",
     ],
 )
 async def test_encoded_dot_segments_and_slashes_are_refused(upstream, make_proxy, path) -> None:
