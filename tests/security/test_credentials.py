@@ -102,3 +102,32 @@ async def test_the_shared_anonymous_tenant_is_one_bucket_when_turned_on(
     assert r.headers["x-compactd-action"] == "compacted"
     assert [c["tenant"] for c in listed.json()["data"]] == ["anonymous"]
     assert keyed.json()["data"] == []
+
+
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
+async def test_the_configured_credential_headers_are_the_only_ones_read(
+    upstream, make_proxy, store_url: str
+) -> None:
+    # A gateway: one shared upstream key for everyone, each user named by a header of its own.
+    shared = {"authorization": "Bearer sk-gateway"}
+    alice = {**shared, "x-team-key": "alice"}
+    bob = {**shared, "x-team-key": "bob"}
+    server = {"credential_headers": ["x-team-key"]}
+    async with _proxied(make_proxy, upstream[1], store_url, server=server) as (url, http):
+        convs = [
+            (await _chat(http, url, who, tag)).headers for who, tag in ((alice, "a"), (bob, "b"))
+        ]
+        only_shared = await _chat(http, url, shared, "s")
+        listed = [
+            await http.get(f"{url}/compactd/v1/conversations", headers=who)
+            for who in (alice, bob, shared)
+        ]
+    assert [h["x-compactd-action"] for h in convs] == ["compacted", "compacted"]
+    assert only_shared.headers["x-compactd-store"] == "no-credential"
+    assert [c["conversation"] for c in listed[0].json()["data"]] == [
+        convs[0]["x-compactd-conversation"]
+    ]
+    assert [c["conversation"] for c in listed[1].json()["data"]] == [
+        convs[1]["x-compactd-conversation"]
+    ]
+    assert listed[2].status_code == 401

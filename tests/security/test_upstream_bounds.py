@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import tracemalloc
 
 import httpx
 import orjson
@@ -56,6 +57,21 @@ def test_the_usage_tap_stops_holding_an_event_that_never_ends() -> None:
     assert more == b'data: {"choices": [], "x": "' + b"a" * 80_000
     assert rest == b'"}\n\ndata: [DONE]\n\n'
     assert tap.close() == b""
+
+
+@pytest.mark.parametrize("strip", [False, True], ids=["copy", "strip"])
+def test_the_usage_tap_holds_at_most_one_bounded_event(strip: bool) -> None:
+    piece = b"a" * (64 * 1024)
+    tap = SSEUsageTap(strip_usage_chunk=strip, max_event_bytes=256 * 1024)
+    tracemalloc.start()
+    try:
+        tap.feed(b'data: {"choices": [], "usage": {"x": "')
+        for _ in range(128):  # an 8 MiB event without its blank line
+            tap.feed(piece)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024
 
 
 def test_the_usage_tap_does_not_inflate_a_gzip_bomb() -> None:
