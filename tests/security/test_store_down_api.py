@@ -37,6 +37,8 @@ async def test_every_api_endpoint_answers_503_while_redis_is_down(
                     json={"messages": [{"role": "user", "content": "[compactd:ref=0123abcdef]"}]},
                 ),
                 await http.get(f"{url}/compactd/v1/stats", headers=admin),
+                await http.get(f"{url}/compactd/v1/savings"),  # what the dashboard reads
+                await http.get(f"{url}/compactd/v1/conversations/c1/inspect"),
             ]
             ready = await http.get(f"{url}/readyz")
     assert [r.status_code for r in calls] == [503] * len(calls)
