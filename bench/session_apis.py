@@ -1,7 +1,7 @@
 """Session replay in all three API shapes: chat completions, the Responses API, Anthropic Messages.
 
     .venv/bin/python bench/session_apis.py [--limit 20] [--api all|chat|responses|messages]
-        [--budget-ratio 0.4] [--min-turns 4]
+        [--budget-ratio 0.4] [--min-turns 4] [--no-calibration] [--count-tokens-band 0.1]
 
 The corpora of bench/session.py (tau-bench airline with its tool schemas, aider sessions), read in
 place, each session converted turn by turn into the API's own shape, as Codex CLI and Claude Code
@@ -94,12 +94,16 @@ class Tally:
     fail_opens: list[str] = field(default_factory=list)
 
 
-async def run(corpus: Corpus, api: str, *, calibrate: bool = True) -> Tally:
-    """Every session of a corpus through a fresh proxy in one API's shape."""
+async def run(corpus: Corpus, api: str, *, calibrate: bool = True, band: float = 0.0) -> Tally:
+    """Every session of a corpus through a fresh proxy in one API's shape (`band`: Anthropic's
+    count_tokens asked near the trigger, `tokens.count_tokens_band`)."""
     tally = Tally()
     policies = budget_policies(corpus.sessions)
+    tokens = {"count_tokens_band": band}
     with tempfile.TemporaryDirectory(prefix="compactd-bench-apis-") as tmp:
-        async with harness(Path(tmp), policies=policies, accounting={"enabled": False}) as h:
+        async with harness(
+            Path(tmp), policies=policies, accounting={"enabled": False}, tokens=tokens
+        ) as h:
             fake = h.messages if api == "messages" else h.responses
             if not calibrate:
                 h.services.calibration.apis = frozenset()
@@ -107,6 +111,8 @@ async def run(corpus: Corpus, api: str, *, calibrate: bool = True) -> Tally:
             for session in corpus.sessions:
                 await _session(h, send, fake, api, session, tally)
             tally.ratio = h.services.calibration.ratio(api, MODEL[api])
+            counted = [r for r in fake.received if r.path.endswith("/count_tokens")]
+            tally.n["confirms"] = len(counted)
     return tally
 
 
@@ -163,6 +169,7 @@ def _row(corpus: str, api: str, t: Tally) -> Json:
         "refused": n["refused"],
         "errors": n["errors"],
         "ratio": f"{t.ratio:.3f}",
+        "confirms": n["confirms"],
         "actions": t.actions,
         "fail_opens": t.fail_opens[:3],
     }
@@ -178,6 +185,7 @@ COLUMNS = (
     ("facts kept (last turn, rewritten)", "facts"),
     ("refused by the upstream", "refused"),
     ("calibration (upstream / estimate)", "ratio"),
+    ("count_tokens asked", "confirms"),
     ("errors", "errors"),
 )
 
@@ -192,6 +200,12 @@ async def main() -> None:
     parser.add_argument(
         "--no-calibration", action="store_true", help="budget Claude requests by the estimate"
     )
+    parser.add_argument(
+        "--count-tokens-band",
+        type=float,
+        default=0.0,
+        help="ask Anthropic's count_tokens within this fraction of the trigger (0: never)",
+    )
     args = parser.parse_args()
     corpora = with_budgets(
         load_corpora(args.limit, args.min_turns), args.budget_ratio, 0, "compressible"
@@ -201,12 +215,15 @@ async def main() -> None:
     rows = []
     for corpus in corpora:
         for api in apis:
-            tally = await run(corpus, api, calibrate=not args.no_calibration)
+            tally = await run(
+                corpus, api, calibrate=not args.no_calibration, band=args.count_tokens_band
+            )
             rows.append(_row(corpus.name, api, tally))
             print(f"{corpus.name} [{api}] done", file=sys.stderr)
     print(
         f"budget: {args.budget_ratio:g} x last request (compressible); sessions: >= "
         f"{args.min_turns} requests, {args.limit} per corpus; "
+        f"count_tokens band {args.count_tokens_band:g}; "
         f"{time.perf_counter() - started:.0f} s\n"
     )
     print(table(rows, COLUMNS))

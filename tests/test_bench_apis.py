@@ -55,3 +55,11 @@ async def test_every_shape_is_compacted_replayed_and_never_refused(api: str) -> 
     assert tally.actions.get("replayed", 0) >= 1
     assert tally.n["stable"] == tally.n["quiet"]  # every turn without an event kept its prefix
     assert tally.n["prompt"] > 0
+
+
+async def test_with_a_band_messages_turns_near_the_trigger_are_counted_upstream() -> None:
+    tally = await run(Corpus("synthetic", [agent_session()]), "messages", band=0.5)
+    assert tally.n["confirms"] >= 1
+    assert tally.n["errors"] == 0
+    assert tally.n["refused"] == 0
+    assert tally.n["stable"] == tally.n["quiet"]
