@@ -68,6 +68,8 @@ class _Base:
     cache: dict[str, int] = field(default_factory=dict)
     replies: list[Callable[[Json], Json]] = field(default_factory=list)
     """Scripted outputs (one per request, then the default)."""
+    answers: list[bytes] = field(default_factory=list)
+    """Every response body sent, as sent."""
 
     @property
     def last(self) -> Received:
@@ -77,6 +79,7 @@ class _Base:
         # The recording and body reading of the scriptable fake; the answer is ours.
         async def behaviour(ctx: Ctx) -> None:
             status, body, sse = self.answer(ctx.request)
+            self.answers.append(body)
             ctype = b"text/event-stream" if sse else b"application/json"
             await respond(status, body, content_type=ctype)(ctx)
 

@@ -151,6 +151,7 @@ async def test_streamed_usage_with_cache_reads_is_read(tmp_path) -> None:
             response = await h.message(request(msgs, stream=True))
             assert response.status_code == 200
             assert b"event: message_stop" in response.content
+            assert response.content == h.messages.answers[-1]  # every event, byte for byte
         assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") > 0
         assert h.metric("compactd_upstream_usage_tokens_total", kind="prompt") > 0
 

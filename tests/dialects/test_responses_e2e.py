@@ -104,7 +104,15 @@ async def test_streamed_usage_is_read_from_response_completed(tmp_path) -> None:
         response = await h.create(request(items, stream=True))
         assert response.status_code == 200
         assert b"event: response.completed" in response.content
+        assert response.content == h.responses.answers[-1]  # every event, byte for byte
         assert h.metric("compactd_upstream_usage_tokens_total", kind="prompt") > 0
+        assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") == 0
+        # The same prefix again: the cached tokens of response.completed are read as well.
+        again = await h.create(request(items, stream=True))
+        cached = json.loads(again.content.split(b"event: response.completed\ndata: ")[1])
+        expected = cached["response"]["usage"]["input_tokens_details"]["cached_tokens"]
+        assert expected > 0
+        assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") == expected
 
 
 async def test_other_responses_paths_are_forwarded_unchanged(tmp_path) -> None:
