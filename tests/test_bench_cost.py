@@ -83,6 +83,11 @@ def test_policy_grid_and_default_rule() -> None:
     good, lossy = session("cap-8k", 8, 10), session("cap-4k", 5, 5)
     negative, plain = session("cap-16k", 11, 10), session("default", 10, 10)
     assert choose_default([good, lossy, negative, plain]) == "cap-8k"
+    assert choose_default([good, negative], any_session=True) == "cap-8k"
+    assert choose_default([negative, plain], any_session=True) == "default"
+    tier = session("cap-8k+lossless", 7, 10)
+    assert choose_default([good, tier, plain]) == "cap-8k+lossless"
+    assert choose_default([good, tier, plain], transparent=True) == "cap-8k"
     assert totals([good, lossy])["cap-4k"].kept_share == 0.5
 
 
