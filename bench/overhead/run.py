@@ -71,7 +71,9 @@ def scenarios(seconds: float, requests: int) -> list[Scenario]:
     ]
 
 
-def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedServer:
+def server_for(
+    t: Target, upstream: str, core: int, data_dir: Path, config: str = ""
+) -> PinnedServer:
     """A pinned server process for target `t` (not started). A multi-worker compactd is pinned
     to every core (its workers must have a core each to scale); the load generator and nginx
     stay pinned to theirs, so on two cores worker two shares a core with them."""
@@ -93,6 +95,8 @@ def server_for(t: Target, upstream: str, core: int, data_dir: Path) -> PinnedSer
         env["PYTHONPATH"] = t.pythonpath
     if not t.accounting:
         env["COMPACTD_ACCOUNTING_ENABLED"] = "false"
+    if config:
+        env["COMPACTD_CONFIG_FILE"] = str(Path(config).resolve())
     cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0) | {core}))
     return PinnedServer(t.name, argv, port, cpus if t.workers > 1 else core, env=env)
 
@@ -204,7 +208,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 live[t.name] = (up.base_url + "/chat/completions", [])
                 continue
             try:
-                server = stack.enter_context(server_for(t, up.base_url, proxy_core, Path(data)))
+                server = stack.enter_context(
+                    server_for(t, up.base_url, proxy_core, Path(data), args.config)
+                )
             except (RuntimeError, TimeoutError) as exc:
                 results[t.name] = f"did not start: {str(exc)[-400:]}"
                 print(f"   {t.name} {results[t.name]}", file=sys.stderr)
@@ -265,6 +271,11 @@ def main() -> int:
         "--workers",
         default="1",
         help="compactd worker counts, e.g. 1,2: adds compactd-aiohttp-w2 (on every core)",
+    )
+    parser.add_argument(
+        "--config",
+        default="",
+        help="a compactd config file for every compactd target (e.g. a policy that never compacts)",
     )
     parser.add_argument("--nice", type=int, default=0, help="scheduling priority (root: <0)")
     parser.add_argument("--profile", default="", help="directory for py-spy profiles")
