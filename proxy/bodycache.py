@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from proxy.digest import Message, message_digest
+from proxy.digest import Message, RollingPrefixes, message_digest, prefix_digests
 from proxy.tokens import REPLY_PRIMING, TokenCounter
 
 MIN_BYTES = 64 * 1024
@@ -54,6 +54,8 @@ class _Seen:
     body: dict[str, Any]
     digests: list[str] = field(default_factory=list)
     """Digests of the first messages, filled in when a decision first needs them."""
+    prefixes: RollingPrefixes = field(default_factory=RollingPrefixes)
+    """Their prefix digests (what a checkpoint is looked up by), filled in likewise."""
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Encoding -> (how many first messages, their tokens without the reply priming)."""
 
@@ -98,6 +100,16 @@ class BodyCache:
         known = seen.digests
         known.extend(message_digest(m) for m in messages[len(known) :])
         return list(known)
+
+    def prefixes(self, messages: Sequence[Message], digests: Sequence[str]) -> list[str]:
+        """`prefix_digests(digests)`, where `digests` are `self.digests(messages)`, hashing
+        only the prefixes of messages new since a body this one extends."""
+        seen = self._by_messages.get(id(messages))
+        if seen is None or seen.body["messages"] is not messages or seen.digests != digests:
+            return prefix_digests(digests)
+        rolling = seen.prefixes
+        rolling.extend(digests[len(rolling.values) :])
+        return list(rolling.values)
 
     async def count(
         self, messages: Sequence[Message], counter: TokenCounter, *, in_thread: bool
@@ -232,4 +244,5 @@ def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _See
     messages = seen.body["messages"] + new if new else list(seen.body["messages"])
     body = {k: messages if k == "messages" else v for k, v in fields.items()}
     cut = _before_space(raw, end, seen.cut)
-    return _Seen(raw, seen.start, cut, end, body, list(seen.digests), dict(seen.counts))
+    digests, prefixes, counts = list(seen.digests), seen.prefixes.copy(), dict(seen.counts)
+    return _Seen(raw, seen.start, cut, end, body, digests, prefixes, counts)

@@ -84,7 +84,8 @@ def pairing_problem(cp: Checkpoint, messages: Sequence[Message]) -> str:
     where the client's own request did not (a branch may have dropped a call whose result this
     request goes on to send)."""
     candidate = [*cp.messages, *messages[cp.covered_through + 1 :]]
-    if pairing_problems(candidate) - pairing_problems(messages):
+    after = pairing_problems(candidate)
+    if after and after - pairing_problems(messages):  # the request's own: scanned only if needed
         return "with this request's messages after it, tool-call pairing breaks"
     return ""
 

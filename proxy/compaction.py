@@ -37,7 +37,6 @@ from proxy.config import PolicySettings, Settings
 from proxy.decision import CHAT, REWRITTEN, Action, ChatRequest, Dialect, Outcome, read_request
 from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting
-from proxy.digest import prefix_digests
 from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier, StoredForms
 from proxy.metrics import Metrics
@@ -505,7 +504,7 @@ class Compactor:
         assert request.messages is not None
         digests = self.bodies.digests(request.messages)  # computed for new messages only
         messages = list(request.messages)
-        history = _History(messages, digests, prefix_digests(digests))
+        history = _History(messages, digests, self.bodies.prefixes(request.messages, digests))
         base = await self._replayable(request, tenant, history)
         sent = forms.messages if forms is not None else messages
         candidate = sent

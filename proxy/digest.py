@@ -10,7 +10,7 @@ are forwarded as the client sent them (a restore gives back exactly what was sen
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -55,12 +55,33 @@ def message_digest(message: Message) -> str:
 
 def prefix_digests(digests: Sequence[str]) -> list[str]:
     """Rolling digests: result[i] identifies messages[0..i] as a whole."""
-    out: list[str] = []
-    h = hashlib.sha256()
-    for d in digests:
-        h.update(d.encode())
-        out.append(h.copy().hexdigest()[:32])
-    return out
+    rolling = RollingPrefixes()
+    rolling.extend(digests)
+    return rolling.values
+
+
+class RollingPrefixes:
+    """`prefix_digests` kept as it grows: extending by more messages' digests hashes only
+    those (a long conversation's next turn, see proxy.bodycache)."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.values: list[str] = []
+        """prefix_digests of every digest given so far."""
+
+    def extend(self, digests: Iterable[str]) -> None:
+        """Append the prefix digests of `digests`, which follow those given so far."""
+        h = self._hash
+        for d in digests:
+            h.update(d.encode())
+            self.values.append(h.copy().hexdigest()[:32])
+
+    def copy(self) -> RollingPrefixes:
+        """An independent copy (to extend along one branch)."""
+        other = RollingPrefixes()
+        other._hash = self._hash.copy()
+        other.values = list(self.values)
+        return other
 
 
 def conversation_id(messages: Sequence[Message]) -> str:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from proxy import bodycache
 from proxy.bodycache import BodyCache
+from proxy.digest import RollingPrefixes, prefix_digests
 
 TRICKY = ['"messages": [', "]", '],"model":"x"}', ",{", "\\", '"', "é", "\u2028", "}]}"]
 
@@ -145,25 +146,45 @@ def test_any_sequence_of_growing_bodies_parses_exactly(
         assert cache.parse(raw) == orjson.loads(raw)
 
 
-def test_digests_are_computed_once_per_message_across_turns(
+def test_digests_and_prefix_digests_are_computed_once_per_message_across_turns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cache = BodyCache()
     computed: list[object] = []
     real = bodycache.message_digest
+    extend = RollingPrefixes.extend
+    prefixed: list[int] = []
 
     def counting(message: Any) -> str:
         computed.append(message)
         return real(message)
 
-    monkeypatch.setattr(bodycache, "message_digest", counting)
-    for turn in (40, 41, 42):
-        msgs = cache.parse(orjson.dumps({"model": "m", "messages": conversation(turn)}))["messages"]
-        assert cache.digests(msgs) == [real(m) for m in msgs]
-    unrelated = conversation(3)
-    assert cache.digests(unrelated) == [real(m) for m in unrelated]
+    def counting_prefixes(self: RollingPrefixes, digests: Any) -> None:
+        digests = list(digests)
+        prefixed.append(len(digests))
+        extend(self, digests)
 
-    assert len(computed) == 43 + 4  # each message of the conversation once, then the others
+    monkeypatch.setattr(bodycache, "message_digest", counting)
+    monkeypatch.setattr(RollingPrefixes, "extend", counting_prefixes)
+    per_turn = []
+    # A conversation growing, a turn resent as is, then a branch from an earlier turn.
+    for turn in (40, 41, 41, 42, 38):
+        msgs = cache.parse(orjson.dumps({"model": "m", "messages": conversation(turn)}))["messages"]
+        digests = cache.digests(msgs)
+        assert digests == [real(m) for m in msgs]
+        got = cache.prefixes(msgs, digests)
+        per_turn.append(sum(prefixed))
+        assert got == prefix_digests(digests)
+        prefixed.clear()
+    unrelated = conversation(3)
+    digests = cache.digests(unrelated)
+    assert digests == [real(m) for m in unrelated]
+    assert cache.prefixes(unrelated, digests) == prefix_digests(digests)
+
+    # Each message of the conversation once, the branch (no body it extends) afresh, then the
+    # others; each new message's prefix once likewise.
+    assert len(computed) == 43 + 39 + 4
+    assert per_turn == [41, 1, 0, 1, 39]
 
 
 async def test_long_conversations_through_the_proxy_compact_replay_and_restore_exactly(
