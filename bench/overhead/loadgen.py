@@ -29,6 +29,9 @@ class Result:
     elapsed: float = 0.0
     server_cpu: float = 0.0
     """CPU seconds the proxy process used during the measured part (0 for direct)."""
+    client_cpu: float = 0.0
+    """CPU seconds the load generator (this process) used meanwhile: on two cores it and nginx
+    share the core a second worker runs on, so they bound what a second worker can add."""
 
     def merged(self, other: Result) -> Result:
         """This result and `other` (a later round of the same scenario) as one."""
@@ -41,6 +44,7 @@ class Result:
             events_total=self.events_total + other.events_total,
             elapsed=self.elapsed + other.elapsed,
             server_cpu=self.server_cpu + other.server_cpu,
+            client_cpu=self.client_cpu + other.client_cpu,
         )
 
     @property
@@ -52,6 +56,11 @@ class Result:
     def cpu_ms_per_request(self) -> float:
         """Proxy CPU time per completed request, in milliseconds."""
         return 1000 * self.server_cpu / len(self.latencies) if self.latencies else 0.0
+
+    @property
+    def client_cpu_ms_per_request(self) -> float:
+        """Load-generator CPU time per completed request, in milliseconds."""
+        return 1000 * self.client_cpu / len(self.latencies) if self.latencies else 0.0
 
     @property
     def identical_pct(self) -> float:
@@ -164,9 +173,10 @@ async def run_scenario(
                 await _one(session, url, sc, headers, expected, ref_events, res)
 
         cpu0 = cpu() if cpu else 0.0
-        t0 = time.perf_counter()
+        t0, client0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(sc.concurrency)))
         res.elapsed = time.perf_counter() - t0
+        res.client_cpu = time.process_time() - client0
         res.server_cpu = cpu() - cpu0 if cpu else 0.0
     return res
 

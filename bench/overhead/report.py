@@ -34,6 +34,8 @@ ROWS = (
     ("proxy CPU ms/request (b)", "b", "cpu_ms_per_request", 0, False),
     ("proxy CPU ms/request (c)", "c", "cpu_ms_per_request", 0, False),
     ("proxy CPU ms/request (d)", "d", "cpu_ms_per_request", 0, False),
+    ("load generator CPU ms/request (b)", "b", "client_cpu_ms_per_request", 0, False),
+    ("load generator CPU ms/request (c)", "c", "client_cpu_ms_per_request", 0, False),
 )
 
 
