@@ -222,10 +222,13 @@ def worth_it(outcome: ChainOutcome, before: int, budget: Budget, policy: PolicyS
 
 def restore(info: ConversationInfo) -> Restored | None:
     """The originals behind the conversation's longest checkpoint, from what the store returned
-    for it (`get_conversation`): no lookups, no depth. None if it has no checkpoint."""
+    for it (`get_conversation`): no lookups, no depth. None if it has no checkpoint. A stored
+    checkpoint that did not decode is listed as missing (it may have covered more), and so is
+    every original or ref this restore needed and could not read."""
     if not info.checkpoints:
         return None
     cp = max(info.checkpoints, key=lambda c: c.covered_through)
+    lost = [key for kind, key in info.unreadable if kind == "checkpoint"]
 
     def originals(ref: str) -> list[Message] | None:
         digests = info.refs.get(ref)
@@ -250,9 +253,9 @@ def restore(info: ConversationInfo) -> Restored | None:
                 out.append(message)
                 continue
             out.extend(m for group in found if group is not None for m in group)
-        return Restored(cp, out, missing)
+        return Restored(cp, out, [*missing, *lost])
     # Written before checkpoints recorded their structure: follow the refs in the text.
     lookup = {ref: group for ref in info.refs if (group := originals(ref)) is not None}
     result = uncompress(cp.messages, lookup, recursive=True)
     out = [m if refs_in(m) else info.originals.get(message_digest(m), m) for m in result.messages]
-    return Restored(cp, out, list(result.missing_ids))
+    return Restored(cp, out, [*result.missing_ids, *lost])

@@ -233,18 +233,20 @@ def _restore(args: argparse.Namespace) -> int:
     async def work(store: Store, settings: Settings) -> int:
         info = await store.get_conversation(_tenant(args, settings), args.conversation)
         restored = restore(info) if info is not None else None
-        if info is None or restored is None:
+        if info is None or (restored is None and not info.unreadable):
             print(f"compactd: no compacted conversation {args.conversation!r}", file=sys.stderr)
             return 1
+        # No checkpoint that decodes: nothing restored, and every unreadable value says why.
+        missing = restored.missing_ids if restored else [key for _, key in info.unreadable]
         out = {
             "conversation": info.conversation,
-            "covered_through": restored.checkpoint.covered_through,
-            "messages": restored.messages,
-            "missing_ids": restored.missing_ids,
+            "covered_through": restored.checkpoint.covered_through if restored else -1,
+            "messages": restored.messages if restored else [],
+            "missing_ids": missing,
         }
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
-        if restored.missing_ids:
-            shown = ", ".join(restored.missing_ids[:5])
+        if missing:
+            shown = ", ".join(missing[:5])
             print(f"compactd: incomplete restore, missing {shown}", file=sys.stderr)
             return 1
         return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.checkpoint import restore
+from proxy.digest import message_digest
 from tests.inprocess import Proxy, running
 from tests.test_cli import run
 
@@ -103,3 +104,48 @@ async def test_the_admin_key_uncompresses_any_tenants_messages(tmp_path: Path) -
     assert admin.json()["missing_ids"] == []
     assert stranger.json()["missing_ids"]
     assert stranger.json()["messages"] != messages
+
+
+async def test_a_stored_value_that_does_not_decode_is_listed_as_missing(tmp_path: Path) -> None:
+    # One corrupt original used to fail the whole restore (the CLI said UnreadableValueError,
+    # the API "store unavailable"): now it costs only what it stood for, and says so.
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        messages, _, _ = await grow(proxy, 8)
+        conversation = proxy.conversations[-1]
+        first = message_digest(messages[0])
+        database = sqlite3.connect(tmp_path / "data" / "compactd.db")
+        with database:
+            database.execute("UPDATE originals SET body = ? WHERE digest = ?", (b"{bad", first))
+        database.close()
+        shown = await proxy.client.get(
+            f"/compactd/v1/conversations/{conversation}",
+            headers={"authorization": "Bearer sk-alpha"},
+        )
+    assert shown.status_code == 200
+    assert shown.json()["unreadable"] == [["original", first]]
+    cli = run("restore", conversation, "--config", str(config(tmp_path)), data=tmp_path / "data")
+    assert cli.returncode == 1
+    out = json.loads(cli.stdout)
+    assert out["missing_ids"]
+    assert b"incomplete restore" in cli.stderr
+
+
+async def test_an_unreadable_longest_checkpoint_makes_the_restore_incomplete(
+    tmp_path: Path,
+) -> None:
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        _, actions, _ = await grow(proxy, 8)
+        conversation = proxy.conversations[-1]
+    assert actions.count("compacted") >= 2
+    database = sqlite3.connect(tmp_path / "data" / "compactd.db")
+    with database:
+        (longest,) = database.execute(
+            "SELECT source_digest FROM checkpoints ORDER BY covered_through DESC LIMIT 1"
+        ).fetchone()
+        database.execute("UPDATE checkpoints SET body = ? WHERE source_digest = ?", (b"{", longest))
+    database.close()
+    cli = run("restore", conversation, "--config", str(config(tmp_path)), data=tmp_path / "data")
+    assert cli.returncode == 1
+    assert longest in json.loads(cli.stdout)["missing_ids"]

@@ -115,6 +115,9 @@ class ConversationInfo:
     """When retention deletes it unless it is used again (epoch seconds)."""
     checkpoint_count: int = 0
     original_count: int = 0
+    unreadable: list[tuple[str, str]] = field(default_factory=list)
+    """(kind, id) of every stored value left out above because it does not decode: kind
+    "checkpoint" (id: its source digest), "original" (its digest) or "ref"."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ users), a read would raise TenantMismatchError rather than hand one tenant anoth
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import orjson
 
@@ -121,6 +122,54 @@ def load_ref(raw: bytes | str, tenant: str) -> list[str]:
     if not isinstance(digests, list):
         raise UnreadableValueError("stored reference is not a list of digests")
     return [str(d) for d in digests]
+
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ConversationData:
+    """A conversation's stored values as read for inspection and restore: the ones that decode,
+    and the (kind, id) of each that does not, left out as absent."""
+
+    checkpoints: list[Checkpoint]
+    """Ordered by (covered_through, created_at)."""
+    originals: dict[str, Message]
+    refs: dict[str, list[str]]
+    unreadable: list[tuple[str, str]]
+
+
+def load_conversation(
+    tenant: str,
+    checkpoints: Iterable[tuple[str, bytes | str]],
+    originals: Iterable[tuple[str, bytes | str]],
+    refs: Iterable[tuple[str, bytes | str]],
+) -> ConversationData:
+    """Decode one conversation's (id, stored value) pairs, each on its own: one value that does
+    not decode costs only itself (a restore then lists what it stood for as missing), never the
+    whole conversation. A value naming another tenant still raises TenantMismatchError: that is
+    a read gone out of step, and nothing of it is to be trusted. Checkpoints are keyed by source
+    digest, originals by digest, refs by id."""
+    unreadable: list[tuple[str, str]] = []
+
+    def each(
+        kind: str, rows: Iterable[tuple[str, bytes | str]], load: Callable[[bytes | str, str], _T]
+    ) -> dict[str, _T]:
+        out: dict[str, _T] = {}
+        for key, raw in rows:
+            try:
+                out[key] = load(raw, tenant)
+            except UnreadableValueError:  # (TenantMismatchError is not one: it propagates)
+                unreadable.append((kind, key))
+        return out
+
+    cps = each("checkpoint", checkpoints, load_checkpoint)
+    return ConversationData(
+        checkpoints=sorted(cps.values(), key=lambda cp: (cp.covered_through, cp.created_at)),
+        originals=each("original", originals, load_original),
+        refs=each("ref", refs, load_ref),
+        unreadable=unreadable,
+    )
 
 
 def dump_summary(tenant: str, summary: str) -> bytes:

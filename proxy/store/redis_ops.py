@@ -64,9 +64,8 @@ async def fetch_conversation(
     if not raw_meta:
         return None
     meta = _meta(raw_meta, tenant)
-    checkpoints = sorted(
-        (codec.load_checkpoint(v, tenant) for v in cps.values()),
-        key=lambda c: (c.covered_through, c.created_at),
+    loaded = codec.load_conversation(
+        tenant, *(((text(k), v) for k, v in h.items()) for h in (cps, origs, refs))
     )
     size = sum(len(v) for h in (cps, origs, refs) for v in h.values())
     return ConversationInfo(
@@ -74,13 +73,14 @@ async def fetch_conversation(
         conversation=conversation,
         created_at=float(meta.get("created_at", 0)),
         updated_at=float(meta.get("updated_at", 0)),
-        checkpoints=checkpoints,
-        originals={d.decode(): codec.load_original(v, tenant) for d, v in origs.items()},
-        refs={ref.decode(): codec.load_ref(v, tenant) for ref, v in refs.items()},
+        checkpoints=loaded.checkpoints,
+        originals=loaded.originals,
+        refs=loaded.refs,
         size_bytes=size,
         expires_at=_expires_at(int(pttl)),
-        checkpoint_count=len(checkpoints),
+        checkpoint_count=len(cps),
         original_count=len(origs),
+        unreadable=loaded.unreadable,
     )
 
 

@@ -286,22 +286,23 @@ def get_conversation(
             ).fetchall()
             for table in DATA_TABLES
         }
-    checkpoints = sorted(
-        (codec.load_checkpoint(row[-1], owner) for row in data["checkpoints"]),
-        key=lambda cp: (cp.covered_through, cp.created_at),
+    # Rows are (tenant, conversation, id, [covered_through,] body).
+    loaded = codec.load_conversation(
+        owner, *(((row[2], row[-1]) for row in data[table]) for table in DATA_TABLES)
     )
     return ConversationInfo(
         tenant=owner,
         conversation=conv,
         created_at=float(meta[1]),
         updated_at=float(meta[2]),
-        checkpoints=checkpoints,
-        originals={row[2]: codec.load_original(row[3], owner) for row in data["originals"]},
-        refs={row[2]: codec.load_ref(row[3], owner) for row in data["refs"]},
+        checkpoints=loaded.checkpoints,
+        originals=loaded.originals,
+        refs=loaded.refs,
         size_bytes=sum(len(row[-1]) for rows in data.values() for row in rows),
         expires_at=float(meta[3]),
-        checkpoint_count=len(checkpoints),
+        checkpoint_count=len(data["checkpoints"]),
         original_count=len(data["originals"]),
+        unreadable=loaded.unreadable,
     )
 
 

@@ -21,6 +21,8 @@ from proxy.store.redis_keys import KeyLayout
 from tests.store.cutting_proxy import CuttingProxy
 from tests.store.redis_cluster import LocalCluster
 
+UNREADABLE = b"{not json"
+
 
 class Backend(Protocol):
     store: Store
@@ -33,6 +35,10 @@ class Backend(Protocol):
 
     def failing_saves(self) -> Any:
         """Async context manager yielding a store whose saves fail in the middle of the write."""
+
+    async def corrupt(self, tenant: str, conversation: str, kind: str, key: str) -> None:
+        """Overwrite one stored value (kind: checkpoints, originals or refs) with bytes that do
+        not decode."""
 
 
 @dataclass
@@ -57,6 +63,11 @@ class _RedisKeys:
             dumped = await self.raw.dump(s)
             if dumped is not None:
                 await self.raw.restore(d, 0, dumped, replace=True)
+
+    async def corrupt(self, tenant: str, conversation: str, kind: str, key: str) -> None:
+        await self.raw.hset(
+            getattr(self.keys.conversation(tenant, conversation), kind), key, UNREADABLE
+        )
 
 
 @dataclass
@@ -146,6 +157,15 @@ class SqliteBackend:
                 )
                 for table in ("conversations", "checkpoints", "originals", "refs")
             ]
+        )
+
+    async def corrupt(self, tenant: str, conversation: str, kind: str, key: str) -> None:
+        column = {"checkpoints": "source_digest", "originals": "digest", "refs": "ref_id"}[kind]
+        self._sql(
+            (
+                f"UPDATE {kind} SET body = ? WHERE tenant = ? AND conversation = ? AND {column} = ?",
+                (UNREADABLE, tenant, conversation, key),
+            )
         )
 
     @asynccontextmanager

@@ -195,6 +195,29 @@ async def test_a_value_belonging_to_another_tenant_raises_instead_of_being_retur
         await backend.store.get_conversation(A, "c1")
 
 
+async def test_a_value_that_does_not_decode_costs_only_itself(backend: Backend) -> None:
+    msgs = history(12)
+    for k in (3, 7):
+        await backend.store.save_compaction(compaction(A, "c1", msgs, k), TTL)
+    await backend.corrupt(A, "c1", "checkpoints", prefixes(msgs)[7])
+    await backend.corrupt(A, "c1", "originals", message_digest(msgs[0]))
+    await backend.corrupt(A, "c1", "refs", "0003abcdef")
+
+    info = await backend.store.get_conversation(A, "c1")
+
+    assert info is not None
+    assert [cp.covered_through for cp in info.checkpoints] == [3]
+    assert message_digest(msgs[0]) not in info.originals
+    assert message_digest(msgs[1]) in info.originals
+    assert list(info.refs) == ["0007abcdef"]
+    assert sorted(info.unreadable) == [
+        ("checkpoint", prefixes(msgs)[7]),
+        ("original", message_digest(msgs[0])),
+        ("ref", "0003abcdef"),
+    ]
+    assert info.checkpoint_count == 2
+
+
 async def test_retention_is_set_by_save_and_refreshed_when_the_checkpoint_is_used(
     backend: Backend,
 ) -> None:
