@@ -37,6 +37,7 @@ import orjson
 from proxy.errors import ProxyError
 from proxy.forward import peek
 from proxy.providers.base import Message
+from proxy.providers.markers import expanded_marker
 from proxy.providers.units import message_text
 from proxy.usage import Usage, chat_usage
 
@@ -118,7 +119,7 @@ Observe = Callable[[str, int], None]
 
 def render(ref: str, originals: Sequence[Message]) -> str:
     """The originals of a ref as the tool's result text."""
-    lines = [f"[compactd:ref={ref} expanded: {len(originals)} message(s)]"]
+    lines = [expanded_marker(ref, len(originals))]
     for m in originals:
         role = str(m.get("role", "?"))
         who = f"{role} ({m['tool_call_id']})" if m.get("tool_call_id") else role

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.providers.base import Message, make_ref_id
+from proxy.providers.markers import identical_marker
 
 DEDUP_MIN_CHARS = 256
 """Shorter duplicates stay: the reference would cost about as much as the text."""
@@ -174,7 +175,7 @@ def duplicate_form(message: Message, first: Message, ref: str) -> Message:
     """A repeated tool output: a reference to its own original, naming the first occurrence."""
     call = first.get("tool_call_id") or first.get("name")
     where = f"the output of {call}" if isinstance(call, str) and call else "an earlier tool output"
-    return {**message, "content": f"[compactd:ref={ref} identical to {where}]"}
+    return {**message, "content": identical_marker(ref, where)}
 
 
 @dataclass

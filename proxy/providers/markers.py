@@ -6,6 +6,10 @@ Standard library only; `proxy.providers.base` re-exports it for plugins. Three f
 - short: `[compactd:ref=c7f3a9d2e1]`, the cheapest a rewrite can carry when a budget is tight;
 - dropped: `[compactd:ref=c7f3a9d2e1 dropped]`, the cheapest stand-in for whole messages.
 
+Two more say where a marker's text came from, outside the providers: the lossless tier's
+`[compactd:ref=<id> identical to the output of <call>]` (a repeated tool output) and the expand
+tool's `[compactd:ref=<id> expanded: 2 message(s)]` (the heading of what it brings back).
+
 A marker whose verb is "dropped" (the full form with that verb, or the dropped form) says the
 message stands in for whole messages: the validator then checks only that it is a plain
 user/assistant message, not that it keeps the shape of what it replaced. Every other marker on a
@@ -40,6 +44,16 @@ def short_marker(ref_id: str) -> str:
 def dropped_marker(ref_id: str) -> str:
     """The dropped marker `[compactd:ref=<id> dropped]`: a plain stand-in for whole messages."""
     return f"[compactd:ref={ref_id} dropped]"
+
+
+def identical_marker(ref_id: str, where: str) -> str:
+    """The lossless tier's form of a repeated output: `[compactd:ref=<id> identical to …]`."""
+    return f"[compactd:ref={ref_id} identical to {where}]"
+
+
+def expanded_marker(ref_id: str, n_messages: int) -> str:
+    """The heading of the expand tool's answer: `[compactd:ref=<id> expanded: n message(s)]`."""
+    return f"[compactd:ref={ref_id} expanded: {n_messages} message(s)]"
 
 
 def refs_in_text(text: str) -> list[str]:
