@@ -97,7 +97,9 @@ async def run_chain(
                 continue
             result = await _call(provider, current, config, run_sync)
         except Exception as exc:  # a plugin's failure must not fail the request
-            log.warning("provider %s raised %s", name, type(exc).__name__, exc_info=True)
+            # The traceback only at debug: an exception's text may quote the messages.
+            debug = log.isEnabledFor(logging.DEBUG)
+            log.warning("provider %s raised %s", name, type(exc).__name__, exc_info=debug)
             errors.append(f"{name}: {type(exc).__name__}: {exc}")
             failures.append(ProviderFailure(name, "raised", type(exc).__name__))
             continue
