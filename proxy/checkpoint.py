@@ -70,8 +70,9 @@ def replay_problem(cp: Checkpoint, messages: Sequence[Message], digests: Sequenc
 def fit_problem(cp: Checkpoint, messages: Sequence[Message], digests: Sequence[str]) -> str:
     """Whether a (structured) checkpoint, followed by the rest of this request, is a request as
     valid as the client's: it stands for these originals, keeps what this request protects, and
-    pairs every tool call with its results. Also asked of the checkpoint another request stored
-    first for the same prefix (first writer wins), which may come from another branch."""
+    pairs every tool call with its results. (The checkpoint another request stored first for the
+    same prefix, first writer wins, is asked `replay_problem`: it may come from another branch,
+    or from a longer request in which this request's final unit were middle messages.)"""
     return (
         structure_problem(cp, digests)
         or protected_problem(cp, messages)

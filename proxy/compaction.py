@@ -29,7 +29,6 @@ from proxy.calibration import HIGH, LOW, Calibration, scaled
 from proxy.checkpoint import (
     CompactionError,
     compaction_for,
-    fit_problem,
     replay_problem,
     worth_it,
 )
@@ -712,10 +711,13 @@ class Compactor:
         if winner.messages == mine.messages:
             return plan, False
         # Another request of this conversation compacted the same prefix first: use its bytes,
-        # if they stand for the same originals (ours were stored too, so ours are safe to send).
+        # if they stand for the same originals and this request could replay them (ours were
+        # stored too, so ours are safe to send). Ours may cover this request's final unit (a
+        # final tool result cut in place, the last resort); a longer request's checkpoint of the
+        # same prefix may have dropped that unit as middle messages, so it is never used then.
         history = plan.history
         assert history is not None
-        if winner.ends and not fit_problem(winner, history.messages, history.digests):
+        if winner.ends and not replay_problem(winner, history.messages, history.digests):
             merged = [*winner.messages, *plan.messages[len(mine.messages) :]]
             return dataclasses.replace(
                 plan, messages=merged, providers=tuple(winner.providers)

@@ -11,6 +11,9 @@ request it checks what was forwarded:
 - it is valid: no tool-call pairing error the client's own request did not have (both ways);
 - the system/developer messages, the last user message and the final unit (the final message,
   or the tool call and every result that end the request) are the client's own, exactly;
+- a replay's checkpoint is a stored one that stands for a strict prefix of this request ending
+  before its final unit, and every message after its covered span goes out as the client sent it
+  (for a compaction, the new checkpoint's span, with the validator's one exception);
 - `POST /compactd/v1/uncompress` of it, in ONE round, is exactly what the client sent, key order
   included, with nothing missing;
 - a request that was not rewritten went out as the client's bytes; nothing failed open.
@@ -40,6 +43,7 @@ from proxy.digest import message_digest, prefix_digests
 from proxy.providers.units import final_unit_start
 from proxy.providers.validate import pairing_problems
 from tests.inprocess import Proxy, context_length_error, running
+from tests.tiny_model import table_entry
 
 Message = dict[str, Any]
 
@@ -54,14 +58,20 @@ POLICIES: dict[str, Any] = {
             "providers": ["engine"],
             "budget_tokens": 900,
             "recency_turns": 0,
-        }
+        },
+        # Requests of this one grow past the smallest window a context-length error can teach
+        # (`tokens.min_learned_window`, at least 1,024 tokens), so its 400s are retried.
+        {"name": "long", "match_models": ["gpt-4o-long"], "budget_tokens": 3000},
     ],
     "server": {"secret": "machine-secret", "admin_key": "machine-admin"},
     # A shared 2-core machine can stall a SQLite write past the 200 ms default: that is a store
     # outage (tested elsewhere), not what this machine is about.
     "store": {"timeout_ms": 20000},
 }
-MODELS = ("gpt-4o", "gpt-4.1")
+MODELS = ("gpt-4o", "gpt-4.1", "gpt-4o-long")
+# Every model with a small window, so a context-length 400 is retried under a window a retry can
+# meet (the real table's floor for these models, 32,768 tokens, is far above these requests).
+MODEL_TABLE = table_entry("default", 4000, 100)
 OPERATIONS: collections.Counter[str] = collections.Counter()
 """How often each operation ran, over the whole test (printed at the end, kept in the notes)."""
 ACTIONS: collections.Counter[str] = collections.Counter()
@@ -161,6 +171,8 @@ class ReplayMachine(RuleBasedStateMachine):
             assert raw == body
         forwarded = json.loads(raw)["messages"]
         check_forwarded(messages, forwarded, replayed=action == "replayed")
+        if action in ("replayed", "compacted"):
+            self.check_covered_span(conv, messages, forwarded, replayed=action == "replayed")
         restored = self.loop.run_until_complete(
             self.proxy.uncompress(forwarded, key=conv.key, recursive=False)
         ).json()
@@ -168,6 +180,44 @@ class ReplayMachine(RuleBasedStateMachine):
         assert json.dumps(restored["messages"]) == json.dumps(messages), "restore is not exact"
         conv.sent.append(copy.deepcopy(messages))
         return action
+
+    def check_covered_span(
+        self, conv: Conversation, sent: list[Message], forwarded: list[Message], *, replayed: bool
+    ) -> None:
+        """The checkpoint the request went out with is a stored one standing for a prefix of
+        `sent` ([0..k]); everything after k goes out as the client sent it. A replay's k ends
+        before the final unit; a compaction may cut a final tool result in place (its last
+        resort, which `check_forwarded` checks)."""
+        services = self.proxy.services
+        tenant = services.tenancy.identify({"authorization": f"Bearer {conv.key}"}).tenant
+        info = self.loop.run_until_complete(
+            services.store.get_conversation(tenant, conv.conversation)
+        )
+        prefixes = prefix_digests([message_digest(m) for m in sent])
+        found = [
+            cp
+            for cp in (info.checkpoints if info is not None else [])
+            if cp.covered_through < len(sent)
+            and cp.source_digest == prefixes[cp.covered_through]
+            and json.dumps(cp.messages) == json.dumps(forwarded[: len(cp.messages)])
+        ]
+        if not found:
+            # Only a compaction can go out unmatched: another branch stored a checkpoint for
+            # the same prefix first and it did not fit this request, so this request's own
+            # (with its originals stored) was sent instead (`Compactor._store`).
+            assert not replayed, "a replay went out with no stored checkpoint of this prefix"
+            ACTIONS["compacted, first writer's checkpoint not used"] += 1
+            return
+        cp = max(found, key=lambda c: c.covered_through)
+        k = cp.covered_through
+        after, rest = forwarded[len(cp.messages) :], sent[k + 1 :]
+        if replayed:
+            assert k < final_unit_start(sent), "a replay reached into the final unit"
+        elif after and after[-1] != rest[-1]:
+            after, rest = after[:-1], rest[:-1]  # the final tool result cut in place
+        assert len(after) == len(rest), "messages after the covered span were dropped"
+        assert json.dumps(after) == json.dumps(rest), "a message after the covered span changed"
+        ACTIONS[f"{'replayed' if replayed else 'compacted'}, covered span checked"] += 1
 
     # -- operations -------------------------------------------------------------------------
 
@@ -296,12 +346,15 @@ class ReplayMachine(RuleBasedStateMachine):
         self.conversations.append(other)
         self.send(other, other.messages, fresh=True)
 
-    @rule(i=st.integers(0, 50), window=st.sampled_from([300, 600, 2000]))
-    def upstream_refuses_the_context(self, i: int, window: int) -> None:
+    @rule(i=st.integers(0, 50), window=st.sampled_from([300, 600, 2000]), largest=st.booleans())
+    def upstream_refuses_the_context(self, i: int, window: int, largest: bool) -> None:
         """The upstream answers 400 context_length_exceeded: compactd decides again under the
-        window it states, from the same request, and retries once (or relays the 400)."""
+        window it states, from the same request, and retries once (or relays the 400).
+        `largest`: to the largest conversation, the one a retry under the window can shrink."""
         OPERATIONS["upstream context-length 400"] += 1
         conv = self.pick(i)
+        if largest:
+            conv = max(self.conversations, key=lambda c: len(json.dumps(c.messages)))
         self.send(conv, conv.messages, overflow=window)
 
     @rule(i=st.integers(0, 50))
@@ -368,9 +421,16 @@ MACHINE_SETTINGS = settings(
 )
 
 
+def machine_settings(tmp_path: Path) -> dict[str, Any]:
+    """The proxy's configuration for the machine: POLICIES and the small model table."""
+    table = tmp_path / "models.toml"
+    table.write_text(MODEL_TABLE)
+    return {**POLICIES, "tokens": {"models_file": str(table), "min_learned_window": 1024}}
+
+
 def test_any_sequence_of_requests_is_safe(tmp_path: Path) -> None:
     loop = asyncio.new_event_loop()
-    context = running(tmp_path, **POLICIES)
+    context = running(tmp_path, **machine_settings(tmp_path))
     try:
         ReplayMachine.proxy = loop.run_until_complete(context.__aenter__())
         ReplayMachine.loop = loop
@@ -385,13 +445,15 @@ def test_any_sequence_of_requests_is_safe(tmp_path: Path) -> None:
     # Not vacuous: the sequences compacted and replayed, and every operation ran.
     assert ACTIONS["compacted"] >= 10
     assert ACTIONS["replayed"] >= 10
+    assert ACTIONS["overflow retried"] >= 10
+    assert ACTIONS["replayed, covered span checked"] == ACTIONS["replayed"]
     assert len(OPERATIONS) == 11
 
 
 def run_sequence(tmp_path: Path, *steps: tuple[str, dict[str, Any]]) -> ReplayMachine:
     """One failing sequence the machine found, replayed step by step (a regression test)."""
     loop = asyncio.new_event_loop()
-    context = running(tmp_path, **POLICIES)
+    context = running(tmp_path, **machine_settings(tmp_path))
     try:
         ReplayMachine.proxy = loop.run_until_complete(context.__aenter__())
         ReplayMachine.loop = loop
@@ -427,4 +489,26 @@ def test_found_a_fork_replaying_a_checkpoint_built_on_the_clients_own_pairing_er
         ("fork", {"i": 0, "at": 173, "size": 300}),
         ("resend_shorter_prefix", {"i": 0, "cut": 1}),
         ("fork", {"i": 0, "at": 4, "size": 120}),
+    )
+
+
+def test_found_a_first_writers_checkpoint_dropping_the_final_tool_exchange(tmp_path: Path) -> None:
+    # A 15-message resend was compacted with its final tool result cut in place, so its new
+    # checkpoint covered all 15 messages. The longer request before it had stored a checkpoint
+    # of the same 15 messages, with the final tool call and result dropped into a stub as
+    # middle messages; first writer wins handed that one back, and it went out ending in the
+    # stub. The winner must now be one this request could replay.
+    run_sequence(
+        tmp_path,
+        ("start", {"model": "gpt-4o", "size": 3, "header": False}),
+        ("tool_turn", {"data": _Draws([0]), "i": 20, "results": [3]}),
+        ("tool_turn", {"data": _Draws([0, 1, 2]), "i": 43, "results": [3, 3, 3]}),
+        ("tool_turn", {"data": _Draws([0, 1, 2]), "i": 12, "results": [3, 3, 3]}),
+        ("user_turn", {"answer": 12, "i": 30, "size": 300}),
+        ("tool_turn", {"data": _Draws([0]), "i": 28, "results": [120]}),
+        ("tool_turn", {"data": _Draws([0, 1]), "i": 22, "results": [3, 120]}),
+        ("switch_conversation_header", {"drop": False, "i": 28}),
+        ("tool_turn", {"data": _Draws([0]), "i": 46, "results": [120]}),
+        ("user_turn", {"answer": 120, "i": 19, "size": 3}),
+        ("resend_shorter_prefix", {"cut": 119, "i": 38}),
     )

@@ -5,24 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-TINY_TABLE = """
-[default]
-context_window = 32768
-max_output = 4096
-encoding = "o200k_base"
-input_price = 0.0
-cached_input_price = 0.0
-output_price = 0.0
 
-[[models]]
-pattern = "tiny-*"
-context_window = 4000
-max_output = 100
-encoding = "o200k_base"
-input_price = 0.0
-cached_input_price = 0.0
-output_price = 0.0
-"""
+def table_entry(section: str, context_window: int, max_output: int, pattern: str = "") -> str:
+    """One entry of a model table (`[default]` or `[[models]]`), free and in o200k_base."""
+    match = f'pattern = "{pattern}"\n' if pattern else ""
+    return (
+        f"[{section}]\n{match}context_window = {context_window}\nmax_output = {max_output}\n"
+        'encoding = "o200k_base"\ninput_price = 0.0\ncached_input_price = 0.0\n'
+        "output_price = 0.0\n"
+    )
+
+
+TINY_TABLE = table_entry("default", 32768, 4096) + table_entry("[models]", 4000, 100, "tiny-*")
 
 
 def tiny_model(tmp_path: Path) -> dict[str, Any]:
