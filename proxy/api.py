@@ -26,13 +26,7 @@ from proxy.errors import (
 from proxy.providers.uncompress import uncompress_async
 from proxy.services import Services
 from proxy.stats import GROUP_BY, GroupBy, compute_stats, parse_since, stats_json
-from proxy.store.base import (
-    ConversationInfo,
-    Store,
-    StoreError,
-    TenantMismatchError,
-    UnreadableValueError,
-)
+from proxy.store.base import ConversationInfo, Store, StoreError, resolve_readable
 from proxy.tenant import credential
 from proxy.views import conversation_summary
 
@@ -197,7 +191,7 @@ async def uncompress(request: Request) -> Response:
             rest = [i for i in ids if i not in found]
             if not rest:
                 break
-            found.update(await _resolve(store, owner, rest))
+            found.update(await resolve_readable(store, owner, rest))
         return found
 
     result = await uncompress_async(messages, lookup, recursive=recursive)
@@ -230,20 +224,6 @@ async def _tenants(store: Store) -> list[str]:
     """Every tenant with stored conversations, most recently used first."""
     infos = await store.list_conversations(None)
     return list(dict.fromkeys(i.tenant for i in sorted(infos, key=lambda i: -i.updated_at)))
-
-
-async def _resolve(store: Store, tenant: str, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """`resolve_refs`, where a value that does not decode (or is another tenant's) only loses
-    its own id: the batch is retried one id at a time."""
-    try:
-        return await store.resolve_refs(tenant, ids)
-    except (UnreadableValueError, TenantMismatchError):
-        if len(ids) == 1:
-            return {}
-    found: dict[str, list[dict[str, Any]]] = {}
-    for ref in ids:
-        found.update(await _resolve(store, tenant, [ref]))
-    return found
 
 
 async def stats(request: Request) -> Response:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -34,7 +35,7 @@ from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.rewrite import upstream_headers
 from proxy.stats import fail_open_reason
-from proxy.store.base import Store, UsageRecord
+from proxy.store.base import Store, UsageRecord, resolve_readable
 from proxy.tenant import ANONYMOUS
 from proxy.usage import MAX_EVENT_BYTES, SSEUsageTap, Usage, usage_from_json
 from proxy.websocket import POLICY_VIOLATION, relay_websocket, ws_url
@@ -273,7 +274,7 @@ class _ChatExchange:
         self.expander = Expander(
             plan,
             send=send,
-            resolve=self.h.store.resolve_refs,
+            resolve=functools.partial(resolve_readable, self.h.store),
             observe=self.h.metrics.expand_call,
             stream=plan.body.get("stream") is True,
             client_wants_usage=asked or self.outcome.injected_usage,

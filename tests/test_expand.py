@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,29 @@ def test_an_expansion_is_cut_at_its_token_limit() -> None:
     assert short.endswith("[… cut by compactd: 400 of 5,000 tokens shown]")
     assert len(short) < len(text) / 10
     assert cut(text, 300, 400) == text
+
+
+async def test_a_ref_that_does_not_decode_is_unknown_not_a_failure(tmp_path: Path) -> None:
+    # Bad input (issue 9): a stored ref that does not decode is treated as absent.
+    upstream = MockUpstream()
+    async with running(tmp_path, upstream, **POLICY) as proxy:
+        messages = await compacted(proxy)
+        ref = a_ref(upstream.last)
+        database = sqlite3.connect(tmp_path / "data" / "compactd.db")
+        with database:
+            database.execute("UPDATE refs SET body = ? WHERE ref_id = ?", (b"{bad", ref))
+        database.close()
+        upstream.then(
+            reply(200, calls((TOOL_NAME, json.dumps({"ref": ref})))),
+            reply(200, chat_completion("Without it")),
+        )
+        n = len(upstream.received)
+        r = await proxy.chat(
+            {"model": "gpt-4o", "messages": [*messages, {"role": "user", "content": "?"}]}
+        )
+        unknown = proxy.metric("compactd_expand_calls_total", outcome="unknown")
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["message"]["content"] == "Without it"
+    continued = json.loads(upstream.received[n + 1].content)["messages"][-1]
+    assert "Unknown reference" in continued["content"]
+    assert unknown == 1

@@ -241,3 +241,20 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Release connections."""
+
+
+async def resolve_readable(
+    store: Store, tenant: str, ref_ids: list[str]
+) -> dict[str, list[Message]]:
+    """`store.resolve_refs`, where a stored value that does not decode (or names another
+    tenant) loses only its own id, as absent: the batch is retried one id at a time. For the
+    uncompress API and the expand tool alike."""
+    try:
+        return await store.resolve_refs(tenant, ref_ids)
+    except (UnreadableValueError, TenantMismatchError):
+        if len(ref_ids) == 1:
+            return {}
+    found: dict[str, list[Message]] = {}
+    for ref in ref_ids:
+        found.update(await resolve_readable(store, tenant, [ref]))
+    return found
