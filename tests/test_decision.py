@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from proxy import compaction
+from proxy.checkpoint import CompactionError
 from proxy.decision import Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
@@ -137,6 +139,28 @@ async def test_a_failing_provider_forwards_the_original_and_says_so(
     lines = [rec for rec in caplog.records if getattr(rec, "provider", None) == provider]
     assert lines
     assert lines[0].levelno == logging.WARNING
+
+
+async def test_a_result_that_cannot_be_recorded_fails_open_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A valid result that cannot stand as a checkpoint is not forwarded either (a defensive
+    # check behind the validator; reached here by a stand-in).
+    def unrecordable(**kw: Any) -> Any:
+        raise CompactionError("the chain's result does not align with its input")
+
+    monkeypatch.setattr(compaction, "compaction_for", unrecordable)
+    raw = body(history(6))
+    caplog.set_level(logging.WARNING, logger="compactd")
+    async with running(tmp_path, **SMALL) as proxy:
+        r = await proxy.chat(raw)
+        violations = proxy.metric("compactd_invariant_violations_total", provider="trim")
+        fail_open = proxy.metric("compactd_fail_open_total", reason="provider")
+    assert r.headers["x-compactd-action"] == "error"
+    assert "trim" in r.headers["x-compactd-error"]
+    assert proxy.upstream.last.content == raw
+    assert (violations, fail_open) == (1, 1)
+    assert any(getattr(rec, "provider", None) == "trim" for rec in caplog.records)
 
 
 async def test_a_later_provider_reaching_the_target_makes_good_a_failure(tmp_path: Path) -> None:
