@@ -445,9 +445,29 @@ def test_any_sequence_of_requests_is_safe(tmp_path: Path) -> None:
     # Not vacuous: the sequences compacted and replayed, and every operation ran.
     assert ACTIONS["compacted"] >= 10
     assert ACTIONS["replayed"] >= 10
-    assert ACTIONS["overflow retried"] >= 10
+    # (How many context-length errors are retried depends on how large the sequences grow: run
+    # within the whole suite, CI has seen 6 where this file alone gives 123. The retry is
+    # checked deterministically by test_a_context_length_error_retried_and_relayed.)
     assert ACTIONS["replayed, covered span checked"] == ACTIONS["replayed"]
     assert len(OPERATIONS) == 11
+
+
+def test_a_context_length_error_retried_and_relayed(tmp_path: Path) -> None:
+    """Both ends of the overflow step, whatever the random sequences reach: a request over the
+    smallest window an error can teach is decided again and retried, one under it relayed."""
+    before = collections.Counter(ACTIONS)
+    run_sequence(
+        tmp_path,
+        ("start", {"model": "gpt-4o-long", "size": 300, "header": False}),
+        ("user_turn", {"i": 0, "size": 300, "answer": 300}),
+        ("user_turn", {"i": 0, "size": 300, "answer": 120}),
+        ("upstream_refuses_the_context", {"i": 0, "window": 300, "largest": False}),
+        ("tool_turn", {"i": 0, "results": [300, 120], "data": _Draws([1, 0])}),
+        ("upstream_refuses_the_context", {"i": 0, "window": 2000, "largest": True}),
+    )
+    seen = ACTIONS - before
+    assert seen["overflow retried"] >= 1
+    assert seen["overflow relayed"] >= 1
 
 
 def run_sequence(tmp_path: Path, *steps: tuple[str, dict[str, Any]]) -> ReplayMachine:
