@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,8 @@ class Harness:
     client: httpx.AsyncClient
     responses: FakeResponses
     messages: FakeMessages
+    sent: list[bytes] = field(default_factory=list)
+    """Every body posted through `chat`, `create` and `message`, as sent."""
 
     @property
     def services(self) -> Services:
@@ -58,9 +60,10 @@ class Harness:
     async def _post(
         self, path: str, body: dict[str, Any], auth: dict[str, str], headers: dict[str, str]
     ) -> httpx.Response:
+        self.sent.append(json.dumps(body).encode())
         return await self.client.post(
             path,
-            content=json.dumps(body).encode(),
+            content=self.sent[-1],
             headers={**auth, "content-type": "application/json", **headers},
         )
 
@@ -81,7 +84,7 @@ class Harness:
     async def compacted(self, api: str, body: dict[str, Any]) -> list[Any]:
         """Send an over-budget request; assert it was compacted into a request the fake
         upstream accepted; the history it received (`input` or `messages`)."""
-        send, fake, field = (
+        send, fake, key = (
             (self.create, self.responses, "input")
             if api == "responses"
             else (self.message, self.messages, "messages")
@@ -90,8 +93,8 @@ class Harness:
         assert response.status_code == 200, response.text
         assert response.headers["x-compactd-action"] == "compacted"
         assert fake.refused == []
-        sent: list[Any] = fake.last.json()[field]
-        assert len(json.dumps(sent)) < len(json.dumps(body[field])) * 0.8
+        sent: list[Any] = fake.last.json()[key]
+        assert len(json.dumps(sent)) < len(json.dumps(body[key])) * 0.8
         return sent
 
     def metric(self, name: str, **labels: str) -> float:

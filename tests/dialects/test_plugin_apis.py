@@ -18,7 +18,7 @@ import pytest
 from proxy.providers.base import ContextProvider
 from proxy.providers.registry import ProviderRegistry
 from tests.dialects.conversations import messages_history, responses_input, tool_output
-from tests.dialects.harness import harness
+from tests.dialects.harness import Harness, harness
 
 PLUGIN = Path(__file__).parent.parent / "plugins" / "example_provider"
 Json = dict[str, Any]
@@ -48,7 +48,37 @@ def chat_messages(turns: int) -> list[Json]:
     return msgs
 
 
-@pytest.mark.parametrize("api", ["chat.completions", "responses", "messages"])
+async def over_budget(h: Harness, api: str) -> tuple[Any, Any, list[Json], Json]:
+    """Send an agent run over its budget in this API's shape: (response, its fake upstream,
+    the client's history, the body to restore what was sent)."""
+    if api == "chat.completions":
+        original = chat_messages(30)
+        response = await h.chat({"model": "gpt-5", "messages": original})
+        return response, h.responses, original, {"messages": h.responses.last.json()["messages"]}
+    if api == "responses":
+        original = responses_input(h.responses, 30)
+        response = await h.create({"model": "gpt-5", "input": original, "store": False})
+        return (
+            response,
+            h.responses,
+            original,
+            {"api": api, "input": h.responses.last.json()["input"]},
+        )
+    original = messages_history(h.messages, 30)
+    body = {"model": "claude-sonnet-5", "max_tokens": 1024, "messages": original}
+    response = await h.message(body)
+    return (
+        response,
+        h.messages,
+        original,
+        {"api": api, "messages": h.messages.last.json()["messages"]},
+    )
+
+
+APIS = ["chat.completions", "responses", "messages"]
+
+
+@pytest.mark.parametrize("api", APIS)
 async def test_a_chat_provider_compacts_every_api_validly_and_reversibly(tmp_path, api) -> None:
     registry = ProviderRegistry()
     registry.register("short-tools", example_provider())
@@ -58,34 +88,32 @@ async def test_a_chat_provider_compacts_every_api_validly_and_reversibly(tmp_pat
         "options": {"short-tools": {"keep_chars": 100}},
     }
     async with harness(tmp_path, registry, default_policy=policy) as h:
-        if api == "chat.completions":
-            msgs = chat_messages(30)
-            response = await h.chat({"model": "gpt-5", "messages": msgs})
-            sent = h.responses.last.json()["messages"]
-            restore: Json = {"messages": sent}
-            original: list[Json] = msgs
-        elif api == "responses":
-            original = responses_input(h.responses, 30)
-            response = await h.create({"model": "gpt-5", "input": original, "store": False})
-            sent = h.responses.last.json()["input"]
-            restore = {"api": "responses", "input": sent}
-        else:
-            original = messages_history(h.messages, 30)
-            body = {"model": "claude-sonnet-5", "max_tokens": 1024, "messages": original}
-            response = await h.message(body)
-            sent = h.messages.last.json()["messages"]
-            restore = {"api": "messages", "messages": sent}
+        response, fake, original, restore = await over_budget(h, api)
+        field = "input" if api == "responses" else "messages"
+        sent = restore[field]
         assert response.status_code == 200, response.text
         assert response.headers["x-compactd-action"] == "compacted"
         assert response.headers["x-compactd-provider"] == "short-tools"
         assert response.headers["x-compactd-api"] == api
-        assert h.responses.refused == []
-        assert h.messages.refused == []
+        assert fake.refused == []
         assert "shortened" in json.dumps(sent)
         assert len(sent) == len(original)  # one for one: only the long results changed
         restored = await h.uncompress(restore)
         assert restored.status_code == 200, restored.text
-        field = "input" if api == "responses" else "messages"
         assert restored.json()[field] == original
         assert restored.json()["missing_ids"] == []
         assert h.metric("compactd_requests_total", action="compacted", api=api) == 1
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_shadow_mode_forwards_the_clients_bytes_on_every_api(tmp_path, api) -> None:
+    policy = {"mode": "shadow", "budget_tokens": 4000}
+    async with harness(tmp_path, default_policy=policy) as h:
+        response, fake, _, _ = await over_budget(h, api)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compactd-action"] == "shadow"
+        assert response.headers["x-compactd-shadow-action"] == "compacted"
+        assert int(response.headers["x-compactd-tokens-after"]) < int(
+            response.headers["x-compactd-tokens-before"]
+        )
+        assert fake.last.body == h.sent[-1]  # what the client sent, byte for byte
