@@ -115,12 +115,42 @@ async def over_budget(url: str, stop: asyncio.Event, seen: dict[str, int]) -> No
     async with aiohttp.ClientSession() as session:
         turn = 0
         while not stop.is_set():
+            start = time.monotonic()
             async with session.post(url, data=conversation(turn), headers=headers) as resp:
                 await resp.read()
                 action = resp.headers.get("x-compactd-action", f"status {resp.status}")
+                if action == "error":  # why it failed open, and how long the request took
+                    why = resp.headers.get("x-compactd-error", "")
+                    action = f"error ({why}, {1000 * (time.monotonic() - start):.0f} ms)"
                 seen[action] = seen.get(action, 0) + 1
             turn += 1
             await asyncio.sleep(0.5)
+
+
+async def store_latency(metrics_url: str) -> dict[str, str]:
+    """Per store operation: how many, their mean, and how many took over 100 ms (a timeout at
+    the default 200 ms is one of them), from compactd's `compactd_store_seconds` histogram."""
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
+        text = await resp.text()
+    count: dict[str, float] = {}
+    total: dict[str, float] = {}
+    within: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("compactd_store_seconds"):
+            continue
+        name, _, value = line.rpartition(" ")
+        op = name.split('op="', 1)[1].split('"', 1)[0]
+        if name.startswith("compactd_store_seconds_count"):
+            count[op] = float(value)
+        elif name.startswith("compactd_store_seconds_sum"):
+            total[op] = float(value)
+        elif 'le="0.1"' in name:
+            within[op] = float(value)
+    return {
+        op: f"{n:.0f}, {1000 * total[op] / n:.1f} ms, {n - within.get(op, n):.0f}"
+        for op, n in sorted(count.items())
+        if n
+    }
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -187,6 +217,7 @@ async def main_async(args: argparse.Namespace) -> int:
             res_c64 = work.result()
             stop.set()
             await side
+            store_ops = await store_latency(f"{server.url}/metrics")
 
             idle = asyncio.ensure_future(asyncio.sleep(args.cooldown))
             await sampler.during("cooldown", idle)
@@ -210,6 +241,7 @@ async def main_async(args: argparse.Namespace) -> int:
         f"fds baseline {baseline.fds}, peak {fds}, after {after.fds}."
     )
     print(f"Over-budget side requests during c=64: {seen}")
+    print(f"Store operations after c=64 (count, mean, over 100 ms): {store_ops}")
     print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.\n")
     errors = res_streams.errors + res_c64.errors + res_c64.mismatched_bodies
     checks = [
