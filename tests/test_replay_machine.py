@@ -21,6 +21,12 @@ request it checks what was forwarded:
 CI runs the derandomized "ci" profile with the example and step counts below;
 `HYPOTHESIS_PROFILE=explore COMPACTD_MACHINE_EXAMPLES=300 pytest tests/test_replay_machine.py`
 explores further. Every failing sequence it ever found is kept as an explicit test at the end.
+
+Derandomized is not the same sequences everywhere: what else pytest collected into the process
+changes them (this file alone and `pytest tests -k any_sequence` differ, stably each). So a
+sequence that fails inside the whole suite is reproduced from the blob hypothesis prints
+(`print_blob`) with `@reproduce_failure` on the machine class, or from its steps, and no
+assertion here may depend on how far the random sequences happen to reach.
 """
 
 from __future__ import annotations
