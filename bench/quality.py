@@ -60,7 +60,13 @@ from proxy.providers.base import CompactionResult, CompressionConfig, ContextPro
 from proxy.providers.engine import EngineProvider
 from proxy.providers.registry import get_context_provider
 from proxy.providers.summary import summarize_text
-from proxy.providers.units import hard_protected, last_index, message_text, split_units
+from proxy.providers.units import (
+    final_unit_start,
+    hard_protected,
+    last_index,
+    message_text,
+    split_units,
+)
 from proxy.providers.validate import check_result, pairing_problems
 from proxy.tokens import TokenCounter
 
@@ -312,14 +318,21 @@ def can_fit(case: Case, count: Callable[[Sequence[Message]], int], budget: int) 
     """Whether the request is feasible: system/developer + tools + the last user message (and a
     final message that is not a tool result) fit the budget, with room for the one reference
     marker (`[compactd:ref=…]`) any reversible result needs. Final tool results do not count:
-    as the last resort they may be cut head and tail."""
+    as the last resort they may be cut head and tail, never dropped, so the tool calls they
+    answer stay too (the calls alone: the text of their assistant message may be condensed)."""
     messages = case.messages
     trailing = len(messages)
     while trailing > 0 and messages[trailing - 1].get("role") == "tool":
         trailing -= 1
     keep = {i for i in hard_protected(messages) if i < trailing}
+    kept = [messages[i] for i in sorted(keep)]
+    start = final_unit_start(messages)
+    if trailing < len(messages) and start < trailing and start not in keep:
+        kept.append(
+            {"role": "assistant", "content": None, "tool_calls": messages[start]["tool_calls"]}
+        )
     marker = MARKER_TOKENS * (1 + (trailing < len(messages))) if len(keep) < len(messages) else 0
-    return count([messages[i] for i in sorted(keep)]) + marker <= budget
+    return count(kept) + marker <= budget
 
 
 def valid(

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/session.py [--store redis|sqlite|both] [--limit 30] [--min-tokens N]
         [--budget-ratio 0.4] [--budget-base compressible|total] [--budget N] [--echo corpus|sdk]
-        [--no-accounting] [--precompute 0.85]
+        [--no-accounting] [--precompute 0.85] [--providers engine]
 
 Corpora (read from ../shared/corpora, never copied): tau-bench airline runs (gpt-4o agent, native
 tool calls, the 14 tool schemas sent as `tools`) and aider sessions (console output kept as user
@@ -14,8 +14,9 @@ request with that recorded assistant message, so the next turn's history is the 
 Each session gets a budget from the tokens of its last request: the part no provider may touch
 (system messages + tool schemas) plus `--budget-ratio` of the rest (`--budget-base total`: the
 ratio of the whole), or `--budget N` for all; one header-selected policy per distinct budget. The
-proxy runs in-process behind uvicorn with the default `trim` provider; the store is wrapped to
-time each call. Redis uses DB 13 (flushed at start); SQLite a fresh file. Prints markdown tables.
+proxy runs in-process behind uvicorn with the default chain (`--providers` sets another); the
+store is wrapped to time each call. Redis uses DB 13 (flushed at start); SQLite a fresh file.
+Prints markdown tables.
 The forwarded bytes are what the fake upstream received: a turn's prefix is byte-identical when
 the raw bytes of the previous turn's forwarded messages start its own messages array.
 "Trigger turns" are the turns with a compaction event; their added latency is compactd's own
@@ -154,10 +155,15 @@ def _two_digits(n: int) -> int:
     return max(1, round(n / scale) * scale)
 
 
-def budget_policies(sessions: list[Session], precompute: float = 0) -> list[dict[str, Any]]:
-    """One policy per distinct budget, selected by the `x-bench-budget` header."""
+def budget_policies(
+    sessions: list[Session], precompute: float = 0, providers: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """One policy per distinct budget, selected by the `x-bench-budget` header (`providers`: the
+    chain of every policy; empty: the default policy's)."""
+    chain = {"providers": list(providers)} if providers else {}
     return [
         {
+            **chain,
             "name": f"b{b}",
             "match_header": BUDGET_HEADER,
             "match_header_values": [str(b)],
@@ -169,13 +175,18 @@ def budget_policies(sessions: list[Session], precompute: float = 0) -> list[dict
 
 
 def settings_for(
-    sessions: list[Session], upstream: str, data_dir: str, accounting: bool, precompute: float = 0
+    sessions: list[Session],
+    upstream: str,
+    data_dir: str,
+    accounting: bool,
+    precompute: float = 0,
+    providers: tuple[str, ...] = (),
 ) -> Settings:
     """Proxy settings: one header-selected policy per distinct budget."""
     overrides = {
         "server": {"data_dir": data_dir, "secret": "bench-session-secret"},
         "upstream": {"url": upstream},
-        "policies": budget_policies(sessions, precompute),
+        "policies": budget_policies(sessions, precompute, providers),
         "accounting": {"enabled": accounting},
     }
     return load_settings(None, env={}, overrides=overrides)
@@ -209,6 +220,7 @@ async def replay(
     accounting: bool,
     progress: Callable[[str], None],
     precompute: float = 0,
+    providers: tuple[str, ...] = (),
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Replay every session of a corpus through a fresh proxy + store; the summary row."""
     log = TurnLog()
@@ -217,7 +229,9 @@ async def replay(
     with tempfile.TemporaryDirectory(prefix="compactd-bench-") as tmp:
         store = await open_bench_store(kind, tmp)
         async with serve(recorder.upstream) as up:
-            settings = settings_for(corpus.sessions, up + "/v1", tmp, accounting, precompute)
+            settings = settings_for(
+                corpus.sessions, up + "/v1", tmp, accounting, precompute, providers
+            )
             app = create_app(settings, store=store)
             async with serve(app, lifespan="on") as url, httpx.AsyncClient(timeout=120) as c:
                 services = app.router.state.services
@@ -336,7 +350,11 @@ async def main() -> None:
     parser.add_argument(
         "--precompute", type=float, default=0.0, help="precompute_ratio of every policy"
     )
+    parser.add_argument(
+        "--providers", default="", help="chain of every policy, comma-separated (default: trim)"
+    )
     args = parser.parse_args()
+    chain = tuple(p for p in args.providers.split(",") if p)
     corpora = load_corpora(args.limit if not args.min_tokens else 10**6, args.min_turns)
     corpora = with_budgets(
         corpora, args.budget_ratio, args.budget, args.budget_base, args.min_tokens
@@ -349,7 +367,7 @@ async def main() -> None:
     for corpus in corpora:
         for kind in kinds:
             row, op = await replay(
-                corpus, kind, args.echo, not args.no_accounting, _progress, args.precompute
+                corpus, kind, args.echo, not args.no_accounting, _progress, args.precompute, chain
             )
             rows.append(row)
             ops += op
@@ -359,6 +377,8 @@ async def main() -> None:
     accounting = "off" if args.no_accounting else "on"
     if args.precompute:
         accounting += f"; precompute_ratio {args.precompute:g}"
+    if chain:
+        accounting += f"; providers {','.join(chain)}"
     print(
         f"budget: {budget}; sessions: >= {args.min_turns} requests, last >= {args.min_tokens}"
         f" tokens; echo: {args.echo}; accounting {accounting}; "

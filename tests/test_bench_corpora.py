@@ -102,3 +102,22 @@ def test_a_request_is_feasible_without_its_final_tool_results() -> None:
 
     assert can_fit(case, count, 100)
     assert not can_fit(case, count, 5)
+
+
+def test_a_feasible_request_has_room_for_the_calls_its_final_results_answer() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "a " * 200}}
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": "thinking " * 300, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "x " * 2000},
+    ]
+    case = Case("t", "id", messages, None, [])
+
+    def count(ms: object) -> int:
+        return len(json.dumps(ms)) // 4
+
+    calls = count([messages[0], messages[1], {**messages[2], "content": None}])
+    # The call stays (its result may only be cut), the text of its message need not.
+    assert not can_fit(case, count, calls)
+    assert can_fit(case, count, calls + 40)

@@ -150,18 +150,19 @@ class TrimPlan:
                 return result
             stage(tier)
             result = self.result()
-        for _ in range(_CUTS if final else 0):
+        for attempt in range(_CUTS + 1 if final else 0):
             total = self.config.count_tokens(result.messages)
             if total <= self.config.limit:
                 break
-            self._cut_final(final, total)
+            self._cut_final(final, total, bare=attempt == _CUTS)
             result = self.result()
         return result if self.config.count_tokens(result.messages) <= self.config.limit else None
 
-    def _cut_final(self, final: list[int], total: int) -> None:
+    def _cut_final(self, final: list[int], total: int, bare: bool = False) -> None:
         """The last resort (issue 10): the final tool results, which alone keep the request
         over target, cut head and tail (stored and referenced like any rewrite, never dropped),
-        each by its share of what the request is over."""
+        each by its share of what the request is over; with `bare`, to the marker alone (a few
+        tokens over after the proportional cuts: the head and tail left cost that much)."""
         over = total - self.config.limit
         size = sum(self.tokens[i] for i in final)
         for i in final:
@@ -169,7 +170,7 @@ class TrimPlan:
             text = message_text(self.src[i])
             kept = self.body.get(i, text)
             chars = int(len(kept) * max(keep, 0) / max(self.tokens[i], 1) * _CUT_SAFETY)
-            self._attempt(i, preview(text, chars), "truncated")
+            self._attempt(i, "" if bare else preview(text, chars), "truncated")
 
     def _spend_slack(self, result: CompactionResult) -> CompactionResult:
         """Fill the room left under target with more facts of the dropped runs, if any: the

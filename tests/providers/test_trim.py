@@ -311,3 +311,20 @@ def test_long_user_prose_is_condensed_before_whole_turns_are_dropped() -> None:
     assert "condensed]" in message_text(out[1])
     assert "day 7" in message_text(out[1])
     assert not any("dropped]" in message_text(m) for m in out)
+
+
+def test_a_final_tool_result_is_cut_to_its_marker_when_head_and_tail_would_not_fit() -> None:
+    msgs = [system(), user("Fix the failing test in src/mod.py. " + words(300))]
+    msgs += [assistant("THOUGHT: look around. " + words(200), "c0"), tool("c0", words(500))]
+    msgs += [assistant("THOUGHT: read it. " + words(100), "c1"), tool("c1", words(400))]
+    # What is left when everything that may go has gone: a short stub for the first exchange,
+    # the final call's message and its result each with a short marker only.
+    marker = "[compactd:ref=0123456789]"
+    bare = [msgs[0], msgs[1], assistant(marker), {**msgs[4], "content": marker}]
+    bare.append({**msgs[5], "content": marker})
+    budget = count_tokens(bare) + 3  # room for no head or tail at all
+    out = trim(msgs, budget)
+    assert count_tokens(out) <= budget
+    assert out[-1]["tool_call_id"] == "c1"
+    assert re.fullmatch(r"\[compactd:ref=[0-9a-f]{10}\]", message_text(out[-1]))
+    assert out[-2]["tool_calls"] == msgs[4]["tool_calls"]
