@@ -220,8 +220,15 @@ def compact(
         return search_guided(cost, rungs, target, estimates.first_within, estimates.at, close=close)
 
     chosen = None if hopeless else search(config.limit)
-    if chosen is None and not hopeless and cost(rungs) <= config.budget:
-        chosen = search(config.budget)
+    if chosen is None and not hopeless:
+        # The target is out of reach. The rung that keeps the most under the budget would be
+        # over it again after the next turn or two, and every compaction event breaks the
+        # prompt cache: go as far as the ladder goes with facts kept (what later turns grow
+        # from, replaying it), and force only what the budget needs.
+        if cost(len(steps)) <= config.budget:
+            chosen = len(steps)
+        elif cost(rungs) <= config.budget:
+            chosen = search(config.budget)
     chosen = len(steps) if chosen is None else estimates.same_as(chosen)
     out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
     digest = forms.source_digest()

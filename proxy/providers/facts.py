@@ -471,6 +471,8 @@ _DIGIT_RUN = re.compile(r"\d+")
 # Structural tags rank after everything else.
 _STRUCTURAL_RANK = 9
 _STRUCTURAL_KEEP = 2
+# Mentions in how many messages set the order within a rank: 3 or more, 2, 1.
+_MENTION_TIERS = 3
 
 
 def fact_shape(fact: str) -> str:
@@ -524,19 +526,22 @@ def pack_salient(
 
     Facts of a `structural` shape (by default those of these groups, see `structural_shapes`)
     rank last and at most two of them are listed. Facts contained in an already chosen one are
-    left out. (A fact that many of the messages repeat is not ranked down: it is often what
-    they are about, and when they are all folded it is kept nowhere else.)"""
+    left out. A fact that several of the messages mention goes first within its rank: it is
+    often what they are about, and when they are all folded it is kept nowhere else."""
     memo: dict[str, str] = {} if shapes is None else shapes
     if structural is None:
         structural = structural_shapes([shape_counts(group, memo) for group in groups])
     unique: dict[str, tuple[int, int, str]] = {}
     kept_structural: dict[str, int] = {}
+    mentions: dict[str, int] = {}
     pos = 0
     for group in groups:
         for base, fact in group:
             pos += 1
             if fact in unique:
+                mentions[fact] += 1
                 continue
+            mentions[fact] = 1
             rank = base
             if structural:
                 shape = memo.get(fact)
@@ -548,7 +553,13 @@ def pack_salient(
                     kept_structural[shape] = kept_structural.get(shape, 0) + 1
                     rank = _STRUCTURAL_RANK
             unique[fact] = (rank, pos, fact)
-    chosen = pack_ranked(unique.values(), max_chars, ", ")
+    # Within a rank, what several of the messages mention (the file they work on, the person
+    # they talk about) goes before what one of them lists once.
+    ranked = [
+        (rank * _MENTION_TIERS + _MENTION_TIERS - min(mentions[fact], _MENTION_TIERS), pos, fact)
+        for rank, pos, fact in unique.values()
+    ]
+    chosen = pack_ranked(ranked, max_chars, ", ")
     return ", ".join(_without_contained(chosen))
 
 

@@ -269,3 +269,18 @@ def test_final_tool_results_stay_whole_when_the_rest_can_give_enough() -> None:
     total = count_tokens(messages)
     result = compress(messages, int(total * 0.5))
     assert result.messages[-1] == messages[-1]
+
+
+def test_an_unreachable_target_goes_as_far_as_facts_allow_not_just_under_the_budget() -> None:
+    # The system message alone is over the target: a result just under the budget would be
+    # over it again a turn later (a compaction event, and the prompt cache broken, each turn).
+    messages = [system(words(600)), *chat(6)[2:]]
+    budget = count_tokens(messages) * 3 // 4
+    limit = count_tokens(messages[:1]) // 2
+    config = make_config(limit, budget=budget)
+    result = EngineProvider().compress(messages, config)
+    assert isinstance(result, CompactionResult)
+    assert check_result(messages, result, config) == []
+    least_lossy = compress(messages, budget)  # the least lossy rung under the budget
+    assert count_tokens(result.messages) < count_tokens(least_lossy.messages) - 200
+    assert not any("forced" in limitation for limitation in result.limitations)

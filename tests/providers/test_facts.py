@@ -53,3 +53,11 @@ def test_a_fact_inside_a_longer_chosen_one_is_left_out() -> None:
     assert pack_salient([[(1, "Pride and Prejudice"), (1, "Prejudice")]], 100) == (
         "Pride and Prejudice"
     )
+
+
+def test_within_a_rank_facts_several_messages_mention_go_first() -> None:
+    listing = [(0, f"file_{k}.py") for k in range(12)]
+    groups = [listing, [(0, "src/library.py")], [(0, "src/library.py"), (0, "parse_bits")]]
+    groups.append([(0, "parse_bits")])
+    # Room for two: the file and the function three messages work on, not the first listed.
+    assert pack_salient(groups, 30).split(", ") == ["src/library.py", "parse_bits"]
