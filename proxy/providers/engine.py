@@ -37,6 +37,7 @@ from proxy.providers.engine_forms import (
     FORCED,
     MASKED,
     SUMMARY,
+    Form,
     Forms,
     FormSettings,
     fact_text,
@@ -154,6 +155,45 @@ def _duplicates(
     return found
 
 
+# Room under the target worth filling: at least this share of it (and FILL_MIN tokens).
+FILL_SHARE = 0.05
+FILL_MIN = 100
+# Shares of the room a filling cut is sized to (its exact count is known once it is written).
+FILL_TRIES = (0.9, 0.7, 0.5)
+
+
+def _fill(
+    plan: Plan, chosen: int, config: CompressionConfig, out: list[Message], used: list[Form]
+) -> tuple[list[Message], list[Form]]:
+    """When the rung that fits leaves much of the target unused because its last step reduced
+    one large message (a long answer that has no summary smaller than itself goes straight to
+    its fact list), that message is cut head and tail to the room instead, its facts listed
+    first: the budget is used, and it holds the message's own text as well as its facts."""
+    step = plan.steps[chosen - 1]
+    i = step.message
+    if step.level == DROPPED or i in plan.fixed:
+        return out, used
+    slack = config.limit - config.count_tokens(out)
+    if slack < max(FILL_MIN, int(config.limit * FILL_SHARE)):
+        return out, used
+    forms = plan.forms
+    now = forms.single(i, step.level)
+    if now is None or not now.body.startswith("facts: "):
+        return out, used  # a duplicate's reference or a summary: nothing a cut would add
+    room = now.tokens + slack
+    chars = len(message_text(plan.messages[i]))
+    for share in FILL_TRIES:
+        draft = forms.fill_draft(i, int(room * share * chars / max(forms.costs[i], 1)))
+        if draft is None:
+            break
+        plan.override[i] = forms.materialize(draft)
+        filled, filled_used, _ = plan.build(chosen, None)
+        if config.count_tokens(filled) <= config.limit:
+            return filled, filled_used
+    plan.override.pop(i, None)
+    return out, used
+
+
 def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
@@ -231,6 +271,8 @@ def compact(
             chosen = search(config.budget)
     chosen = len(steps) if chosen is None else estimates.same_as(chosen)
     out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
+    if 0 < chosen <= len(steps):
+        out, used = _fill(plan, chosen, config, out, used)
     digest = forms.source_digest()
     if not used:
         return CompactionResult(messages=list(messages), source_digest=digest)

@@ -338,6 +338,19 @@ class Forms:
         self._masks[key] = draft
         return draft
 
+    def fill_draft(self, i: int, chars: int) -> Draft | None:
+        """Message i cut to about `chars`: its fact list (up to half of them) first, then its
+        head and tail with the rest, listing the facts the cut lost; None if nothing is cut."""
+        text = self._summarizable(i)
+        if text is None or len(text) <= chars:
+            return None
+        listed = facts_within(self._analysis(text), max(chars // 2, _MASK_FACTS_CHARS))
+        head, tail = preview_parts(text, max(chars - len(listed), 0))
+        kept = f"{head}\n…\n{tail}"
+        lost = [f for f in listed.split(", ") if f and f not in kept]
+        body = f"{kept}\nfacts: {', '.join(lost)}" if lost else kept
+        return Draft(i, i + 1, "truncated", body)
+
     def mask_chars(self, i: int, level: int) -> int:
         """Characters of head and tail a tool result keeps at a level."""
         if level != MASKED:

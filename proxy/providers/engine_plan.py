@@ -10,7 +10,7 @@ conversation's own correction (fact lists are sparse in chat and dense in code).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.providers.base import Message
 from proxy.providers.engine_forms import DROPPED, FACTS, Form, Forms
@@ -30,6 +30,8 @@ class Plan:
     forms: Forms
     merge: bool
     base: int
+    override: dict[int, Form] = field(default_factory=dict)
+    """Forms that replace a message's form at its level (the budget's slack filled)."""
 
     def build(
         self, s: int, force_cap: int | None, collect: bool = True
@@ -92,7 +94,7 @@ class Plan:
                 level = floor or levels[i]
                 if i not in self.fixed and level:
                     if force_cap is None:
-                        form = self.forms.single(i, level)
+                        form = self.override.get(i) or self.forms.single(i, level)
                     else:
                         form = self.forms.forced(i, force_cap)
                 if form is not None and self.merge and _mergeable(form, pending):

@@ -284,3 +284,25 @@ def test_an_unreachable_target_goes_as_far_as_facts_allow_not_just_under_the_bud
     least_lossy = compress(messages, budget)  # the least lossy rung under the budget
     assert count_tokens(result.messages) < count_tokens(least_lossy.messages) - 200
     assert not any("forced" in limitation for limitation in result.limitations)
+
+
+def test_one_large_answer_is_cut_to_the_room_left_not_reduced_to_its_facts() -> None:
+    # A long answer that is all code has no summary smaller than itself: its next rung is its
+    # fact list, far under the target. Cut head and tail to the room, its facts listed.
+    code = "\n".join(
+        f"def handler_{k}(request):\n    return lookup(request, 'user_{k}')" for k in range(400)
+    )
+    messages = [
+        system(),
+        user("Translate src/app.py to French."),
+        assistant(f"```python\n{code}\n```"),
+    ]
+    messages.append(user("Thanks. Now the tests?"))
+    limit = count_tokens(messages) // 2
+    result = compress(messages, limit)
+    assert check_result(messages, result, make_config(limit)) == []
+    assert 0.9 * limit <= count_tokens(result.messages) <= limit
+    answer = message_text(result.messages[2])
+    assert "def handler_0(request):" in answer  # its head, verbatim
+    assert "handler_399" in answer  # its tail
+    assert uncompress(result.messages, result.verbatim).messages == messages
