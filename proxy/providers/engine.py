@@ -48,7 +48,6 @@ from proxy.providers.relevance import heaviest
 from proxy.providers.rung_search import search_guided
 from proxy.providers.units import (
     Unit,
-    droppable,
     final_tool_results,
     last_index,
     message_text,
@@ -205,9 +204,9 @@ def compact(
         | prot.head
         | {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
     )
-    can_drop = [
-        droppable(u, prot, relaxed=True) and not any(i in fixed for i in u.indices()) for u in units
-    ]
+    # What `droppable(u, prot, relaxed=True)` and no fixed message say, one set test a unit.
+    blocked = fixed | prot.hard | prot.head
+    can_drop = [u.kind != "system" and blocked.isdisjoint(u.indices()) for u in units]
     # The last resort: when the final tool results alone keep the request over budget, they may
     # be cut head and tail (never dropped), after everything else has given what it can.
     last = final_tool_results(messages) - (prot.head | {i for i in fixed if i not in prot.hard})
@@ -219,7 +218,12 @@ def compact(
     fixed = fixed - last
     texts = [message_text(m) for m in messages]
     query = _query(messages, units, prot.hard | prot.recent)
-    keys, weights = keep_keys(messages, [fact_text(m) for m in messages], query)
+    # Relevance reads the tool results and the query only: their fact texts, shared with forms.
+    needed = set(query) | {i for i, m in enumerate(messages) if m.get("role") == "tool"}
+    fact_texts = {i: fact_text(messages[i]) for i in needed}
+    keys, weights = keep_keys(
+        messages, [fact_texts.get(i, "") for i in range(len(messages))], query
+    )
     steps = ladder(units, messages, keys, fixed=fixed, can_drop=can_drop, last=last)
     candidates = [i for i in range(len(messages)) if i not in fixed]
     settings = FormSettings(
@@ -228,6 +232,7 @@ def compact(
     forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts), costs)
     forms.keys = keys
     forms.query_terms = heaviest(weights)
+    forms.seed_fact_texts(fact_texts)
     plan = Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
     caps = FORCE_FACT_CHARS if opts.force_converge else ()
     rungs = len(steps) + len(caps)

@@ -534,6 +534,10 @@ class Forms:
         """Characters of message i's fact text (what a stub's fact budget is a share of)."""
         return len(self._fact_text(i))
 
+    def seed_fact_texts(self, texts: dict[int, str]) -> None:
+        """Fact texts of some messages, computed already (`fact_text` of each)."""
+        self._texts.update(texts)
+
     def _fact_text(self, i: int) -> str:
         if i not in self._texts:
             self._texts[i] = fact_text(self.messages[i])
