@@ -207,7 +207,7 @@ class PolicySettings:
     match_header_values: tuple[str, ...] = ()
     match_apis: tuple[str, ...] = ()
     mode: Mode = "enforce"
-    providers: tuple[str, ...] = ("trim",)
+    providers: tuple[str, ...] = ("engine",)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     budget_tokens: int = 32000
     budget_fraction: float = 1.0

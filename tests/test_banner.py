@@ -37,7 +37,7 @@ def test_the_banner_names_everything_an_operator_asks_about_first(tmp_path: Path
         f"secret     file {tmp_path / 'd' / 'secret'} (new: generated at start-up)",
         f"config     {config}",
         "policy     search: shadow, engine+trim, header x-team",
-        "policy     default: enforce, trim",
+        "policy     default: enforce, engine",
         "dashboard  http://127.0.0.1:8787/compactd/ui/ (sign in with the admin key or a client key)",
         "warning    anonymous mode (server.shared_anonymous_tenant):",
         "warning    redis is evicting",

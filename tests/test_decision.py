@@ -83,7 +83,7 @@ async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> 
         restored = await proxy.uncompress(sent)
     assert r.headers["x-compactd-action"] == "compacted"
     assert int(r.headers["x-compactd-tokens-after"]) <= 600
-    assert r.headers["x-compactd-provider"] == "trim"
+    assert r.headers["x-compactd-provider"] == "engine"
     assert restored.json()["messages"] == original
     assert restored.json()["missing_ids"] == []
 

@@ -19,7 +19,9 @@ from tests.test_restore import turn
 from tests.upstream import chat_completion, respond, sse_chunks, stream
 
 Message = dict[str, Any]
-POLICY = {"default_policy": {"budget_tokens": 1500, "expand_tool": True}}
+# trim: the first reference it leaves is a stub of whole turns, tool output included, which
+# is what these tests ask the tool to bring back.
+POLICY = {"default_policy": {"budget_tokens": 1500, "expand_tool": True, "providers": ["trim"]}}
 WEATHER = {
     "type": "function",
     "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}},

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.checkpoint import restore
+from proxy.config import PolicySettings
 from tests.inprocess import Proxy, running
 from tests.test_restore import turn
 
@@ -14,7 +15,8 @@ Message = dict[str, Any]
 
 
 def chain_runs(proxy: Proxy) -> float:
-    return proxy.metric("compactd_compaction_runs_total", policy="default", providers="trim")
+    chain = "+".join(PolicySettings().providers)  # the default chain
+    return proxy.metric("compactd_compaction_runs_total", policy="default", providers=chain)
 
 
 async def grow(proxy: Proxy, turns: int) -> tuple[list[Message], list[str], list[bytes]]:
