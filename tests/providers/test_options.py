@@ -145,4 +145,4 @@ def test_every_built_in_provider_declares_a_schema_or_takes_no_options() -> None
     for name in ("trim", "engine", "summarize"):
         assert registry.get(name).option_schema is not None, name
     settings = load_settings(None, env={})
-    check_provider_options(settings, registry.load_enabled(["trim"]))
+    check_provider_options(settings, registry.load_enabled(list(settings.default_policy.providers)))
