@@ -154,13 +154,13 @@ async def test_a_result_that_cannot_be_recorded_fails_open_and_says_so(
     caplog.set_level(logging.WARNING, logger="compactd")
     async with running(tmp_path, **SMALL) as proxy:
         r = await proxy.chat(raw)
-        violations = proxy.metric("compactd_invariant_violations_total", provider="trim")
+        violations = proxy.metric("compactd_invariant_violations_total", provider="engine")
         fail_open = proxy.metric("compactd_fail_open_total", reason="provider")
     assert r.headers["x-compactd-action"] == "error"
-    assert "trim" in r.headers["x-compactd-error"]
+    assert "engine" in r.headers["x-compactd-error"]
     assert proxy.upstream.last.content == raw
     assert (violations, fail_open) == (1, 1)
-    assert any(getattr(rec, "provider", None) == "trim" for rec in caplog.records)
+    assert any(getattr(rec, "provider", None) == "engine" for rec in caplog.records)
 
 
 async def test_a_later_provider_reaching_the_target_makes_good_a_failure(tmp_path: Path) -> None:
