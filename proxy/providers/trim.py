@@ -1,4 +1,4 @@
-"""`trim`, the default provider: gptme's rule-based compaction, done right for OpenAI messages.
+"""`trim`: gptme's rule-based compaction, done right for OpenAI messages.
 
 Stages, in order, each stopping as soon as the request is under target:
 
@@ -81,7 +81,7 @@ class TrimOptions:
 
 
 class TrimProvider(ContextProvider):
-    """Rule-based, deterministic, reversible trimming (the default provider)."""
+    """Rule-based, deterministic, reversible trimming."""
 
     name = "trim"
     option_schema = TrimOptions
