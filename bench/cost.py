@@ -23,9 +23,10 @@ in what compactd forwards: a fact is kept when it is still in the text or tool-c
 a non-system message. With the expand tool, "reachable" also counts facts inside the originals of
 the refs the forwarded messages carry (what the model could expand). That request is not priced.
 
-Policies: `default` (the shipped default policy), `no-cap` (budget_tokens = 0: the budget is the
+Policies: `default` (the shipped default policy; under `--rule anthropic` as it budgets a Messages
+request, which its `cap_apis` leave uncapped), `no-cap` (budget_tokens = 0: the budget is the
 model's window), `cap-<N>k` (budget_tokens = N x 1000), `window-<P>%` (budget_fraction, no
-cap), each also with `+lossless` and `+expand` and both, where the
+cap), the caps on every API, each also with `+lossless` and `+expand` and both, where the
 policy keys exist. Prints markdown tables: the totals per policy, net saving / facts kept per
 policy and corpus, and the prompt tokens the lossless tier alone saves per corpus
 (`no-cap+lossless`: nothing else rewrites a request under a 1M window); `--sessions` adds one row
@@ -68,7 +69,7 @@ from bench.cache_model import (
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
 from proxy.budget import ModelInfo, ModelTable
-from proxy.config import PolicySettings
+from proxy.config import APIS, PolicySettings
 from proxy.encodings import load_encoding
 from proxy.providers.units import refs_in
 from proxy.tokens import TokenCounter, Tokenizers
@@ -108,10 +109,11 @@ def _has_key(key: str) -> bool:
 
 def all_policies() -> list[Policy]:
     """Every policy the issue asks for, with the variants whose keys exist in this build."""
+    every = {"cap_apis": list(APIS)} if _has_key("cap_apis") else {}
     bases = [Policy("default", {}), Policy("no-cap", {"budget_tokens": 0})]
-    bases += [Policy(f"cap-{k}k", {"budget_tokens": k * 1000}, cap=k * 1000) for k in CAPS]
+    bases += [Policy(f"cap-{k}k", {"budget_tokens": k * 1000, **every}, cap=k * 1000) for k in CAPS]
     bases += [
-        Policy(f"window-{int(f * 100)}%", {"budget_tokens": 0, "budget_fraction": f})
+        Policy(f"window-{int(f * 100)}%", {"budget_tokens": 0, "budget_fraction": f, **every})
         for f in FRACTIONS
     ]
     variants: list[tuple[str, dict[str, Any]]] = [("", {})]
@@ -630,6 +632,16 @@ async def main() -> None:
         replot(args.replot, args.plot or args.replot.with_suffix(".png"))
         return
     policies = all_policies()
+    if args.rule == "anthropic" and _has_key("cap_apis"):
+        # Anthropic's rule stands for Messages traffic: `default` as the shipped default
+        # budgets a Messages request (the chat replay is capped only if it caps that API).
+        capped = ["chat.completions"] if "messages" in PolicySettings().cap_apis else []
+        policies = [
+            dataclasses.replace(p, keys={"cap_apis": capped, **p.keys})
+            if p.base == "default"
+            else p
+            for p in policies
+        ]
     if args.providers:
         chain = args.providers.split(",")
         policies = [dataclasses.replace(p, keys={**p.keys, "providers": chain}) for p in policies]

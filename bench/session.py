@@ -51,7 +51,7 @@ from bench.session_replay import (
 )
 from proxy.app import create_app
 from proxy.budget import ModelTable
-from proxy.config import Settings, StoreSettings, load_settings
+from proxy.config import APIS, Settings, StoreSettings, load_settings
 from proxy.digest import canonical_bytes
 from proxy.store.factory import open_store
 from proxy.tokens import TokenCounter, Tokenizers
@@ -168,6 +168,7 @@ def budget_policies(
             "match_header": BUDGET_HEADER,
             "match_header_values": [str(b)],
             "budget_tokens": b,
+            "cap_apis": list(APIS),
             "precompute_ratio": precompute,
         }
         for b in sorted({s.budget for s in sessions})

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy import __version__
-from proxy.config import DEFAULT_UPSTREAM, Settings, data_dir
+from proxy.config import DEFAULT_UPSTREAM, PolicySettings, Settings, data_dir
 from proxy.tenant import SECRET_FILE
 
 log = logging.getLogger("compactd.startup")
@@ -143,6 +143,19 @@ def warnings(settings: Settings) -> list[str]:
             "belong to one tenant, 'anonymous', and every such client can read and purge what "
             "the others stored"
         )
+    for key, policy in settings.policy_keys():
+        # A cap other than the built-in one, on a policy that only covers uncapped APIs.
+        built_in = PolicySettings()
+        capped = (policy.budget_tokens, policy.budget_fraction) != (
+            built_in.budget_tokens,
+            built_in.budget_fraction,
+        )
+        apis = set(policy.match_apis)
+        if capped and apis and not apis & set(policy.cap_apis):
+            out.append(
+                f"{key} ({policy.name}): budget_tokens / budget_fraction never apply, none of "
+                "its match_apis is in its cap_apis"
+            )
     if up.api_key and not up.allowed_keys:
         out.append(
             "upstream.api_key is set but upstream.allowed_keys is empty, so every request gets 401"

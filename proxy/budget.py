@@ -199,9 +199,14 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
 
 
 def compute_budget(
-    info: ModelInfo, body: Mapping[str, Any], policy: PolicySettings, safety_margin: int
+    info: ModelInfo,
+    body: Mapping[str, Any],
+    policy: PolicySettings,
+    safety_margin: int,
+    api: str = "chat.completions",
 ) -> Budget:
-    """Budget = window - reserved output - margin, capped by the policy; never below a floor.
+    """Budget = window - reserved output - margin, capped by the policy (for the APIs of its
+    `cap_apis`); never below a floor.
 
     The reserved output is the request's `max_completion_tokens` (or `max_tokens`), else the
     model's default max output. When the reservation and margin leave less than 1/32 of the window
@@ -213,9 +218,10 @@ def compute_budget(
     margin = max(0, safety_margin)
     floor = max(1, window // 32)
     budget = max(window - reserved - margin, floor)
-    if policy.budget_tokens > 0:
-        budget = min(budget, policy.budget_tokens)
-    budget = max(1, min(budget, int(policy.budget_fraction * window)))
+    if api in policy.cap_apis:
+        if policy.budget_tokens > 0:
+            budget = min(budget, policy.budget_tokens)
+        budget = max(1, min(budget, int(policy.budget_fraction * window)))
     trigger = max(1, int(budget * policy.trigger_ratio))
     target = max(1, min(trigger, int(budget * policy.target_ratio)))
     return Budget(

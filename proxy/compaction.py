@@ -275,7 +275,8 @@ class Compactor:
             info = info.with_window(window)
         elif self.windows is not None:
             info = self.windows.apply(request.model, info)
-        budget = compute_budget(info, request.body, policy, self.settings.tokens.safety_margin)
+        margin = self.settings.tokens.safety_margin
+        budget = compute_budget(info, request.body, policy, margin, request.dialect.name)
         base = self.tokenizers.for_model(info)
         counter = self._counter(request.dialect, base)
         fixed = request.dialect.fixed_tokens(base, request.body)

@@ -211,6 +211,10 @@ class PolicySettings:
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     budget_tokens: int = 32000
     budget_fraction: float = 1.0
+    cap_apis: tuple[str, ...] = ("chat.completions", "responses")
+    """The APIs budget_tokens and budget_fraction apply to; the others are budgeted by the
+    model's window alone (Anthropic bills a cache write at 1.25x, so on bench/cost a cap made
+    Messages sessions dearer)."""
     trigger_ratio: float = 1.0
     target_ratio: float = 0.7
     min_saving: float = 0.10
@@ -232,6 +236,8 @@ class PolicySettings:
         _check(self.mode in ("enforce", "shadow", "off"), f"{p}.mode", "enforce, shadow or off")
         for api in self.match_apis:
             _check(api in APIS, f"{p}.match_apis", f"{api!r} is not one of {', '.join(APIS)}")
+        for api in self.cap_apis:
+            _check(api in APIS, f"{p}.cap_apis", f"{api!r} is not one of {', '.join(APIS)}")
         _check(self.budget_tokens >= 0, f"{p}.budget_tokens", "must be >= 0 (0 = no cap)")
         _check(0 < self.budget_fraction <= 1, f"{p}.budget_fraction", "must be in (0, 1]")
         _check(0 < self.trigger_ratio <= 1, f"{p}.trigger_ratio", "must be in (0, 1]")

@@ -71,6 +71,18 @@ def test_upstream_key_mode_without_allowed_keys_is_a_warning() -> None:
     assert "sk-real" not in render(banner)
 
 
+def test_a_cap_that_never_applies_is_a_warning() -> None:
+    claude = {"name": "claude", "match_apis": ["messages"], "budget_tokens": 50000}
+    sized = {"name": "sized", "match_apis": ["messages"]}  # the built-in cap: no warning
+    env = {"COMPACTD_UPSTREAM_URL": "http://x/v1"}
+    settings = load_settings(None, env=env, overrides={"policies": [claude, sized]})
+    warned = [w for w in describe(settings, None, env={}).warnings if "cap_apis" in w]
+    assert warned == [
+        "policies[0] (claude): budget_tokens / budget_fraction never apply, none of its "
+        "match_apis is in its cap_apis"
+    ]
+
+
 async def test_serve_writes_one_startup_record_with_an_evicting_redis_warning(
     tmp_path: Path, upstream: tuple[object, str]
 ) -> None:

@@ -227,3 +227,12 @@ def test_reserving_the_whole_window_leaves_a_small_positive_budget() -> None:
     tiny = compute_budget(_info(10, 10), {"max_tokens": 100}, POLICY, 1_000)
     assert tiny.budget >= 1
     assert tiny.target >= 1
+
+
+def test_the_caps_apply_to_the_apis_of_cap_apis_only() -> None:
+    default = PolicySettings()
+    assert compute_budget(_info(), {}, default, 64, "responses").budget == 32_000
+    assert compute_budget(_info(), {}, default, 64, "messages").budget == 111_552  # the window's
+    claude = PolicySettings(budget_fraction=0.5, cap_apis=("messages",))
+    assert compute_budget(_info(), {}, claude, 64, "messages").budget == 32_000
+    assert compute_budget(_info(), {}, claude, 64, "chat.completions").budget == 111_552

@@ -255,3 +255,5 @@ def test_match_apis_picks_a_policy_by_the_api_a_request_came_in_on() -> None:
     assert pick("chat.completions") == "default"
     with pytest.raises(ConfigError, match="match_apis"):
         load_settings(None, env={}, overrides={"policies": [{"name": "x", "match_apis": ["chat"]}]})
+    with pytest.raises(ConfigError, match="cap_apis"):
+        load_settings(None, env={}, overrides={"default_policy": {"cap_apis": ["anthropic"]}})

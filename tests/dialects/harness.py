@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from proxy.app import CompactdApp, create_app
-from proxy.config import load_settings
+from proxy.config import APIS, load_settings
 from proxy.providers.registry import ProviderRegistry
 from proxy.services import Services
 from tests.api_fakes import FakeMessages, FakeResponses
@@ -111,6 +111,10 @@ async def harness(
 ) -> AsyncIterator[Harness]:
     """compactd with config `sections` (and providers from `registry`) in front of both fakes."""
     responses, messages = FakeResponses(), FakeMessages()
+    if "default_policy" in sections:
+        # A test's cap makes compaction happen on every API; the shipped default leaves the
+        # Messages API uncapped (`cap_apis`).
+        sections["default_policy"] = {"cap_apis": list(APIS), **sections["default_policy"]}
     overrides: dict[str, Any] = {
         **sections,
         "upstream": {

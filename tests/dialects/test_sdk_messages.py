@@ -147,7 +147,8 @@ async def test_claude_code_like_run_over_budget_is_compacted_and_restored(
     fake_messages, make_proxy
 ) -> None:
     fake, base = fake_messages
-    config = {"upstream": {"anthropic_url": base}, "default_policy": {"budget_tokens": 4000}}
+    policy = {"budget_tokens": 4000, "cap_apis": ["messages"]}
+    config = {"upstream": {"anthropic_url": base}, "default_policy": policy}
     async with make_proxy("http://127.0.0.1:9/v1", **config) as url:
         sdk = client(url)
         messages = messages_history(fake, 30)
