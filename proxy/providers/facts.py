@@ -383,21 +383,29 @@ def _id_like(value: str) -> bool:
 def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
     """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too."""
     items: dict[tuple[str, str], tuple[int, int]] = {}
+    # Keys and values repeat through a document (`flight_number` in every element): each
+    # distinct string is tested once.
+    like: dict[str, bool] = {}
 
     def walk(node: Any, key: str, depth: int) -> None:
         if isinstance(node, dict):
             for k, v in node.items():
-                if _id_like(str(k)):
-                    items.setdefault((key, str(k)), (0, len(items)))
-                walk(v, str(k), depth + 1)
+                name = str(k)
+                found = like.get(name)
+                if found is None:
+                    found = like[name] = _id_like(name)
+                if found:
+                    items.setdefault((key, name), (0, len(items)))
+                walk(v, name, depth + 1)
         elif isinstance(node, list):
             for v in node:
                 walk(v, key, depth + 1)
         elif node not in (None, "", False) and not isinstance(node, bool):
             text = str(node)
-            rank = (
-                0 if _id_like(text) else (1 if isinstance(node, int | float) else 2 + min(depth, 3))
-            )
+            found = like.get(text)
+            if found is None:
+                found = like[text] = _id_like(text)
+            rank = 0 if found else (1 if isinstance(node, int | float) else 2 + min(depth, 3))
             items.setdefault((key, text), (rank, len(items)))
 
     walk(value, "", 0)
