@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
@@ -439,9 +440,16 @@ class TextFacts:
     json: Any | None
     """The parsed value when the whole text is a JSON document."""
     ranked: list[tuple[int, int, str]]
-    errors: list[str]
+    text: str
+    """The text analysed (a JSON document's is not kept: its error lines are none)."""
     leaves: dict[tuple[str, str], tuple[int, int]]
     """A JSON document's (key, scalar) -> (rank, position)."""
+
+    @cached_property
+    def errors(self) -> list[str]:
+        """The text's error lines, found when first wanted: a stub reads only the ranked facts
+        of most of the texts it is analysed for."""
+        return error_lines(self.text) if self.text else []
 
 
 def analyze(text: str, memo: FactMemo | None = None) -> TextFacts:
@@ -449,8 +457,8 @@ def analyze(text: str, memo: FactMemo | None = None) -> TextFacts:
     work between the analyses of one compaction (same result)."""
     value = parse_json(text)
     if value is not None:
-        return TextFacts(value, [], [], _json_items(value))
-    return TextFacts(None, _ranked_facts(text, memo), error_lines(text), {})
+        return TextFacts(value, [], "", _json_items(value))
+    return TextFacts(None, _ranked_facts(text, memo), text, {})
 
 
 def candidates_of(found: TextFacts) -> list[tuple[int, str]]:
