@@ -9,6 +9,8 @@ conversation's own correction (fact lists are sparse in chat and dense in code).
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -139,6 +141,8 @@ class Estimates:
         self.plan = plan
         self.now = list(plan.forms.costs)
         self.totals = [plan.base + sum(self.now)]
+        self.lowest = list(self.totals)
+        """Per rung climbed, the lowest estimate up to it (falling: what `first_within` bisects)."""
         # Dropped units join their dropped neighbours in one stub: each run of them is known by
         # its first and last unit (`ends` maps each to the other), with its fact characters and
         # estimated cost kept under its first unit.
@@ -163,7 +167,10 @@ class Estimates:
 
     def first_within(self, target: int) -> int:
         """The first rung whose estimated cost is within target (the last step's if none)."""
-        s = 0
+        lowest = self.lowest
+        if lowest[-1] <= target:  # within the rungs climbed: the first whose lowest is within
+            return bisect.bisect_left(lowest, -target, key=operator.neg)
+        s = len(lowest)
         while True:
             total = self.at(s)
             if total is None:
@@ -192,6 +199,7 @@ class Estimates:
             old = self.now[i]
             self.now[i] = new
         self.totals.append(self.totals[-1] + new - old)
+        self.lowest.append(min(self.lowest[-1], self.totals[-1]))
         self.changes.append(step.level == DROPPED or new != old)
 
     def same_as(self, s: int) -> int:
