@@ -37,10 +37,18 @@ NODE_SETTINGS = (
 """How every node runs (docker-compose.cluster.yml runs its nodes the same way)."""
 
 
+PORTS = range(20000, 22768)
+"""Node ports: each with its bus port (p + 10000) below Linux's ephemeral range (32768 up), so an
+outgoing connection of a busy machine cannot take a bus port between its choice and its bind."""
+
+START_ATTEMPTS = 5
+"""Ports a node may try: another process can still bind a chosen port before the node does."""
+
+
 def free_cluster_port(rng: random.Random) -> int:
     """A port p such that p and its cluster bus port p + 10000 are both free on loopback."""
     for _ in range(200):
-        port = rng.randrange(20000, 30000)
+        port = rng.choice(PORTS)
         sockets = []
         try:
             for p in (port, port + 10000):
@@ -93,14 +101,18 @@ class LocalCluster:
     """Six nodes on loopback; `url` is what `store.url` takes."""
 
     def __init__(self, directory: Path, masters: int = 3) -> None:
-        rng = random.Random()
+        self.rng = random.Random()
         self.nodes: list[ClusterNode] = []
         for i in range(masters * 2):
-            port = free_cluster_port(rng)
-            while any(n.port == port for n in self.nodes):
-                port = free_cluster_port(rng)
-            self.nodes.append(ClusterNode(directory / f"node{i}", port))
+            self.nodes.append(ClusterNode(directory / f"node{i}", self._new_port()))
         self.masters = masters
+
+    def _new_port(self) -> int:
+        """A free node port no node of this cluster has."""
+        while True:
+            port = free_cluster_port(self.rng)
+            if all(n.port != port for n in self.nodes):
+                return port
 
     @property
     def url(self) -> str:
@@ -110,7 +122,14 @@ class LocalCluster:
     def start(self) -> None:
         """Start every node, create the cluster (one replica per master), wait until it is ok."""
         for node in self.nodes:
-            node.start()
+            for attempt in range(START_ATTEMPTS):
+                try:
+                    node.start()
+                    break
+                except RuntimeError:
+                    if node.alive or attempt == START_ATTEMPTS - 1:
+                        raise  # it runs but does not answer, or no port worked
+                    node.port = self._new_port()  # the port was taken after it was chosen
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
         subprocess.run(
             [
