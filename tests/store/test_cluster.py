@@ -84,7 +84,9 @@ class Driver:
             assert ex.status == 200, (ex.status, ex.headers)
             assert ex.forwarded is not None
             if ex.headers.get("x-compactd-action") == "error":
-                assert ex.headers.get("x-compactd-error") == "store"
+                # The store refused the write, or it outlasted the store timeout (a WAIT for
+                # a replica that is gone runs into it on a loaded machine): both fail open.
+                assert ex.headers.get("x-compactd-error") in ("store", "timeout")
                 assert ex.forwarded == ex.messages  # failed open: the original request
             if ex.forwarded == ex.messages:
                 continue
