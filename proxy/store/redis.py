@@ -27,6 +27,7 @@ from proxy.store.base import (
     UsageRecord,
     check_ids,
 )
+from proxy.store.decoded import DecodedCheckpoints
 from proxy.store.redis_client import Client, open_client
 from proxy.store.redis_keys import KeyLayout
 from proxy.store.redis_ops import (
@@ -64,6 +65,7 @@ class RedisStore:
         self._keys = keys
         self._min_acks = min_replicas_ack
         self._find_script = client.register_script(redis_find.FIND_SCRIPT)
+        self._decoded = DecodedCheckpoints()
         # Strong references to shielded calls still running after their caller gave up.
         self._inflight: set[asyncio.Task[Any]] = set()
 
@@ -148,7 +150,7 @@ class RedisStore:
             return body
 
         raw = await self._io(op)
-        return None if raw is None else codec.load_checkpoint(raw, tenant)
+        return None if raw is None else self._decoded.load(raw, tenant)
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """The indexes, then originals, refs and checkpoint in one script (see redis_save);
@@ -167,7 +169,7 @@ class RedisStore:
                 wait_ms=wait_ms,
             )
         )
-        return codec.load_checkpoint(stored, tenant)
+        return self._decoded.load(stored, tenant)
 
     async def save_originals(
         self,

@@ -37,6 +37,7 @@ from proxy.store.base import (
     UsageRecord,
     check_ids,
 )
+from proxy.store.decoded import DecodedCheckpoints
 
 T = TypeVar("T")
 
@@ -50,6 +51,7 @@ class SqliteStore:
         self._usage = usage
         self._timeout = timeout
         self._next_purge = 0.0
+        self._decoded = DecodedCheckpoints()
 
     @classmethod
     async def open(cls, path: Path, *, timeout_ms: int = 200) -> SqliteStore:
@@ -100,7 +102,12 @@ class SqliteStore:
         if not prefix_digests:
             return None
         found, refresh_to = await self._run(
-            sqlite_ops.find_checkpoint, tenant, conversation, prefix_digests, write=False
+            sqlite_ops.find_checkpoint,
+            tenant,
+            conversation,
+            prefix_digests,
+            self._decoded.load,
+            write=False,
         )
         if refresh_to:
             await self._run(sqlite_ops.refresh, tenant, conversation, refresh_to)
@@ -113,7 +120,9 @@ class SqliteStore:
         purge_due = now >= self._next_purge
         if purge_due:
             self._next_purge = now + sqlite_ops.PURGE_EVERY_SECONDS
-        return await self._run(sqlite_ops.save_compaction, compaction, ttl_seconds, purge_due)
+        return await self._run(
+            sqlite_ops.save_compaction, compaction, ttl_seconds, purge_due, self._decoded.load
+        )
 
     async def save_originals(
         self,

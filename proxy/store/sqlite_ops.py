@@ -20,6 +20,8 @@ from proxy.store import codec
 from proxy.store.base import Checkpoint, Compaction, ConversationInfo, Message
 
 T = TypeVar("T")
+Load = Callable[[bytes | str, str], Checkpoint]
+"""Decodes a stored checkpoint for a tenant (codec.load_checkpoint or a cache of it)."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -100,9 +102,14 @@ def purge_expired(con: sqlite3.Connection, now: float) -> None:
 
 
 def find_checkpoint(
-    con: sqlite3.Connection, tenant: str, conv: str, prefix_digests: Sequence[str]
+    con: sqlite3.Connection,
+    tenant: str,
+    conv: str,
+    prefix_digests: Sequence[str],
+    load: Load = codec.load_checkpoint,
 ) -> tuple[Checkpoint | None, int]:
-    """(longest matching checkpoint, the retention to refresh it to or 0 if not due)."""
+    """(longest matching checkpoint, the retention to refresh it to or 0 if not due);
+    `load` decodes the stored checkpoint (`proxy.store.decoded`)."""
     now = time.time()
     with transaction(con, "DEFERRED"):
         row = con.execute(
@@ -133,7 +140,7 @@ def find_checkpoint(
     ttl, expires_at = int(row[0]), float(row[1])
     # A write on every replay would make worker processes queue on the write lock for nothing.
     due = codec.refresh_due(ttl, expires_at - now)
-    return codec.load_checkpoint(found[0], tenant), ttl if due else 0
+    return load(found[0], tenant), ttl if due else 0
 
 
 def refresh(con: sqlite3.Connection, tenant: str, conv: str, ttl: int) -> None:
@@ -198,7 +205,11 @@ def save_originals(
 
 
 def save_compaction(
-    con: sqlite3.Connection, compaction: Compaction, ttl: int, purge_due: bool
+    con: sqlite3.Connection,
+    compaction: Compaction,
+    ttl: int,
+    purge_due: bool,
+    load: Load = codec.load_checkpoint,
 ) -> Checkpoint:
     """Originals, refs, checkpoint and metadata in one IMMEDIATE transaction; first writer wins."""
     cp = compaction.checkpoint
@@ -219,7 +230,7 @@ def save_compaction(
             " WHERE tenant = ? AND conversation = ? AND source_digest = ?",
             (t, c, cp.source_digest),
         ).fetchone()
-    return codec.load_checkpoint(body, t)
+    return load(body, t)
 
 
 def delete_conversation(con: sqlite3.Connection, tenant: str, conv: str) -> bool:

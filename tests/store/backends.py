@@ -18,6 +18,7 @@ from proxy.store.base import Store
 from proxy.store.redis import RedisStore
 from proxy.store.redis_client import open_client
 from proxy.store.redis_keys import KeyLayout
+from proxy.store.sqlite import SqliteStore
 from tests.store.cutting_proxy import CuttingProxy
 from tests.store.redis_cluster import LocalCluster
 
@@ -39,6 +40,9 @@ class Backend(Protocol):
     async def corrupt(self, tenant: str, conversation: str, kind: str, key: str) -> None:
         """Overwrite one stored value (kind: checkpoints, originals or refs) with bytes that do
         not decode."""
+
+    def another(self) -> Any:
+        """Async context manager yielding a second store on the same data (another instance)."""
 
 
 @dataclass
@@ -76,6 +80,14 @@ class RedisBackend(_RedisKeys):
     port: int
 
     @asynccontextmanager
+    async def another(self) -> AsyncIterator[RedisStore]:
+        store = await RedisStore.open(self.url, timeout_ms=2000, prefix=self.keys.prefix)
+        try:
+            yield store
+        finally:
+            await store.close()
+
+    @asynccontextmanager
     async def failing_saves(self) -> AsyncIterator[RedisStore]:
         proxy = CuttingProxy(self.port)
         port = await proxy.start()
@@ -95,6 +107,14 @@ class ClusterBackend(_RedisKeys):
     """A RedisStore on the local Redis Cluster."""
 
     cluster: LocalCluster
+
+    @asynccontextmanager
+    async def another(self) -> AsyncIterator[RedisStore]:
+        store = await RedisStore.open(self.cluster.url, timeout_ms=2000, prefix=self.keys.prefix)
+        try:
+            yield store
+        finally:
+            await store.close()
 
     @asynccontextmanager
     async def failing_saves(self) -> AsyncIterator[RedisStore]:
@@ -130,6 +150,14 @@ async def open_cluster_backend(cluster: LocalCluster, prefix: str) -> ClusterBac
 class SqliteBackend:
     store: Store
     path: Path
+
+    @asynccontextmanager
+    async def another(self) -> AsyncIterator[Store]:
+        store = await SqliteStore.open(self.path, timeout_ms=2000)
+        try:
+            yield store
+        finally:
+            await store.close()
 
     def _sql(self, *statements: tuple[str, tuple[Any, ...]]) -> None:
         con = sqlite3.connect(self.path, isolation_level=None)

@@ -13,6 +13,7 @@ from proxy.store.base import (
     Compaction,
     StoreError,
     TenantMismatchError,
+    UnreadableValueError,
     UsageDelta,
     UsageRecord,
 )
@@ -114,6 +115,57 @@ async def test_a_save_returns_the_checkpoint_and_the_first_writer_wins(backend: 
     assert stored_second == first.checkpoint
     assert found == first.checkpoint
     assert set(await backend.store.resolve_refs(A, ["ffffffffff"])) == {"ffffffffff"}
+
+
+async def test_a_checkpoint_found_again_is_decoded_again_only_if_its_stored_bytes_changed(
+    backend: Backend,
+) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5, "first"), TTL)
+    first = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    again = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    # Purged, then compacted anew: another checkpoint under the same source digest.
+    await backend.store.purge(A, "c1")
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5, "second"), TTL)
+    rewritten = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    await backend.corrupt(A, "c1", "checkpoints", prefixes(msgs)[5])
+
+    assert first is not None
+    assert again is first  # the same bytes: the same (read-only) value, not decoded again
+    assert rewritten is not None
+    assert "second" in rewritten.messages[0]["content"]
+    assert "first" in first.messages[0]["content"]
+    with pytest.raises(UnreadableValueError):
+        await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+
+
+async def test_a_checkpoint_another_instance_writes_is_found_at_once(backend: Backend) -> None:
+    msgs = history(12)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 3, "mine"), TTL)
+    before = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    async with backend.another() as other:
+        theirs = await other.save_compaction(compaction(A, "c1", msgs, 3, "theirs"), TTL)
+        await other.save_compaction(compaction(A, "c1", msgs, 7, "longer"), TTL)
+    after = await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
+    shorter = await backend.store.find_checkpoint(A, "c1", prefixes(msgs[:7]))
+
+    assert before is not None
+    assert "mine" in theirs.messages[0]["content"]  # first writer wins across instances
+    assert after is not None
+    assert after.covered_through == 7
+    assert shorter is before
+
+
+async def test_a_tenant_reading_bytes_another_tenant_decoded_still_raises(
+    backend: Backend,
+) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(B, "c1", msgs, 5), TTL)
+    assert await backend.store.find_checkpoint(B, "c1", prefixes(msgs)) is not None
+    await backend.graft(B, A, "c1")
+
+    with pytest.raises(TenantMismatchError):
+        await backend.store.find_checkpoint(A, "c1", prefixes(msgs))
 
 
 async def test_a_message_sent_on_many_turns_is_stored_once(backend: Backend) -> None:
