@@ -44,6 +44,7 @@ from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import ChainOutcome, run_chain
+from proxy.replay import ReplayChecks
 from proxy.store.base import (
     Checkpoint,
     Compaction,
@@ -119,6 +120,8 @@ class _Plan:
     history: _History | None = None
     generation: int = -1
     """The covered_through of the checkpoint it replays (-1: none)."""
+    tokens: int | None = None
+    """What `messages` count, the request's fixed tokens included, where already counted."""
 
 
 class Compactor:
@@ -155,6 +158,7 @@ class Compactor:
         self.lossless = LosslessTier()
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
+        self.replay_checks = ReplayChecks()
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
@@ -357,7 +361,11 @@ class Compactor:
             plan, unstored = await self._store(plan, policy)
             figures["providers"] = plan.providers
         sent = list(plan.messages)
-        figures["tokens_after"] = counted.fixed + counted.counter.count_messages(sent)
+        figures["tokens_after"] = (
+            plan.tokens
+            if plan.tokens is not None
+            else counted.fixed + counted.counter.count_messages(sent)
+        )
         if plan.action == "replayed" and not forced:
             tokens, generation = figures["tokens_after"], plan.generation
             self._maybe_precompute(
@@ -541,6 +549,7 @@ class Compactor:
                 *(("lossless",) if forms else ()),
             ),
             generation=base.covered_through if base is not None else -1,
+            tokens=cand_tokens,
         )
         if cand_tokens <= counted.budget.trigger:
             return replay
@@ -634,7 +643,9 @@ class Compactor:
             ):
                 problem = "the store returned a checkpoint it was not asked for"
             else:
-                problem = replay_problem(cp, history.messages, history.digests)
+                problem = self.replay_checks.problem(
+                    cp, history.messages, history.digests, history.prefixes
+                )
             if not problem:
                 return cp
             log.debug("checkpoint not replayed", extra={"problem": problem})
@@ -721,7 +732,7 @@ class Compactor:
         if winner.ends and not replay_problem(winner, history.messages, history.digests):
             merged = [*winner.messages, *plan.messages[len(mine.messages) :]]
             return dataclasses.replace(
-                plan, messages=merged, providers=tuple(winner.providers)
+                plan, messages=merged, providers=tuple(winner.providers), tokens=None
             ), False
         self.metrics.checkpoint_discarded("invalid")
         return plan, False

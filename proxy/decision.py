@@ -17,6 +17,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
@@ -93,7 +94,8 @@ class ChatCompletions:
     def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
         """The `messages` list, if every item is an object (else the upstream judges it)."""
         messages = body.get("messages")
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        # map() keeps the check in C: a long history costs a few microseconds, not tens.
+        if not isinstance(messages, list) or not all(map(isinstance, messages, repeat(dict))):
             return None
         return messages
 

@@ -225,10 +225,26 @@ def _same_shape(old: Message, new: Message, where: str) -> list[str]:
     return problems
 
 
-def pairing_problems(messages: Sequence[Message]) -> set[str]:
-    """Tool-call pairing errors: unanswered call ids and tool results answering no earlier call."""
-    problems: set[str] = set()
-    pending: dict[str, int] = {}
+def pairing_problems(messages: Sequence[Message], after: PairingScan | None = None) -> set[str]:
+    """Tool-call pairing errors: unanswered call ids and tool results answering no earlier call
+    (`after`: of those messages following the ones `after` scanned, as one list)."""
+    scan = pairing_scan(messages, after)
+    return {*scan.problems, *(f"tool call {cid!r} has no tool result" for cid in scan.pending)}
+
+
+@dataclass(frozen=True)
+class PairingScan:
+    """Where `pairing_problems` stands after some messages: the errors so far, and the call ids
+    of the last assistant still waiting for their results."""
+
+    problems: frozenset[str] = frozenset()
+    pending: tuple[str, ...] = ()
+
+
+def pairing_scan(messages: Sequence[Message], after: PairingScan | None = None) -> PairingScan:
+    """The scan of `messages` (continuing `after`'s), to go on with later messages."""
+    problems: set[str] = set(after.problems) if after is not None else set()
+    pending: dict[str, int] = dict.fromkeys(after.pending, 0) if after is not None else {}
     for pos, m in enumerate(messages):
         role = m.get("role")
         if role == "tool":
@@ -237,10 +253,11 @@ def pairing_problems(messages: Sequence[Message]) -> set[str]:
                 problems.add(f"tool result {call_id!r} answers no preceding tool call")
             continue
         # Any other message closes the previous assistant's block of answers.
-        problems.update(f"tool call {cid!r} has no tool result" for cid in pending)
-        pending = dict.fromkeys(tool_call_ids(m), pos) if role == "assistant" else {}
-    problems.update(f"tool call {cid!r} has no tool result" for cid in pending)
-    return problems
+        if pending:
+            problems.update(f"tool call {cid!r} has no tool result" for cid in pending)
+        calls = m.get("tool_calls") if role == "assistant" else None
+        pending = dict.fromkeys(tool_call_ids(m), pos) if calls else {}
+    return PairingScan(frozenset(problems), tuple(pending))
 
 
 def _new_pairing_problems(original: Sequence[Message], out: Sequence[Message]) -> list[str]:
