@@ -43,7 +43,7 @@ from proxy.providers.engine_forms import (
     fact_text,
 )
 from proxy.providers.engine_plan import Estimates, Plan
-from proxy.providers.ladder import keep_keys, ladder
+from proxy.providers.ladder import keep_keys, ladder, reactions
 from proxy.providers.relevance import heaviest
 from proxy.providers.rung_search import search_guided
 from proxy.providers.units import (
@@ -218,8 +218,11 @@ def compact(
     fixed = fixed - last
     texts = [message_text(m) for m in messages]
     query = _query(messages, units, prot.hard | prot.recent)
-    # Relevance reads the tool results and the query only: their fact texts, shared with forms.
-    needed = set(query) | {i for i, m in enumerate(messages) if m.get("role") == "tool"}
+    # Relevance reads the tool results, the query and the assistant messages that react to the
+    # tool results only: their fact texts, shared with forms.
+    reacting = reactions(messages)
+    needed = set(query) | set(reacting) | set(reacting.values())
+    needed |= {i for i, m in enumerate(messages) if m.get("role") == "tool"}
     fact_texts = {i: fact_text(messages[i]) for i in needed}
     keys, weights = keep_keys(
         messages, [fact_texts.get(i, "") for i in range(len(messages))], query

@@ -1,12 +1,14 @@
 """The engine's ladder: in which order messages lose detail, from what they hold and how recent.
 
 Every message that may change gets a keep key: how far along the conversation it is (0 for the
-oldest, 1 for the newest) plus, for tool results, how relevant it is to the recent turns per
-character (BM25 of its terms against the last user message and the final units, over its
-length): an observation that what the conversation now talks about no longer mentions is stale,
-whatever its age, and a file view the agent is still working on is not. Conversation prose is
-ordered by age alone: it is a narrative whose specific items (names, numbers) matter wherever
-they are, and its fact lists keep them.
+oldest, 1 for the newest) plus, for tool results, how relevant it is per character: BM25 of its
+terms against the last user message and the final units, and the weight of the terms the
+assistant's next message takes up from it (its uptake), each over its length. An observation
+that what the conversation now talks about no longer mentions is stale, whatever its age, and a
+file view the agent is still working on is not; an output the agent acted on (quoted, edited,
+named) holds what it found, one it passed over (a format error, a listing) does not.
+Conversation prose is ordered by age alone: it is a narrative whose specific items (names,
+numbers) matter wherever they are, and its fact lists keep them.
 
 The ladder then climbs, lowest key first: every stale tool output is masked (head and tail
 kept: the cheapest loss), then each message in turn is summarized and reduced to its facts, and
@@ -31,6 +33,23 @@ RELEVANCE_WEIGHT = 3.0
 # Characters added to a message's length before dividing its relevance by it, so a two-line
 # output sharing one query term does not outrank a file view full of them.
 LENGTH_SMOOTHING = 1000
+# What a tool result's uptake weighs beside its relevance to the recent turns (each is taken
+# over its largest value first).
+UPTAKE_WEIGHT = 1.0
+
+
+def reactions(messages: Sequence[Message]) -> dict[int, int]:
+    """Per tool result, the first assistant message after it (what the agent made of it)."""
+    out: dict[int, int] = {}
+    waiting: list[int] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "tool":
+            waiting.append(i)
+        elif role == "assistant" and waiting:
+            out.update(dict.fromkeys(waiting, i))
+            waiting = []
+    return out
 
 
 class Step(NamedTuple):
@@ -48,7 +67,8 @@ def keep_keys(
     """Per message, how long it should keep its detail (higher: longer), and the query's terms
     that older tool results share, with their weights (inverse document frequency over the tool
     results). `texts` are the messages' texts (with their tool-call arguments), `query` the
-    indices of the recent turns.
+    indices of the recent turns; they must hold the texts of the tool results, the query and
+    the `reactions` to the tool results.
 
     A tool result of the query itself is recent already and matches itself: it gets no
     relevance, and its own terms weigh only where an older result shares them. Terms are
@@ -64,6 +84,21 @@ def keep_keys(
     wanted = {t for i in query for t in terms(texts[i])}
     relevance = Relevance(documents, wanted)
     density = [relevance.score(d) / (len(texts[i]) + LENGTH_SMOOTHING) for d, i in enumerate(older)]
+    reaction = reactions(messages)
+    taken: dict[int, set[str]] = {}
+    uptake = []
+    for d, i in enumerate(older):
+        j = reaction.get(i)
+        if j is not None and j not in taken:
+            taken[j] = set(terms(texts[j]))
+        shared = documents[d][0] & taken[j] if j is not None else set()
+        uptake.append(sum(map(relevance.weight, shared)) / (len(texts[i]) + LENGTH_SMOOTHING))
+    top_density, top_uptake = max(density), max(uptake)
+    if top_uptake > 0:
+        density = [
+            (x / top_density if top_density > 0 else 0.0) + UPTAKE_WEIGHT * u / top_uptake
+            for x, u in zip(density, uptake, strict=True)
+        ]
     top = max(density)
     if top > 0:
         for d, i in enumerate(older):

@@ -50,9 +50,18 @@ class Relevance:
             df.update(doc)
         n = len(documents)
         wanted = set(query)
+        self.df = df
         self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in wanted if t in df}
         total = sum(length for _doc, length in documents)
         self.avg = total / n if n and total else 1.0
+
+    def weight(self, term: str) -> float:
+        """The inverse document frequency of any term over the documents (0 if none holds it)."""
+        found = self.df.get(term, 0)
+        if not found:
+            return 0.0
+        n = len(self.documents)
+        return math.log(1 + (n - found + 0.5) / (found + 0.5))
 
     def score(self, d: int) -> float:
         """BM25 of document d (0 when it shares no query term)."""

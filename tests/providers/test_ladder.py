@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from proxy.providers.engine import EngineProvider
 from proxy.providers.engine_forms import DROPPED, MASKED, SUMMARY, fact_text
-from proxy.providers.ladder import keep_keys, ladder
+from proxy.providers.ladder import keep_keys, ladder, reactions
 from proxy.providers.relevance import Relevance, heaviest, line_hits, relevant_lines, terms
 from proxy.providers.units import message_text, split_units
 from tests.providers.build import assistant, system, tool, user
@@ -89,3 +89,35 @@ def test_relevant_lines_are_found_a_piece_at_a_time_in_a_text_without_line_break
     assert len(lines) == 1
     assert "needle" in lines[0]
     assert len(lines[0]) <= 240
+
+
+def test_an_output_the_agent_acts_on_outlives_one_it_passes_over() -> None:
+    # Neither output shares a term with the task or the final turns; the agent's next message
+    # edits what the first one showed and shrugs at the second.
+    view = "def load_config(where):\n    settings = read_yaml(where)\n    return settings"
+    noise = "Please use exactly one block per reply.\nSee the formatting notes."
+    messages = [
+        system(),
+        user("Make startup faster."),
+        assistant("Looking around.", "c0"),
+        tool("c0", view),
+        assistant("Replacing read_yaml with cached_yaml in load_config.", "c1"),
+        tool("c1", noise),
+        assistant("Understood, retrying.", "c2"),
+        tool("c2", "done"),
+    ]
+    keys, _ = keep_keys(messages, [fact_text(m) for m in messages], [1, 6, 7])
+    assert keys[3] > keys[5]
+
+
+def test_the_reaction_to_parallel_results_is_the_next_assistant_message() -> None:
+    messages = [
+        system(),
+        user("Go."),
+        {"role": "assistant", "content": None, "tool_calls": []},
+        tool("a", "one"),
+        tool("b", "two"),
+        assistant("Both read.", "c"),
+        tool("c", "three"),
+    ]
+    assert reactions(messages) == {3: 5, 4: 5}
