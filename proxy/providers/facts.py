@@ -254,12 +254,29 @@ def all_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[s
 
 def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
-    rank = _rank if memo is None else memo.rank
-    return [
-        (rank(value, q), pos, value)
-        for pos, (value, q) in enumerate(_distinct(text, memo).items())
-        if len(value) >= _MIN_FACT_LEN
-    ]
+    distinct = _distinct(text, memo)
+    if memo is None:
+        return [
+            (_rank(value, q), pos, value)
+            for pos, (value, q) in enumerate(distinct.items())
+            if len(value) >= _MIN_FACT_LEN
+        ]
+    # `memo.rank` inlined: a long output has thousands of distinct facts.
+    ranks = memo.ranks
+    get = ranks.get
+    out: list[tuple[int, int, str]] = []
+    add = out.append
+    for pos, (value, quoted) in enumerate(distinct.items()):
+        if len(value) < _MIN_FACT_LEN:
+            continue
+        if quoted:
+            add((0, pos, value))
+            continue
+        found = get(value)
+        if found is None:
+            found = ranks[value] = _rank(value)
+        add((found, pos, value))
+    return out
 
 
 def _distinct(text: str, memo: FactMemo | None) -> dict[str, bool]:

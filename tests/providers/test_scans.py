@@ -11,7 +11,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.providers import facts, prose, summary
+from proxy.providers import facts, prose, relevance, summary
 from proxy.providers.engine_forms import _SNIPPET, _snippet
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
@@ -113,3 +113,33 @@ def test_paths_of_a_long_log_are_found_across_its_pieces() -> None:
     text = "open ./src/app/module_3.py failed; see (~/logs/run.txt) and a/b,c/d\n" * 2000
     assert len(text) > 2 * facts.SCAN_CHARS
     assert prose.paths_in(text) == {"./src/app/module_3.py", "~/logs/run.txt", "a/b", "c/d"}
+
+
+# Separators and specials are ASCII; the pieces add multi-byte, astral, case-changing and lone
+# surrogate characters around them.
+_BYTE_PIECES = [
+    "a", "Z", "é", "İ", "ß", "\U0001f600", "\ud800", "\udfff", "\u2028", "\x85", " ", "\n",
+    "\r", "\t", ".", "/", "@", "`", "(", "]", "{", "|", "\\", ";", "=", "~", "_", "-", "1",
+]  # fmt: skip
+_OLD_SEPARATORS = str.maketrans(dict.fromkeys("\t\n\r\"'`()[]{}<>,;:=|!?*#&^%$+~\\/.@", " "))
+_OLD_SPECIAL = str.maketrans("", "", "{}[]<>|\\;:@#$%^&*()=+`~")
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts(_BYTE_PIECES))
+def test_terms_split_at_the_separators_a_str_table_blanks(text: str) -> None:
+    assert relevance.terms(text) == text.lower().translate(_OLD_SEPARATORS).split()
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts(_BYTE_PIECES))
+def test_line_starts_are_where_each_line_break_ends(text: str) -> None:
+    assert relevance._line_starts(text) == [0, *(m.end() for m in re.finditer("\n", text))]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_texts(_BYTE_PIECES))
+def test_special_characters_are_counted_as_a_str_table_deletes_them(text: str) -> None:
+    data = text.encode("utf-8", "surrogatepass")
+    deleted = len(data) - len(data.translate(None, summary._SPECIAL_DELETE))
+    assert deleted == len(text) - len(text.translate(_OLD_SPECIAL))
