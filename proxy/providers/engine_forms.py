@@ -174,6 +174,7 @@ class Forms:
     _shapes: dict[str, str] = field(default_factory=dict)
     _shape_sets: dict[int, dict[str, set[str]]] = field(default_factory=dict)
     _cand_chars: dict[int, int] = field(default_factory=dict)
+    _fact_prefix: list[int] = field(default_factory=list)
     _hits: dict[int, LineHits] = field(default_factory=dict)
     _fill: list[float] = field(default_factory=list)
     keys: Sequence[float] = ()
@@ -577,8 +578,14 @@ class Forms:
         return found
 
     def fact_chars_of(self, start: int, end: int) -> int:
-        """Characters of the fact text of input messages start .. end-1."""
-        return sum(self.fact_chars(i) for i in range(start, end))
+        """Characters of the fact text of input messages start .. end-1 (prefix sums, made when
+        first wanted: a long history's stubs span hundreds of messages)."""
+        prefix = self._fact_prefix
+        if not prefix:
+            prefix.append(0)
+            for i in range(len(self.messages)):
+                prefix.append(prefix[-1] + self.fact_chars(i))
+        return prefix[end] - prefix[start]
 
     def estimate_stub(self, start: int, end: int, chars: int) -> int:
         """Estimated tokens of the stub for messages start .. end-1, whose fact text has `chars`
@@ -596,7 +603,7 @@ class Forms:
         key = (start, end, DROPPED if force_cap is None else -1 - force_cap)
         if key not in self._memo:
             role = "user" if self.messages[start].get("role") == "user" else "assistant"
-            chars = sum(len(self._fact_text(i)) for i in range(start, end))
+            chars = self.fact_chars_of(start, end)
             cap = min(
                 self.settings.max_facts_chars, max(40, int(chars * self.settings.stub_facts_ratio))
             )

@@ -153,6 +153,7 @@ class Estimates:
         # in chat and dense in code): the first few forms of each kind are written and counted,
         # and the rest priced by the mean of exact over estimated.
         self.misses: dict[bool, list[float]] = {False: [], True: []}
+        self.miss_sums: dict[bool, float] = {}
         self.changes = [True]
         """Per rung, whether its step is estimated to change anything (a message that has no
         smaller form at a level stays as it was)."""
@@ -218,8 +219,9 @@ class Estimates:
         misses = self.misses[stub]
         if exact is not None:
             misses.append(exact / max(estimate, 1))
+            self.miss_sums[stub] = sum(misses)  # summed once, not at every rung priced
             return exact
-        return round(estimate * sum(misses) / len(misses)) if misses else estimate
+        return round(estimate * self.miss_sums[stub] / len(misses)) if misses else estimate
 
     def _drop(self, u: int) -> tuple[int, int]:
         """(new, old) estimated cost of dropping unit u into the run of its dropped neighbours."""

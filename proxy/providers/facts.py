@@ -74,6 +74,10 @@ def scan_spans(
     after one of the `boundaries` characters, or at 2 * size when none comes before (a text
     without them is still cut: no piece is ever longer)."""
     n = len(text) if stop is None else stop
+    if n - start <= size:  # one piece (most texts): what the loop below yields, without its finds
+        if start < n:
+            yield start, n
+        return
     while start < n:
         limit = min(n, start + 2 * size)
         cuts = [c for c in (text.find(b, start + size, limit) for b in boundaries) if c >= 0]
