@@ -22,6 +22,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     TIKTOKEN_CACHE_DIR=/opt/compactd/tiktoken \
     COMPACTD_DATA_DIR=/data
 COPY --from=build /install /usr/local
+# jemalloc: `compactd serve` runs its workers on it when installed (server.allocator = "auto"),
+# ~19 MB less per worker than glibc's malloc for tiktoken's vocabularies (README: memory).
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libjemalloc2 \
+    && rm -rf /var/lib/apt/lists/*
 
 # Bake the tiktoken encodings in at build time, so the container never needs the network to
 # count tokens; loading them here also checks each file against tiktoken's expected sha256.

@@ -107,6 +107,17 @@ async def each_worker(url: str, pids: list[int], body: bytes) -> None:
     raise RuntimeError(f"workers {sorted(pending)} never served a request")
 
 
+async def settled(pids: list[int]) -> list[float]:
+    """Every worker's RSS once it has stopped moving for a second (a worker at rest: the
+    allocator may hand freed pages back a few seconds after the work that freed them)."""
+    while True:
+        before = [rss_mb(p) for p in pids]
+        await asyncio.sleep(1.0)
+        after = [rss_mb(p) for p in pids]
+        if after == before:
+            return after
+
+
 async def measure(n: int, store: str) -> dict[str, list[float]]:
     up_port, port = free_port(), free_port()
     runner = await upstream(up_port)
@@ -142,18 +153,13 @@ async def measure(n: int, store: str) -> dict[str, list[float]]:
                     raise TimeoutError("compactd did not start")
                 await asyncio.sleep(0.2)
             pids = workers(proc.pid, n)
-            while True:  # every worker has finished starting: its RSS stopped moving
-                before = [rss_mb(p) for p in pids]
-                await asyncio.sleep(1.0)
-                if [rss_mb(p) for p in pids] == before:
-                    break
-            out["idle"] = [rss_mb(p) for p in pids]
+            out["idle"] = await settled(pids)  # every worker has finished starting
             url = f"{base}/v1/chat/completions"
             for model in FAMILIES:
                 await each_worker(url, pids, chat(model))
-            out["one request per model family"] = [rss_mb(p) for p in pids]
+            out["one request per model family"] = await settled(pids)
             await each_worker(url, pids, chat("gpt-4.1", words=100_000))
-            out["after a 100k-token request"] = [rss_mb(p) for p in pids]
+            out["after a 100k-token request"] = await settled(pids)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -46,6 +46,13 @@ def _serve(args: argparse.Namespace) -> int:
         overrides["upstream"] = {"url": args.upstream}
     settings = _settings(args, overrides)
     s = settings.server
+    if getattr(args, "own_process", False):
+        from proxy.allocator import AllocatorError, restart_with_jemalloc  # noqa: PLC0415
+
+        try:
+            restart_with_jemalloc(s.allocator)  # returns only if it does not apply
+        except AllocatorError as exc:
+            raise ConfigError(str(exc)) from None
     from proxy.banner import describe, emit  # noqa: PLC0415
     from proxy.logs import configure_logging  # noqa: PLC0415
     from proxy.server import head_limits, protocol_options  # noqa: PLC0415
@@ -360,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `compactd` command: errors are one line and an exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Only a command run as its own program may start itself again (`serve`, with jemalloc).
+    args.own_process = argv is None
     from proxy.store.base import StoreError  # noqa: PLC0415
 
     try:

@@ -58,6 +58,7 @@ class ServerSettings:
     admin_key: str = ""
     credential_headers: tuple[str, ...] = ("authorization", "api-key", "x-api-key")
     shared_anonymous_tenant: bool = False
+    allocator: str = "auto"
 
     def validate(self, p: str) -> None:
         _check(0 < self.port < 65536, f"{p}.port", "must be 1..65535")
@@ -75,6 +76,8 @@ class ServerSettings:
         _check(self.max_api_body_bytes > 0, f"{p}.max_api_body_bytes", "must be > 0")
         levels = ("debug", "info", "warning", "error")
         _check(self.log_level in levels, f"{p}.log_level", f"must be one of {levels}")
+        allocators = ("auto", "jemalloc", "system")
+        _check(self.allocator in allocators, f"{p}.allocator", f"must be one of {allocators}")
 
 
 @dataclass(frozen=True)

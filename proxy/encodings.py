@@ -12,8 +12,6 @@ o200k_base, ~12 MB for cl100k_base.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gzip
 import hashlib
 import os
@@ -22,6 +20,8 @@ from importlib.resources import files
 from pathlib import Path
 
 import tiktoken
+
+from proxy.allocator import release_freed_memory
 
 BLOB_BASE = "https://openaipublic.blob.core.windows.net/encodings/"
 BUNDLED = ("cl100k_base", "o200k_base")
@@ -75,11 +75,5 @@ def load_encoding(name: str, cache_dir: Path | None = None) -> tiktoken.Encoding
             raise EncodingUnavailableError(f"encoding {name!r} could not be loaded: {exc}") from exc
         if getattr(encoding, "_mergeable_ranks", None):
             encoding._mergeable_ranks = {}
-            _return_freed_heap()
+        release_freed_memory()
         return encoding
-
-
-def _return_freed_heap() -> None:
-    """glibc keeps freed memory for reuse; ask it to give what it can back (no-op elsewhere)."""
-    with contextlib.suppress(AttributeError, OSError):
-        ctypes.CDLL(None).malloc_trim(0)

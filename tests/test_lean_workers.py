@@ -1,4 +1,5 @@
-"""Lean workers: encodings load when first needed and keep one copy of their ranks."""
+"""Lean workers: encodings load when first needed and keep one copy of their ranks; `serve`
+runs its workers on jemalloc when it is installed."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import tiktoken
 import tiktoken_ext.openai_public as public
 
+from proxy.allocator import MALLOC_CONF, AllocatorError, jemalloc_library, preload_environment
 from proxy.budget import ModelTable
 from proxy.encodings import load_encoding
 from proxy.tokens import Tokenizers
+from tests.instances import instances
 
 TEXTS = ["hello world", "def f(x):\n    return x ** 2\n", "naïve café — 😀 " * 50, " " * 300]
 
@@ -84,3 +88,80 @@ def test_an_embedded_store_worker_never_imports_redis(tmp_path: Path) -> None:
 
     assert {"proxy", "tiktoken", "sqlite3"} <= loaded  # the worker did start
     assert not loaded & {"redis", "hiredis"}  # ~6 MB a SQLite-backed worker never uses
+
+
+def _mapped(pid: int, name: str) -> bool:
+    return name in Path(f"/proc/{pid}/maps").read_text()
+
+
+def _need_jemalloc() -> None:
+    if jemalloc_library() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("libjemalloc.so.2 is missing (.ci/run installs libjemalloc2)")
+        pytest.skip("libjemalloc.so.2 not installed (apt-get install libjemalloc2)")
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_serve_runs_itself_and_its_workers_on_jemalloc(tmp_path: Path, workers: str) -> None:
+    _need_jemalloc()
+    env = {"COMPACTD_SECRET": "lean", "COMPACTD_SERVER_ALLOCATOR": "auto"}
+    async with instances(tmp_path, [env], "--workers", workers) as (server,):
+        pids = server.worker_pids()  # uvicorn's supervisor, its workers, multiprocessing's helpers
+        spawned = [p for p in pids[1:] if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+
+        assert len(spawned) == (int(workers) if int(workers) > 1 else 0)
+        assert all(_mapped(pid, "libjemalloc") for pid in pids)
+        assert server.proc is not None
+        cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert cmdline[1:5] == [b"-m", b"proxy", b"serve", b"--port"]  # the same command
+
+
+async def test_the_system_allocator_is_kept_when_configured(tmp_path: Path) -> None:
+    env = {"COMPACTD_SECRET": "lean", "COMPACTD_SERVER_ALLOCATOR": "system"}
+    async with instances(tmp_path, [env]) as (server,):
+        assert not any(_mapped(pid, "libjemalloc") for pid in server.worker_pids())
+
+
+def test_a_preload_the_loader_refused_is_not_tried_again() -> None:
+    _need_jemalloc()
+    library = jemalloc_library()
+    fresh = preload_environment("auto", {"PATH": "/bin", "LD_PRELOAD": "libfoo.so"})
+    again = preload_environment("auto", {"LD_PRELOAD": f"libfoo.so {library}"})
+    own_conf = preload_environment("jemalloc", {"MALLOC_CONF": "narenas:1"})
+
+    assert fresh is not None
+    assert fresh["LD_PRELOAD"] == f"libfoo.so {library}"
+    assert fresh["MALLOC_CONF"] == MALLOC_CONF
+    assert again is None  # running without it: starting once more would loop
+    assert own_conf is not None
+    assert own_conf["MALLOC_CONF"] == "narenas:1"  # the operator's settings win
+    assert preload_environment("system", {}) is None
+
+
+def test_jemalloc_chosen_but_missing_stops_serve_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("proxy.allocator.jemalloc_library", lambda: None)
+    monkeypatch.setattr("proxy.allocator.running_jemalloc", lambda: False)
+
+    with pytest.raises(AllocatorError, match="jemalloc was chosen but is not installed"):
+        preload_environment("jemalloc", {})
+    assert preload_environment("auto", {}) is None  # auto: the system allocator
+
+
+def test_freed_memory_is_handed_back_after_each_encoding_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    real = tiktoken.get_encoding
+
+    def get_encoding(name: str) -> tiktoken.Encoding:
+        calls.append(f"load {name}")
+        return real(name)
+
+    monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
+    monkeypatch.setattr("proxy.encodings.release_freed_memory", lambda: calls.append("release"))
+    for name in ("o200k_base", "cl100k_base"):
+        load_encoding(name)
+
+    assert calls == ["load o200k_base", "release", "load cl100k_base", "release"]
