@@ -3,10 +3,13 @@ runs its workers on jemalloc when it is installed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
 import threading
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,7 @@ async def test_serve_runs_itself_and_its_workers_on_jemalloc(tmp_path: Path, wor
 
         assert len(spawned) == (int(workers) if int(workers) > 1 else 0)
         assert all(_mapped(pid, "libjemalloc") for pid in pids)
+        assert not any(_mapped(pid, "_rust_notify") for pid in pids)  # watchfiles' module
         assert server.proc is not None
         cmdline = Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().split(b"\0")
         assert cmdline[1:5] == [b"-m", b"proxy", b"serve", b"--port"]  # the same command
@@ -165,3 +169,27 @@ def test_freed_memory_is_handed_back_after_each_encoding_load(
         load_encoding(name)
 
     assert calls == ["load o200k_base", "release", "load cl100k_base", "release"]
+
+
+def _closure(name: str, seen: set[str]) -> set[str]:
+    """`name` and every distribution it requires when installed without extras."""
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in seen:
+        return seen
+    seen.add(key)
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        for requirement in metadata.requires(name) or []:
+            spec, _, marker = requirement.partition(";")
+            if "extra" not in marker:
+                match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec.strip())
+                assert match is not None
+                _closure(match.group(0), seen)
+    return seen
+
+
+def test_an_installed_compactd_brings_no_file_watcher_into_its_workers() -> None:
+    # uvicorn imports watchfiles (~1.8 MB per worker) whenever it is installed, for --reload.
+    installed = _closure("compactd", set())
+
+    assert {"uvicorn", "httptools", "uvloop", "websockets"} <= installed
+    assert not installed & {"watchfiles", "python-dotenv"}
