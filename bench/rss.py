@@ -2,6 +2,7 @@
 100k-token request.
 
     .venv/bin/python bench/rss.py [--workers 1,4] [--store redis://127.0.0.1:6379/0]
+                                  [--allocator auto|jemalloc|system]
 
 For each worker count: start `compactd serve --workers N` against a local fake upstream (an
 aiohttp app answering a fixed completion), read every worker's RSS from /proc once it is ready,
@@ -118,7 +119,7 @@ async def settled(pids: list[int]) -> list[float]:
             return after
 
 
-async def measure(n: int, store: str) -> dict[str, list[float]]:
+async def measure(n: int, store: str, allocator: str) -> dict[str, list[float]]:
     up_port, port = free_port(), free_port()
     runner = await upstream(up_port)
     data = tempfile.mkdtemp(prefix="compactd-rss-")
@@ -128,6 +129,7 @@ async def measure(n: int, store: str) -> dict[str, list[float]]:
         "COMPACTD_DATA_DIR": data,
         "COMPACTD_SECRET": "rss-bench",
         "COMPACTD_STORE_URL": store,
+        "COMPACTD_SERVER_ALLOCATOR": allocator,
     }
     argv = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--workers", str(n)]
     proc = subprocess.Popen(
@@ -167,10 +169,10 @@ async def measure(n: int, store: str) -> dict[str, list[float]]:
     return out
 
 
-async def main_async(counts: list[int], store: str) -> None:
+async def main_async(counts: list[int], store: str, allocator: str) -> None:
     rows = []
     for n in counts:
-        res = await measure(n, store)
+        res = await measure(n, store, allocator)
         for stage, values in res.items():
             each = " / ".join(f"{v:.0f}" for v in values)
             rows.append(f"| {n} | {stage} | {each} | {max(values):.0f} |")
@@ -183,8 +185,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workers", default="1,4", help="comma-separated worker counts")
     parser.add_argument("--store", default="", help="store.url (default: the embedded SQLite)")
+    parser.add_argument("--allocator", default="auto", help="server.allocator of compactd")
     args = parser.parse_args()
-    asyncio.run(main_async([int(x) for x in args.workers.split(",")], args.store))
+    counts = [int(x) for x in args.workers.split(",")]
+    asyncio.run(main_async(counts, args.store, args.allocator))
 
 
 if __name__ == "__main__":
