@@ -73,7 +73,7 @@ def load_encoding(name: str, cache_dir: Path | None = None) -> tiktoken.Encoding
             encoding = tiktoken.get_encoding(name)
         except Exception as exc:  # tiktoken raises bare ValueError/requests errors offline
             raise EncodingUnavailableError(f"encoding {name!r} could not be loaded: {exc}") from exc
-        if getattr(encoding, "_mergeable_ranks", None):
+        if getattr(encoding, "_mergeable_ranks", None):  # built now, not tiktoken's cached one
             encoding._mergeable_ranks = {}
-        release_freed_memory()
+            release_freed_memory()
         return encoding

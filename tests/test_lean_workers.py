@@ -153,7 +153,7 @@ def test_jemalloc_chosen_but_missing_stops_serve_with_one_line(
     assert preload_environment("auto", {}) is None  # auto: the system allocator
 
 
-def test_freed_memory_is_handed_back_after_each_encoding_load(
+def test_freed_memory_is_handed_back_after_each_encoding_load_and_only_then(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls: list[str] = []
@@ -163,12 +163,15 @@ def test_freed_memory_is_handed_back_after_each_encoding_load(
         calls.append(f"load {name}")
         return real(name)
 
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # built afresh, not cached
     monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
     monkeypatch.setattr("proxy.encodings.release_freed_memory", lambda: calls.append("release"))
-    for name in ("o200k_base", "cl100k_base"):
+    for name in ("o200k_base", "cl100k_base", "o200k_base"):
         load_encoding(name)
 
-    assert calls == ["load o200k_base", "release", "load cl100k_base", "release"]
+    # The third is tiktoken's cached encoding: nothing was freed, the heap is not walked again
+    # (malloc_trim of a large heap stalls every thread that allocates meanwhile).
+    assert calls == ["load o200k_base", "release", "load cl100k_base", "release", "load o200k_base"]
 
 
 def _closure(name: str, seen: set[str]) -> set[str]:
