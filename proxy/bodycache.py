@@ -20,6 +20,7 @@ Memory is bounded by the bytes of the bodies kept (`max_bytes`, least recently u
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -56,8 +57,9 @@ class _Seen:
     """Digests of the first messages, filled in when a decision first needs them."""
     prefixes: RollingPrefixes = field(default_factory=RollingPrefixes)
     """Their prefix digests (what a checkpoint is looked up by), filled in likewise."""
-    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Encoding -> (how many first messages, their tokens without the reply priming)."""
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    """Encoding -> running token totals of the first messages: [i] is what messages [0, i)
+    cost, without the reply priming (so one more item than messages counted)."""
 
 
 class BodyCache:
@@ -94,8 +96,8 @@ class BodyCache:
     def digests(self, messages: Sequence[Message]) -> list[str]:
         """`[message_digest(m) for m in messages]`, computing only those of messages new since
         a body this one extends (when `messages` came from `parse`)."""
-        seen = self._by_messages.get(id(messages))
-        if seen is None or seen.body["messages"] is not messages:
+        seen = self._entry(messages)
+        if seen is None:
             return [message_digest(m) for m in messages]
         known = seen.digests
         known.extend(message_digest(m) for m in messages[len(known) :])
@@ -104,8 +106,8 @@ class BodyCache:
     def prefixes(self, messages: Sequence[Message], digests: Sequence[str]) -> list[str]:
         """`prefix_digests(digests)`, where `digests` are `self.digests(messages)`, hashing
         only the prefixes of messages new since a body this one extends."""
-        seen = self._by_messages.get(id(messages))
-        if seen is None or seen.body["messages"] is not messages or seen.digests != digests:
+        seen = self._entry(messages)
+        if seen is None or seen.digests != digests:
             return prefix_digests(digests)
         rolling = seen.prefixes
         rolling.extend(digests[len(rolling.values) :])
@@ -117,21 +119,35 @@ class BodyCache:
         """`counter.count_messages(messages)`, counting only messages new since a body this one
         extends; a history not known yet is counted whole (in a thread if `in_thread`, unless
         every message's count is cached)."""
-        seen = self._by_messages.get(id(messages))
-        if seen is not None and seen.body["messages"] is not messages:
-            seen = None
-        known, subtotal = (0, 0) if seen is None else seen.counts.get(counter.encoding_name, (0, 0))
+        seen = self._entry(messages)
+        known = [] if seen is None else seen.counts.get(counter.encoding_name, [])
         if known:
-            new = messages[known:]
-            total = subtotal + (counter.count_messages(new) if new else REPLY_PRIMING)
+            new = counter.message_counts(messages[len(known) - 1 :])
         else:
-            found = counter.cached_total(messages)
+            found = counter.cached_counts(messages)
             if found is None and in_thread:
-                found = await asyncio.to_thread(counter.count_messages, messages)
-            total = counter.count_messages(messages) if found is None else found
+                found = await asyncio.to_thread(counter.message_counts, messages)
+            new = counter.message_counts(messages) if found is None else found
+            known = [0]
+        # A new list: the entry of the body this one extends shares the old one.
+        running = [*known[:-1], *itertools.accumulate(new, initial=known[-1])]
         if seen is not None:
-            seen.counts[counter.encoding_name] = (len(messages), total - REPLY_PRIMING)
-        return total
+            seen.counts[counter.encoding_name] = running
+        return running[-1] + REPLY_PRIMING
+
+    def tokens_from(self, messages: Sequence[Message], encoding: str, start: int) -> int | None:
+        """What messages [start:] cost with this encoding (without the reply priming), if `count`
+        counted `messages` (from `parse`) with it; else None."""
+        seen = self._entry(messages)
+        running = None if seen is None else seen.counts.get(encoding)
+        if running is None or len(running) != len(messages) + 1 or not 0 <= start < len(running):
+            return None
+        return running[-1] - running[start]
+
+    def _entry(self, messages: Sequence[Message]) -> _Seen | None:
+        """The entry whose body's messages list is `messages` itself."""
+        seen = self._by_messages.get(id(messages))
+        return seen if seen is not None and seen.body["messages"] is messages else None
 
     def _remember(self, key: bytes, seen: _Seen) -> None:
         old = self._seen.pop(key, [])

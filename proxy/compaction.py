@@ -518,7 +518,7 @@ class Compactor:
         candidate = sent
         if base is not None:
             candidate = [*base.messages, *sent[base.covered_through + 1 :]]
-        cand_tokens = counted.fixed + counted.counter.count_messages(candidate)
+        cand_tokens = self._candidate_tokens(request, counted, base, candidate, forms)
         if base is not None and PRECOMPUTED in base.providers:
             # Computed ahead of time: replayed only from the turn the one before no longer fits,
             # so the prefix changes when it would have anyway, not earlier.
@@ -601,6 +601,28 @@ class Compactor:
             return dataclasses.replace(replay, failure=f"providers {label}: {exc}"[:200])
         providers = (*(("lossless",) if forms else ()), *outcome.providers)
         return _Plan(result.messages, "compacted", providers, compaction, history=history)
+
+    def _candidate_tokens(
+        self,
+        request: ChatRequest,
+        counted: _Counted,
+        base: Checkpoint | None,
+        candidate: Sequence[Message],
+        forms: Lossless | None,
+    ) -> int:
+        """What `candidate` counts: a replayed checkpoint's messages, plus what the request's
+        messages after it cost as the body cache counted them (only new messages were), where
+        it did; the whole candidate otherwise (the same figure)."""
+        counter = counted.counter
+        chat = request.dialect is CHAT and request.messages is not None and forms is None
+        if chat and base is not None and isinstance(counter, TokenCounter):
+            assert request.messages is not None
+            after = self.bodies.tokens_from(
+                request.messages, counter.encoding_name, base.covered_through + 1
+            )
+            if after is not None:
+                return counted.fixed + counter.count_messages(base.messages) + after
+        return counted.fixed + counter.count_messages(candidate)
 
     def _report_failures(self, request: ChatRequest, outcome: ChainOutcome) -> str:
         """Count and log every provider that failed; the reason to fail open, unless a later

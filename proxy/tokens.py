@@ -174,9 +174,13 @@ class TokenCounter:
 
     def count_messages(self, messages: Sequence[Mapping[str, Any]]) -> int:
         """Tokens of a message list, the reply priming included."""
+        return REPLY_PRIMING + sum(self.message_counts(messages))
+
+    def message_counts(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Each message's tokens, its overhead included (`count_message` of each)."""
         # One pass and one lock for the whole list: a warm 1,000-message history costs ~1 ms.
         keys = [self._key(m) for m in messages]
-        total = REPLY_PRIMING
+        values = [0] * len(keys)
         missing: list[int] = []
         with self._lock:
             get, touch = self._cache.get, self._cache.move_to_end
@@ -185,7 +189,7 @@ class TokenCounter:
                 if key is None or value is None:
                     missing.append(i)
                 else:
-                    total += value
+                    values[i] = value
                     touch(key)
             self.hits += len(keys) - len(missing)
             self.misses += len(missing)
@@ -197,28 +201,28 @@ class TokenCounter:
                 value = self._message(messages[i])
                 if key is not None:
                     counted[key] = value
-            total += value
+            values[i] = value
         if counted:
             with self._lock:
                 self._cache.update(counted)
                 while len(self._cache) > self._cache_size:
                     self._cache.popitem(last=False)
-        return total
+        return values
 
-    def cached_total(self, messages: Sequence[Mapping[str, Any]]) -> int | None:
-        """`count_messages(messages)` if every message's count is cached, else None (without
+    def cached_counts(self, messages: Sequence[Mapping[str, Any]]) -> list[int] | None:
+        """`message_counts(messages)` if every message's count is cached, else None (without
         counting anything): a caller can count a known history inline and only send the work
         of new messages to a thread."""
         keys = [self._key(m) for m in messages]
-        total = REPLY_PRIMING
+        values: list[int] = []
         with self._lock:
             get = self._cache.get
             for key in keys:
                 value = None if key is None else get(key)
                 if value is None:
                     return None
-                total += value
-        return total
+                values.append(value)
+        return values
 
     def count_tools(self, body: Mapping[str, Any]) -> int:
         """Tokens of the request's tool (or legacy function) definitions (cached)."""

@@ -248,3 +248,24 @@ async def test_counts_of_a_growing_conversation_count_only_new_messages() -> Non
 
     assert all(got == expected for got, expected in totals)
     assert len(counted) == 41 + 1 + 0 + 2  # each message once over the four turns
+
+
+async def test_what_the_messages_after_a_point_cost_comes_from_the_running_totals() -> None:
+    from proxy.encodings import load_encoding
+    from proxy.tokens import REPLY_PRIMING, TokenCounter
+
+    cache = BodyCache()
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=1000)
+    fresh = TokenCounter(load_encoding("o200k_base"), cache_size=0)
+    for turn, resent in ((40, False), (43, False), (43, True)):
+        msgs = cache.parse(orjson.dumps({"model": "m", "messages": conversation(turn)}))["messages"]
+        # Known before counting only for a body sent again (its totals are carried over).
+        assert (cache.tokens_from(msgs, "o200k_base", 0) is not None) is resent
+        total = await cache.count(msgs, counter, in_thread=False)
+
+        assert total == fresh.count_messages(msgs)
+        for start in (0, 1, 17, len(msgs)):
+            expected = fresh.count_messages(msgs[start:]) - REPLY_PRIMING
+            assert cache.tokens_from(msgs, "o200k_base", start) == expected
+        assert cache.tokens_from(msgs, "cl100k_base", 1) is None  # counted with o200k only
+        assert cache.tokens_from(list(msgs), "o200k_base", 1) is None  # another list
