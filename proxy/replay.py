@@ -46,6 +46,9 @@ class _Facts:
     kept_set: frozenset[int]
     scan: PairingScan
     """The tool-call pairing scan of its messages."""
+    open_calls: bool | None = None
+    """Whether the originals it covers end with tool calls still waiting for results (None:
+    not known yet); known like `rewritten`, tool call ids being part of the digests too."""
     rewritten: int | None = None
     """The first system/developer message of the originals it covers that it does not keep as
     it is (-1: none; None: not known yet). Known from any request whose messages
@@ -78,7 +81,8 @@ class ReplayChecks:
             return _KEPT
         if facts.shape:
             return facts.shape
-        return self._protected(cp, facts, messages, prefixes[k]) or _pairing(cp, facts, messages)
+        prefix = prefixes[k]
+        return self._protected(cp, facts, messages, prefix) or _pairing(cp, facts, messages, prefix)
 
     def _facts_of(self, cp: Checkpoint) -> _Facts:
         found = self._facts.get(id(cp))
@@ -123,10 +127,20 @@ class ReplayChecks:
         return f"it rewrites protected message {first} ({messages[first].get('role')})"
 
 
-def _pairing(cp: Checkpoint, facts: _Facts, messages: Sequence[Message]) -> str:
-    """pairing_problem, scanning only the request's messages after the checkpoint."""
-    rest = messages[cp.covered_through + 1 :]
-    after = pairing_problems(rest, facts.scan)
+def _pairing(cp: Checkpoint, facts: _Facts, messages: Sequence[Message], prefix: str) -> str:
+    """pairing_problem, scanning only the request's messages after the checkpoint, or none of
+    them: when the checkpoint itself pairs every call and leaves none open, and so do the
+    originals it stands for, the candidate's pairing errors are all the request's own."""
+    k = cp.covered_through
+    if not facts.scan.problems and not facts.scan.pending:
+        open_calls = facts.open_calls if prefix == cp.source_digest else None
+        if open_calls is None:
+            open_calls = bool(pairing_scan(messages[: k + 1]).pending)
+            if prefix == cp.source_digest:
+                facts.open_calls = open_calls
+        if not open_calls:
+            return ""
+    after = pairing_problems(messages[k + 1 :], facts.scan)
     if after and after - pairing_problems(messages):  # the request's own: scanned only if needed
         return _PAIRING
     return ""
