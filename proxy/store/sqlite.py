@@ -16,11 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,9 +80,7 @@ class SqliteStore:
         the timeout (`slow`: the inspection timeout)."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
         lane = lane or (self._writer if write else self._reader)
-        future = asyncio.get_running_loop().run_in_executor(
-            lane.executor, partial(fn, lane.con, *args)
-        )
+        future = lane.call(fn, lane.con, *args)
         # A caller that timed out no longer awaits the statement: retrieve its outcome here, so
         # a late failure is not logged as "Future exception was never retrieved".
         future.add_done_callback(_retrieve)
@@ -243,12 +241,25 @@ class SqliteStore:
             await lane.close()
 
 
-@dataclass(frozen=True)
 class _Lane:
-    """One thread and the connection only it uses."""
+    """One thread and the connection only it uses. Calls are handed over on a queue and come
+    back with one `call_soon_threadsafe` (an executor's futures, locks and callback chain cost
+    a replay lookup about a third more)."""
 
-    con: sqlite3.Connection
-    executor: ThreadPoolExecutor
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # A daemon: a process that exits without closing the store leaves SQLite to roll back
+        # (WAL) rather than wait for this thread.
+        self._thread = threading.Thread(target=self._serve, name=f"compactd-sqlite-{name}")
+        self._thread.daemon = True
+        self._thread.start()
+        self._con: sqlite3.Connection | None = None
+
+    @property
+    def con(self) -> sqlite3.Connection:
+        """The lane's connection (to be used on its thread only, through `call`)."""
+        assert self._con is not None
+        return self._con
 
     @classmethod
     async def open(
@@ -259,19 +270,59 @@ class _Lane:
         name: str,
         connect: Callable[[str, int], sqlite3.Connection],
     ) -> _Lane:
-        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"compactd-sqlite-{name}")
-        loop = asyncio.get_running_loop()
+        lane = cls(name)
         try:
-            con = await loop.run_in_executor(executor, connect, str(path), open_busy_ms)
-            await loop.run_in_executor(executor, con.execute, f"PRAGMA busy_timeout = {busy_ms}")
+            lane._con = await lane.call(connect, str(path), open_busy_ms)
+            await lane.call(lane.con.execute, f"PRAGMA busy_timeout = {busy_ms}")
         except sqlite3.Error as exc:
-            executor.shutdown(wait=False)
+            lane._jobs.put(None)
             raise StoreError(f"sqlite {path}: {exc}") from exc
-        return cls(con, executor)
+        return lane
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """`fn(*args)` run on the lane's thread, as a future of the running loop."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # noqa: BLE001  # handed to the caller, as an executor does
+                _hand_back(loop, future, None, exc)
+            else:
+                _hand_back(loop, future, result, None)
+
+        self._jobs.put(job)
+        return future
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job()
 
     async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.executor, self.con.close)
-        self.executor.shutdown(wait=True)
+        await self.call(self.con.close)
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+
+
+def _hand_back(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    exc: BaseException | None,
+) -> None:
+    """Settle `future` on its loop with what a lane's job returned or raised."""
+
+    def settle() -> None:
+        if future.done():  # cancelled meanwhile
+            return
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed before the job ended
+        loop.call_soon_threadsafe(settle)
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:

@@ -6,9 +6,12 @@ import asyncio
 import multiprocessing
 import sqlite3
 import stat
+import time
 from pathlib import Path
 
-from proxy.store.base import UsageRecord
+import pytest
+
+from proxy.store.base import StoreError, UsageRecord
 from proxy.store.sqlite import SqliteStore
 from tests.store.test_contract import A, compaction, history, prefixes
 
@@ -135,3 +138,35 @@ async def test_expired_rows_are_deleted_by_a_later_write(tmp_path: Path) -> None
             for table in ("conversations", "checkpoints", "originals", "refs")
         }
     assert all(rows == [("new",)] for rows in left.values()), left
+
+
+async def test_a_statement_past_the_timeout_fails_the_call_and_finishes_on_its_thread(
+    tmp_path: Path,
+) -> None:
+    store = await SqliteStore.open(tmp_path / "compactd.db", timeout_ms=50)
+    finished: list[bool] = []
+
+    def slow(con: sqlite3.Connection) -> None:
+        time.sleep(0.3)
+        con.execute("SELECT 1")
+        finished.append(True)
+
+    def broken(con: sqlite3.Connection) -> None:
+        con.execute("SELECT * FROM no_such_table")
+
+    try:
+        with pytest.raises(StoreError, match="did not answer within 50 ms"):
+            await store._run(slow, write=False)
+        # The lane runs one statement at a time: the next call waits for the slow one.
+        await store._run(lambda con: con.execute("SELECT 1"), write=False, slow=True)
+        with pytest.raises(StoreError, match="no such table"):
+            await store._run(broken, write=False)
+        msgs = history(6)
+        await store.save_compaction(compaction(A, "c1", msgs, 3), TTL)
+        found = await store.find_checkpoint(A, "c1", prefixes(msgs))
+    finally:
+        await store.close()
+
+    assert finished == [True]
+    assert found is not None
+    assert found.covered_through == 3
