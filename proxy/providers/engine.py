@@ -20,7 +20,7 @@ touched.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -158,39 +158,85 @@ def _duplicates(
 FILL_SHARE = 0.05
 FILL_MIN = 100
 # Shares of the room a filling cut is sized to (its exact count is known once it is written).
-FILL_TRIES = (0.9, 0.7, 0.5)
+FILL_TRIES = (0.97, 0.9, 0.7, 0.5)
+
+
+def _worth_filling(slack: int, config: CompressionConfig) -> bool:
+    return slack >= max(FILL_MIN, int(config.limit * FILL_SHARE))
 
 
 def _fill(
     plan: Plan, chosen: int, config: CompressionConfig, out: list[Message], used: list[Form]
 ) -> tuple[list[Message], list[Form]]:
-    """When the rung that fits leaves much of the target unused because its last step reduced
-    one large message (a long answer that has no summary smaller than itself goes straight to
-    its fact list), that message is cut head and tail to the room instead, its facts listed
-    first: the budget is used, and it holds the message's own text as well as its facts."""
-    step = plan.steps[chosen - 1]
-    i = step.message
-    if step.level == DROPPED or i in plan.fixed:
-        return out, used
+    """When the rung that fits leaves much of the target unused (its last step freed far more
+    than was needed), the room is filled: a large message its last step reduced to its facts is
+    cut head and tail to the room instead, then a stub lists more of its facts."""
     slack = config.limit - config.count_tokens(out)
-    if slack < max(FILL_MIN, int(config.limit * FILL_SHARE)):
+    if not _worth_filling(slack, config):
         return out, used
+    step = plan.steps[chosen - 1]
+    if step.level != DROPPED and step.message not in plan.fixed:
+        # A long answer that has no summary smaller than itself goes straight to its fact list:
+        # cut head and tail, it holds its own text as well as its facts (listed first).
+        now = plan.forms.single(step.message, step.level)
+        if now is not None and now.body.startswith("facts: "):  # not a reference or summary
+            cuts = _message_cuts(plan, step.message, now.tokens + slack)
+            found = _first_fit(plan, chosen, config, cuts)
+            if found is not None:
+                out, used = found
+                slack = config.limit - config.count_tokens(out)
+                if not _worth_filling(slack, config):
+                    return out, used
+    # The stub the last step dropped a unit into, or else the newest stub (the last to go).
+    stubs = [f for f in used if plan.forms.stub(f.start, f.end) is f]
+    if step.level == DROPPED:
+        start = plan.units[step.unit].start
+        stubs = [f for f in stubs if f.start <= start < f.end]
+    if stubs:
+        found = _first_fit(plan, chosen, config, _stub_growth(plan, stubs[-1], slack))
+        if found is not None:
+            return found
+    return out, used
+
+
+def _first_fit(
+    plan: Plan, chosen: int, config: CompressionConfig, tries: Iterator[None]
+) -> tuple[list[Message], list[Form]] | None:
+    """Rung `chosen` rebuilt after each override `tries` sets: the first that fits, if any (an
+    override that does not fit is undone by `tries`)."""
+    for _ in tries:
+        filled, filled_used, _ = plan.build(chosen, None)
+        if config.count_tokens(filled) <= config.limit:
+            return filled, filled_used
+    return None
+
+
+def _message_cuts(plan: Plan, i: int, room: int) -> Iterator[None]:
+    """Message i cut head and tail to shares of `room` tokens, largest first."""
     forms = plan.forms
-    now = forms.single(i, step.level)
-    if now is None or not now.body.startswith("facts: "):
-        return out, used  # a duplicate's reference or a summary: nothing a cut would add
-    room = now.tokens + slack
     chars = len(message_text(plan.messages[i]))
     for share in FILL_TRIES:
         draft = forms.fill_draft(i, int(room * share * chars / max(forms.costs[i], 1)))
         if draft is None:
             break
         plan.override[i] = forms.materialize(draft)
-        filled, filled_used, _ = plan.build(chosen, None)
-        if config.count_tokens(filled) <= config.limit:
-            return filled, filled_used
+        yield None
     plan.override.pop(i, None)
-    return out, used
+
+
+def _stub_growth(plan: Plan, stub: Form, slack: int) -> Iterator[None]:
+    """The stub listing more facts, sized to shares of `slack` tokens, largest first."""
+    forms = plan.forms
+    span = (stub.start, stub.end)
+    per_token = forms.stub_chars_per_token(*span)
+    cap = forms.stub_cap(*span)
+    for share in FILL_TRIES:
+        form = forms.stub_sized(*span, cap + int(slack * share * per_token))
+        if form is None or form.tokens <= stub.tokens:
+            break
+        plan.stub_override[span] = form
+        yield None
+    plan.stub_override.pop(span, None)
 
 
 def compact(

@@ -595,6 +595,13 @@ class Forms:
         ratio = self.ratio(start, end) * _FACTS_DENSITY
         return _OVERHEAD + self.marker_tokens("dropped", True) + round(facts * ratio) + 1
 
+    def stub_cap(self, start: int, end: int) -> int:
+        """Characters of facts the stub of input messages start .. end-1 lists at most."""
+        chars = self.fact_chars_of(start, end)
+        return min(
+            self.settings.max_facts_chars, max(40, int(chars * self.settings.stub_facts_ratio))
+        )
+
     def stub(self, start: int, end: int, force_cap: int | None = None) -> Form | None:
         """A run of whole units dropped, replaced by one user/assistant message with its facts.
 
@@ -602,23 +609,32 @@ class Forms:
         facts (none at 0)."""
         key = (start, end, DROPPED if force_cap is None else -1 - force_cap)
         if key not in self._memo:
-            role = "user" if self.messages[start].get("role") == "user" else "assistant"
-            chars = self.fact_chars_of(start, end)
-            cap = min(
-                self.settings.max_facts_chars, max(40, int(chars * self.settings.stub_facts_ratio))
-            )
+            cap = self.stub_cap(start, end)
             if force_cap is not None:
                 cap = min(cap, force_cap)
-            body = ""
-            if cap > 0:
-                read = self._stub_read(start, end, cap)
-                structural = structural_shapes([self._shape_counts(i) for i in read])
-                groups = [self._candidates(i) for i in read]
-                facts = pack_salient(groups, cap, structural, self._shapes)
-                body = f"facts: {facts}" if facts else ""
-            verb = None if force_cap is not None else "dropped"
-            self._memo[key] = self._accept(self.materialize(Draft(start, end, verb, body, role)))
+            self._memo[key] = self._stub_form(start, end, cap, force_cap is None)
         return self._memo[key]
+
+    def stub_sized(self, start: int, end: int, cap: int) -> Form | None:
+        """The stub of input messages start .. end-1 listing up to `cap` characters of facts
+        (the budget's slack filled)."""
+        return self._stub_form(start, end, cap, True)
+
+    def _stub_form(self, start: int, end: int, cap: int, marked: bool) -> Form | None:
+        role = "user" if self.messages[start].get("role") == "user" else "assistant"
+        body = ""
+        if cap > 0:
+            read = self._stub_read(start, end, cap)
+            structural = structural_shapes([self._shape_counts(i) for i in read])
+            groups = [self._candidates(i) for i in read]
+            facts = pack_salient(groups, cap, structural, self._shapes)
+            body = f"facts: {facts}" if facts else ""
+        verb = "dropped" if marked else None
+        return self._accept(self.materialize(Draft(start, end, verb, body, role)))
+
+    def stub_chars_per_token(self, start: int, end: int) -> float:
+        """Characters of a stub's fact list per token (what sizes a filled stub)."""
+        return 1 / (self.ratio(start, end) * _FACTS_DENSITY)
 
     def forced(self, i: int, force_cap: int) -> Form | None:
         """Message i with the short marker and at most `force_cap` chars of facts."""

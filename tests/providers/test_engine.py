@@ -306,3 +306,40 @@ def test_one_large_answer_is_cut_to_the_room_left_not_reduced_to_its_facts() -> 
     assert "def handler_0(request):" in answer  # its head, verbatim
     assert "handler_399" in answer  # its tail
     assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+def test_a_stub_that_frees_far_more_than_needed_lists_more_facts_to_use_the_room() -> None:
+    # The old request (60 paths) becomes a stub listing a tenth of its text, and the answer's
+    # summary frees far more than the target needs: the stub lists facts up to the room.
+    messages = [
+        user("Loaded " + " ".join(f"/srv/app/conf/part_{k}.yml" for k in range(60))),
+        assistant("Noted /srv/app/conf/main.yml. " + words(600, "note")),
+        user("/exit"),
+    ]
+    limit = count_tokens(messages) * 3 // 10
+    result = compress(messages, limit)
+    assert check_result(messages, result, make_config(limit)) == []
+    stub = message_text(result.messages[0])
+    assert "1 message" in stub
+    assert "dropped" in stub
+    assert 0.85 * limit <= count_tokens(result.messages) <= limit
+    assert stub.count("part_") >= 15  # a tenth of its text holds 5
+    assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+def test_a_unit_dropped_as_the_last_step_gets_a_stub_sized_to_the_room() -> None:
+    # Reduced to its facts the old request still misses the target; its stub (a tenth of its
+    # text: 11 paths) would leave most of the target unused, so it lists paths up to the room.
+    messages = [
+        user("Loaded " + " ".join(f"/srv/app/conf/part_{k}.yml" for k in range(120))),
+        assistant("Noted."),
+        user("/exit"),
+    ]
+    limit = count_tokens(messages) // 2
+    result = compress(messages, limit)
+    assert check_result(messages, result, make_config(limit)) == []
+    stub = message_text(result.messages[0])
+    assert "dropped" in stub
+    assert 0.8 * limit <= count_tokens(result.messages) <= limit
+    assert stub.count("part_") >= 36
+    assert uncompress(result.messages, result.verbatim).messages == messages
