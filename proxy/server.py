@@ -7,6 +7,10 @@ counts the bytes and headers of each request head as they arrive and answers an 
 431 (then closes the connection) as soon as either passes its limit (`server.max_header_bytes`,
 `server.max_headers`). `head_too_large` checks the same limits in the app, for servers other
 than ours.
+
+`websocket_protocol` is the WebSocket protocol handed to uvicorn: its real implementation (what
+uvicorn's `ws="auto"` picks) is imported when a connection first upgrades, not at start-up, so
+a worker that never relays a WebSocket does not hold the `websockets` package (~2.5 MB).
 """
 
 from __future__ import annotations
@@ -144,10 +148,21 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self.loop.call_later(LINGER_SECONDS, transport.close)
 
 
+def websocket_protocol(**kwargs: Any) -> asyncio.Protocol:
+    """The protocol of one upgraded connection: uvicorn's automatic choice, imported on the
+    first upgrade (uvicorn calls this with the keyword arguments it gives the class)."""
+    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol  # noqa: PLC0415
+
+    if AutoWebSocketsProtocol is None:  # neither websockets nor wsproto is installed
+        raise RuntimeError("no WebSocket implementation is installed")
+    return AutoWebSocketsProtocol(**kwargs)
+
+
 def protocol_options(limits: HeadLimits) -> dict[str, Any]:
-    """uvicorn options that bound request heads: our protocol, and h11's limit should anyone
-    choose h11 instead."""
+    """uvicorn options: our HTTP protocol that bounds request heads (and h11's limit should
+    anyone choose h11 instead), and the WebSocket protocol imported on first use."""
     return {
         "http": functools.partial(BoundedHttpToolsProtocol, limits=limits),
+        "ws": websocket_protocol,
         "h11_max_incomplete_event_size": limits.max_bytes,
     }

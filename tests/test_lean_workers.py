@@ -1,5 +1,6 @@
 """Lean workers: encodings load when first needed and keep one copy of their ranks; `serve`
-runs its workers on jemalloc when it is installed."""
+runs its workers on jemalloc when it is installed; code only some requests need is imported
+when one first comes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import threading
 from importlib import metadata
 from pathlib import Path
 
+import aiohttp
 import pytest
 import tiktoken
 import tiktoken_ext.openai_public as public
@@ -21,7 +23,9 @@ from proxy.allocator import MALLOC_CONF, AllocatorError, jemalloc_library, prelo
 from proxy.budget import ModelTable
 from proxy.encodings import load_encoding
 from proxy.tokens import Tokenizers
+from tests.dialects.test_websocket import EchoUpstream
 from tests.instances import instances
+from tests.upstream import serve
 
 TEXTS = ["hello world", "def f(x):\n    return x ** 2\n", "naïve café — 😀 " * 50, " " * 300]
 
@@ -198,3 +202,26 @@ def test_an_installed_compactd_brings_no_file_watcher_into_its_workers() -> None
 
     assert {"uvicorn", "httptools", "uvloop", "websockets"} <= installed
     assert not installed & {"watchfiles", "python-dotenv"}
+
+
+async def test_an_idle_worker_imports_websockets_only_when_a_session_is_relayed(
+    tmp_path: Path,
+) -> None:
+    # websockets' C extension is mapped once the package is imported (~2.5 MB per worker).
+    upstream = EchoUpstream()
+    async with serve(upstream) as base:
+        env = {"COMPACTD_SECRET": "lean", "COMPACTD_UPSTREAM_URL": f"{base}/v1"}
+        async with instances(tmp_path, [env]) as (server,), aiohttp.ClientSession() as http:
+            before = _mapped(server.worker_pids()[0], "websockets/speedups")
+            url = server.url.replace("http://", "ws://") + "/v1/responses?model=gpt-5"
+            async with http.ws_connect(url) as ws:
+                created = (await ws.receive()).data
+                await ws.send_str("ping")
+                echo = (await ws.receive()).data
+            after = _mapped(server.worker_pids()[0], "websockets/speedups")
+
+    assert not before
+    assert created == '{"type":"session.created"}'
+    assert echo == "ping"
+    assert upstream.frames[0] == "ping"
+    assert after  # the real implementation served the upgrade
