@@ -148,6 +148,34 @@ def test_a_preload_the_loader_refused_is_not_tried_again() -> None:
     assert preload_environment("system", {}) is None
 
 
+MALLCTL = """
+import ctypes
+libc = ctypes.CDLL(None)
+for name, kind in ((b"opt.narenas", ctypes.c_uint), (b"opt.tcache_max", ctypes.c_size_t),
+                   (b"opt.dirty_decay_ms", ctypes.c_ssize_t)):
+    value, size = kind(), ctypes.c_size_t(ctypes.sizeof(kind))
+    assert libc.mallctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) == 0, name
+    print(name.decode(), value.value)
+"""
+
+
+def test_jemalloc_takes_every_setting_of_the_default_configuration() -> None:
+    # jemalloc ignores a setting it does not know with a warning on stderr, nothing else.
+    _need_jemalloc()
+    env = preload_environment("auto", {k: v for k, v in os.environ.items() if k != "MALLOC_CONF"})
+    assert env is not None
+    out = subprocess.run(
+        [sys.executable, "-c", MALLCTL], env=env, capture_output=True, text=True, check=True
+    )
+
+    assert "<jemalloc>" not in out.stderr
+    assert out.stdout.split("\n")[:3] == [
+        "opt.narenas 1",  # one event loop per worker: more arenas only hold idle memory
+        "opt.tcache_max 1024",
+        "opt.dirty_decay_ms 1000",
+    ]
+
+
 def test_jemalloc_chosen_but_missing_stops_serve_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
