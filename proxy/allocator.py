@@ -9,10 +9,6 @@ serve` starts itself again once with it preloaded (`LD_PRELOAD`; the workers inh
 
 `MALLOC_CONF` (when the environment does not set its own) lets a background thread hand freed
 pages back after a second instead of keeping them ten, so a worker at rest holds what it uses.
-It also keeps one arena instead of four per CPU, and caches only blocks up to 1 KiB per thread
-(instead of 32 KiB): a worker is one event loop and a few short-lived threads (large counts,
-providers), so more arenas and bigger caches only hold more idle memory (~0.7-1 MB per worker
-on `bench/rss.py`).
 """
 
 from __future__ import annotations
@@ -26,9 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 ALLOCATORS = ("auto", "jemalloc", "system")
-MALLOC_CONF = (
-    "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache_max:1024"
-)
+MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 _MALLCTL_ARENAS_ALL = 4096
 """jemalloc's arena index meaning every arena (`arena.4096.purge`)."""
 _KNOWN_PATHS = (

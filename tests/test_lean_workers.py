@@ -151,11 +151,11 @@ def test_a_preload_the_loader_refused_is_not_tried_again() -> None:
 MALLCTL = """
 import ctypes
 libc = ctypes.CDLL(None)
-for name, kind in ((b"opt.narenas", ctypes.c_uint), (b"opt.tcache_max", ctypes.c_size_t),
-                   (b"opt.dirty_decay_ms", ctypes.c_ssize_t)):
+for name, kind in ((b"opt.dirty_decay_ms", ctypes.c_ssize_t), (b"opt.muzzy_decay_ms", ctypes.c_ssize_t),
+                   (b"opt.background_thread", ctypes.c_bool)):
     value, size = kind(), ctypes.c_size_t(ctypes.sizeof(kind))
     assert libc.mallctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) == 0, name
-    print(name.decode(), value.value)
+    print(name.decode(), int(value.value))
 """
 
 
@@ -170,9 +170,9 @@ def test_jemalloc_takes_every_setting_of_the_default_configuration() -> None:
 
     assert "<jemalloc>" not in out.stderr
     assert out.stdout.split("\n")[:3] == [
-        "opt.narenas 1",  # one event loop per worker: more arenas only hold idle memory
-        "opt.tcache_max 1024",
         "opt.dirty_decay_ms 1000",
+        "opt.muzzy_decay_ms 0",
+        "opt.background_thread 1",
     ]
 
 
