@@ -4,7 +4,8 @@ Every message that may change climbs one ladder (`ladder.py`), in the order of i
 its place in the conversation, plus, for a tool result, its relevance to the recent turns (BM25
 against the last user message and the final units), so a stale observation goes before a file
 view the agent is still working on. First every stale tool output is masked (head, tail and the
-lines holding the recent turns' terms kept); then message by message: summarized (hard content
+lines holding the recent turns' terms, or the terms the agent's next message took up from it,
+kept); then message by message: summarized (hard content
 kept, exact or fuzzy duplicates replaced by a readable reference), reduced to its facts, and
 its unit dropped into a stub that keeps the run's facts once its last message is reduced. The
 last rungs (`force_converge`) leave short reference markers with fewer and fewer facts, then
@@ -270,8 +271,9 @@ def compact(
     needed = set(query) | set(reacting) | set(reacting.values())
     needed |= {i for i, m in enumerate(messages) if m.get("role") == "tool"}
     fact_texts = {i: fact_text(messages[i]) for i in needed}
+    taken: dict[int, set[str]] = {}
     keys, weights = keep_keys(
-        messages, [fact_texts.get(i, "") for i in range(len(messages))], query
+        messages, [fact_texts.get(i, "") for i in range(len(messages))], query, taken
     )
     steps = ladder(units, messages, keys, fixed=fixed, can_drop=can_drop, last=last)
     candidates = [i for i in range(len(messages)) if i not in fixed]
@@ -281,6 +283,7 @@ def compact(
     forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts), costs)
     forms.keys = keys
     forms.query_terms = heaviest(weights)
+    forms.taken = taken
     forms.seed_fact_texts(fact_texts)
     plan = Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
     caps = FORCE_FACT_CHARS if opts.force_converge else ()

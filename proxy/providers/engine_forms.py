@@ -48,6 +48,8 @@ _MASK_MAX_CHARS = 2400
 _SHORT_MASK_CHARS = 400
 _MASK_FACTS_CHARS = 240
 _SHORT_MASK_LIMIT = _SHORT_MASK_CHARS + _MASK_FACTS_CHARS
+# A mask keeps the lines of at most this many terms the agent's next message took up from it.
+_TAKEN_TERMS = 12
 # Longer messages are masked (head, tail, relevant lines), never summarized.
 SUMMARY_MAX_CHARS = 1_000_000
 # A stub reads the fact candidates of its messages until it has this many times its room.
@@ -126,6 +128,13 @@ def fact_text(message: Message) -> str:
     return "\n".join(p for p in parts if p)
 
 
+def _specific(term: str) -> bool:
+    """An identifier-like term: with a digit or `_` (and 4 characters), or 7 characters long."""
+    if len(term) >= 7:
+        return True
+    return len(term) >= 4 and ("_" in term or any(c.isdigit() for c in term))
+
+
 def _has_ref(text: str) -> bool:
     """Whether text holds a reference marker (searched a piece at a time)."""
     if len(text) <= SCAN_CHARS:
@@ -181,6 +190,9 @@ class Forms:
     """How long each message keeps its detail (the ladder's keys; higher: longer)."""
     query_terms: Sequence[tuple[str, float]] = ()
     """The heaviest terms of the recent turns (what a mask keeps the lines of)."""
+    taken: dict[int, set[str]] = field(default_factory=dict)
+    """Per tool result, the terms the agent's next message took up from it (a mask keeps the
+    lines of the most specific of them too)."""
 
     def __post_init__(self) -> None:
         # A rewrite must save at least what a marker costs: smaller savings lose text for
@@ -313,6 +325,15 @@ class Forms:
         ratio = self.settings.facts_ratio
         return min(self.settings.max_facts_chars, max(48, int(chars * ratio)))
 
+    def taken_terms(self, i: int) -> list[tuple[str, float]]:
+        """The most specific terms tool result i's reaction took up (longest first; with a
+        digit or `_`, or long), not among the query's, weighted as its heaviest term."""
+        query = {t for t, _w in self.query_terms}
+        found = [t for t in self.taken.get(i, ()) if t not in query and _specific(t)]
+        found.sort(key=lambda t: (-len(t), t))
+        weight = self.query_terms[0][1] if self.query_terms else 1.0
+        return [(t, weight) for t in found[:_TAKEN_TERMS]]
+
     def mask_draft(self, i: int, chars: int) -> Draft | None:
         """Tool result i cut to `chars`: the lines of its middle that hold the recent turns'
         terms (up to half of them), its head and tail (at line ends where possible) with the
@@ -325,7 +346,7 @@ class Forms:
         if text is not None and len(text) > chars + _MASK_FACTS_CHARS:
             hits = self._hits.get(i)
             if hits is None:
-                hits = self._hits[i] = line_hits(text, self.query_terms)
+                hits = self._hits[i] = line_hits(text, [*self.query_terms, *self.taken_terms(i)])
             lines = relevant_lines(hits, chars // 3, len(text) - chars // 6, chars // 2)
             used = sum(len(line) + 1 for line in lines)
             head, tail = preview_parts(text, chars - used)

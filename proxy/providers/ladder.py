@@ -29,7 +29,7 @@ from proxy.providers.units import Unit
 
 # What relevance adds to a tool result's key at most (age adds at most 1): a relevant output
 # outlives every irrelevant one, however recent.
-RELEVANCE_WEIGHT = 3.0
+RELEVANCE_WEIGHT = 6.0
 # Characters added to a message's length before dividing its relevance by it, so a two-line
 # output sharing one query term does not outrank a file view full of them.
 LENGTH_SMOOTHING = 1000
@@ -62,13 +62,17 @@ class Step(NamedTuple):
 
 
 def keep_keys(
-    messages: Sequence[Message], texts: Sequence[str], query: Sequence[int]
+    messages: Sequence[Message],
+    texts: Sequence[str],
+    query: Sequence[int],
+    taken: dict[int, set[str]] | None = None,
 ) -> tuple[list[float], dict[str, float]]:
     """Per message, how long it should keep its detail (higher: longer), and the query's terms
     that older tool results share, with their weights (inverse document frequency over the tool
     results). `texts` are the messages' texts (with their tool-call arguments), `query` the
     indices of the recent turns; they must hold the texts of the tool results, the query and
-    the `reactions` to the tool results.
+    the `reactions` to the tool results. `taken`, if given, is filled with the terms each
+    older tool result's reaction took up from it.
 
     A tool result of the query itself is recent already and matches itself: it gets no
     relevance, and its own terms weigh only where an older result shares them. Terms are
@@ -85,13 +89,15 @@ def keep_keys(
     relevance = Relevance(documents, wanted)
     density = [relevance.score(d) / (len(texts[i]) + LENGTH_SMOOTHING) for d, i in enumerate(older)]
     reaction = reactions(messages)
-    taken: dict[int, set[str]] = {}
+    reacted: dict[int, set[str]] = {}
     uptake = []
     for d, i in enumerate(older):
         j = reaction.get(i)
-        if j is not None and j not in taken:
-            taken[j] = set(terms(texts[j]))
-        shared = documents[d][0] & taken[j] if j is not None else set()
+        if j is not None and j not in reacted:
+            reacted[j] = set(terms(texts[j]))
+        shared = documents[d][0] & reacted[j] if j is not None else set()
+        if taken is not None:
+            taken[i] = shared
         uptake.append(sum(map(relevance.weight, shared)) / (len(texts[i]) + LENGTH_SMOOTHING))
     top_density, top_uptake = max(density), max(uptake)
     if top_uptake > 0:

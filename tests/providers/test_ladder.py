@@ -121,3 +121,25 @@ def test_the_reaction_to_parallel_results_is_the_next_assistant_message() -> Non
         tool("c", "three"),
     ]
     assert reactions(messages) == {3: 5, 4: 5}
+
+
+def test_a_mask_keeps_the_lines_the_agent_took_up_in_its_next_message() -> None:
+    # The task and the final turns never name `retry_budget`; the agent's reaction to the view
+    # does. Masked, the view keeps that line from its middle (head and tail aside).
+    view = "\n".join(
+        [f"def helper_{k}(value):\n    return value + {k}" for k in range(40)]
+        + ["    retry_budget = compute_retry_budget(limit)"]
+        + [f"def other_{k}(value):\n    return value * {k}" for k in range(40)]
+    )
+    messages = [system(), user("Make the client give up sooner.")]
+    messages += [assistant("Reading the client.", "c0"), tool("c0", view)]
+    messages += [assistant("The retry_budget comes from compute_retry_budget; lowering it.", "c1")]
+    messages += [tool("c1", "edited")]
+    for k in range(2, 12):
+        messages += [assistant(f"Listing step {k}.", f"c{k}"), tool(f"c{k}", _listing(k))]
+    limit = count_tokens(messages) * 3 // 10
+    result = EngineProvider().compress(messages, make_config(limit))
+    masked = message_text(next(m for m in result.messages if m.get("tool_call_id") == "c0"))
+    assert masked.startswith("[compactd:ref=")
+    assert "retry_budget = compute_retry_budget(limit)" in masked
+    assert "helper_30" not in masked
