@@ -352,7 +352,9 @@ async def main() -> None:
         "--precompute", type=float, default=0.0, help="precompute_ratio of every policy"
     )
     parser.add_argument(
-        "--providers", default="", help="chain of every policy, comma-separated (default: trim)"
+        "--providers",
+        default="",
+        help="chain of every policy, comma-separated (default: the default policy's, engine)",
     )
     args = parser.parse_args()
     chain = tuple(p for p in args.providers.split(",") if p)
