@@ -273,7 +273,7 @@ def compact(
     fact_texts = {i: fact_text(messages[i]) for i in needed}
     taken: dict[int, set[str]] = {}
     keys, weights = keep_keys(
-        messages, [fact_texts.get(i, "") for i in range(len(messages))], query, taken
+        messages, [fact_texts.get(i, "") for i in range(len(messages))], query, taken, reacting
     )
     steps = ladder(units, messages, keys, fixed=fixed, can_drop=can_drop, last=last)
     candidates = [i for i in range(len(messages)) if i not in fixed]

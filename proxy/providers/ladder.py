@@ -19,7 +19,7 @@ final tool results come last, level by level (cutting them is the last resort).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
 from proxy.providers.base import Message
@@ -66,13 +66,15 @@ def keep_keys(
     texts: Sequence[str],
     query: Sequence[int],
     taken: dict[int, set[str]] | None = None,
+    reaction: Mapping[int, int] | None = None,
 ) -> tuple[list[float], dict[str, float]]:
     """Per message, how long it should keep its detail (higher: longer), and the query's terms
     that older tool results share, with their weights (inverse document frequency over the tool
     results). `texts` are the messages' texts (with their tool-call arguments), `query` the
     indices of the recent turns; they must hold the texts of the tool results, the query and
     the `reactions` to the tool results. `taken`, if given, is filled with the terms each
-    older tool result's reaction took up from it.
+    older tool result's reaction took up from it; `reaction` is `reactions(messages)` where the
+    caller has it already.
 
     A tool result of the query itself is recent already and matches itself: it gets no
     relevance, and its own terms weigh only where an older result shares them. Terms are
@@ -88,7 +90,8 @@ def keep_keys(
     wanted = {t for i in query for t in terms(texts[i])}
     relevance = Relevance(documents, wanted)
     density = [relevance.score(d) / (len(texts[i]) + LENGTH_SMOOTHING) for d, i in enumerate(older)]
-    reaction = reactions(messages)
+    if reaction is None:
+        reaction = reactions(messages)
     reacted: dict[int, set[str]] = {}
     uptake = []
     for d, i in enumerate(older):
