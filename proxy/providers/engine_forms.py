@@ -361,12 +361,14 @@ class Forms:
         return draft
 
     def fill_draft(self, i: int, chars: int) -> Draft | None:
-        """Message i cut to about `chars`: its fact list (up to half of them) first, then its
-        head and tail with the rest, listing the facts the cut lost; None if nothing is cut."""
+        """Message i cut to about `chars`: its fact list (up to half of them, or all its fact
+        form lists: a fill adds text, it never trades facts for it) first, then its head and
+        tail with the rest, listing the facts the cut lost; None if nothing is cut."""
         text = self._summarizable(i)
         if text is None or len(text) <= chars:
             return None
-        listed = facts_within(self._analysis(text), max(chars // 2, _MASK_FACTS_CHARS))
+        listed_chars = max(chars // 2, _MASK_FACTS_CHARS, len(self.facts_draft(i).body))
+        listed = facts_within(self._analysis(text), listed_chars)
         head, tail = preview_parts(text, max(chars - len(listed), 0))
         kept = f"{head}\n…\n{tail}"
         lost = [f for f in listed.split(", ") if f and f not in kept]

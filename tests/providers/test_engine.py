@@ -9,13 +9,14 @@ from hypothesis import given
 
 from proxy.providers.base import REF_PATTERN, CompactionResult, CompressionConfig, Message
 from proxy.providers.engine import EngineOptions, EngineProvider
+from proxy.providers.engine_forms import Forms, FormSettings
 from proxy.providers.markers import is_stand_in
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
 from tests.providers.build import agent_run, assistant, developer, system, tool, user, words
 from tests.providers.test_properties import SETTINGS, cases, floor
-from tests.providers.tokens import count_tokens, make_config
+from tests.providers.tokens import count_message, count_tokens, make_config
 
 CODE = "```python\ndef warm_cache(user_id):\n    return lookup(user_id)\n```"
 
@@ -343,3 +344,18 @@ def test_a_unit_dropped_as_the_last_step_gets_a_stub_sized_to_the_room() -> None
     assert 0.8 * limit <= count_tokens(result.messages) <= limit
     assert stub.count("part_") >= 36
     assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+def test_a_message_cut_to_fill_the_room_keeps_every_fact_its_fact_list_had() -> None:
+    # Half of the room would list fewer paths than the message's fact list does: the cut that
+    # fills the room lists them all, then gives what is left to head and tail.
+    text = "\n".join(f"Then I wrote /srv/app/conf/part_{k}.yml as planned." for k in range(200))
+    messages = [assistant(text)]
+    settings = FormSettings(0.4, 0.4, 0.1, 1500)
+    forms = Forms(messages, make_config(10_000), settings, {}, [count_message(messages[0])])
+    facts = forms.facts_draft(0).body.removeprefix("facts: ").split(", ")
+    assert len(facts) > 20
+    cut = forms.fill_draft(0, 2400)
+    assert cut is not None
+    assert all(fact in cut.body for fact in facts)
+    assert text.splitlines()[0] in cut.body  # the head, verbatim
