@@ -20,7 +20,9 @@ from typing import Any
 # Not right after `<`: a closing markup tag (`</output>`) is structure, not a path.
 _FACT = re.compile(
     r"`[^`\s]{2,60}`"
-    r"|(?<![\w./@$€£~:%+<-])[\w./@$€£~:%+-]*(?:[\d_/@]|\w\.\w|[a-z][A-Z])[\w./@$€£~:%+?=&-]*"
+    r"|(?<![\w./@$€£~:%+<-])[\w./@$€£~:%+-]*"
+    r"(?:[\d_/@]|\w\.\w|[a-z][A-Z]|[A-Z]{2}[a-z]|[A-Z]-[A-Za-z]|[a-z]-[A-Z]|\w\+[A-Z]|[A-Za-z]#)"
+    r"[\w./@$€£~:%+?=&#-]*"
 )
 _PUNCT_EDGES = ".:,-+%~"
 # Stripped from a token before testing whether it is a plain word: none of these can start or
@@ -144,16 +146,21 @@ _QUOTED_PHRASE = re.compile(r"[\"“]([^\"“”\n]{3,80})[\"”]")
 
 _AFTER_WORD = "[a-zß-ÿ\\d,;][ \\t]"
 _CAPITAL = "[A-ZÀ-Þ]"
+# Or after an amount with a letter (`22K MAU`, `5G LTE`).
 _NAME_FIRST = (
-    f"{_CAPITAL}(?:(?<={_AFTER_WORD}{_CAPITAL})|(?<={_AFTER_WORD}[\"'(\u201c\u2018]{_CAPITAL}))"
+    f"{_CAPITAL}(?:(?<={_AFTER_WORD}{_CAPITAL})|(?<={_AFTER_WORD}[\"'(\u201c\u2018]{_CAPITAL})"
+    f"|(?<=\\d[A-Za-z][ \\t]{_CAPITAL}))"
 )
-_NAME_WORD = "(?:[A-ZÀ-Þ][a-zß-ÿ]+|[A-ZÀ-Þ]{2,})(?:'s)?"
+# A word of a name: capitalized, or an acronym, maybe a plural or a word after it (`GPUs`,
+# `GDScript`).
+_NAME_WORD = "(?:[A-ZÀ-Þ][a-zß-ÿ]+|[A-ZÀ-Þ]{2,}[a-zß-ÿ]*)(?:'s)?"
 # A capitalized word right after a lower-case letter, a digit or a comma and a blank (and maybe
 # an opening quote; checked behind the first letter, so the search skips to capitals at C
 # speed), and up to three more after it on the same line, the last not followed by more word
 # characters.
 _NAME = re.compile(
-    f"({_NAME_FIRST}(?:[a-zß-ÿ]+|[A-ZÀ-Þ]+)(?:'s)?(?:[ \\t]+{_NAME_WORD}){{0,3}})(?![\\w'\u2019-])"
+    f"({_NAME_FIRST}(?:[a-zß-ÿ]+|[A-ZÀ-Þ]+[a-zß-ÿ]*)(?:'s)?(?:[ \\t]+{_NAME_WORD}){{0,3}})"
+    "(?![\\w-]|['\u2019]\\w)"
 )
 
 
@@ -169,7 +176,11 @@ def name_matches(text: str) -> list[str]:
                 if " " in phrase and _LETTER.search(phrase):
                     found.append(phrase)
         for match in _NAME.findall(text, start, end):
-            words = [w[:-2] if w.endswith("'s") else w for w in match.split()]
+            # A possessive ends a name (`Maria's` is Maria) but belongs to a title inside it
+            # (`Baldur's Gate`).
+            words = match.split()
+            if words[-1].endswith("'s"):
+                words[-1] = words[-1][:-2]
             while words and words[0] in _NOT_NAMES:
                 del words[0]
             if words:

@@ -61,3 +61,21 @@ def test_within_a_rank_facts_several_messages_mention_go_first() -> None:
     groups.append([(0, "parse_bits")])
     # Room for two: the file and the function three messages work on, not the first listed.
     assert pack_salient(groups, 30).split(", ") == ["src/library.py", "parse_bits"]
+
+
+def test_a_title_keeps_its_inner_possessive_and_a_name_loses_its_own() -> None:
+    text = "We played Baldur's Gate; the title is 'Netrunner's Gambit'. Ask Maria's sister."
+    assert fact_items(text) == ["Baldur's Gate", "Netrunner's Gambit", "Maria"]
+
+
+def test_plural_acronyms_and_units_after_an_amount_are_names() -> None:
+    assert fact_items("we run 64 A100 GPUs and hit 22K MAU today") == [
+        "64", "A100", "GPUs", "22K", "MAU",
+    ]  # fmt: skip
+
+
+def test_technical_words_with_inner_capitals_hyphens_or_signs_are_facts() -> None:
+    text = "Surprisingly smooth. GDScript beats C#. XLM-R went PC-only with English+French."
+    for fact in ("GDScript", "C#", "XLM-R", "PC-only", "English+French"):
+        assert fact in fact_items(text)
+    assert fact_items("Real-time combat. Cross-lingual work. See issue #12.") == ["12"]
