@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from proxy.providers.base import CompressionConfig, Message
-from proxy.providers.canonical import canonical_bytes, source_digest
+from proxy.providers.canonical import canonical_bytes
 from proxy.providers.dedup import Duplicate
 from proxy.providers.facts import (
     SCAN_CHARS,
@@ -287,8 +287,9 @@ class Forms:
         return found
 
     def source_digest(self) -> str:
-        """`compute_source_digest(messages)`."""
-        return source_digest(self.messages)
+        """`compute_source_digest(messages)`: the span of them all, so the bytes of each message
+        serialized here serve the stubs' and merges' reference ids too."""
+        return self.span_digest(0, len(self.messages))
 
     def span_digest(self, start: int, end: int) -> str:
         """`compute_source_digest(messages[start:end])`, serializing each message once.

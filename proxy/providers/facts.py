@@ -516,6 +516,7 @@ def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
 
 
 _DIGIT_RUN = re.compile(r"\d+")
+_ASCII_DIGITS = frozenset("0123456789")
 # Structural tags rank after everything else.
 _STRUCTURAL_RANK = 9
 _STRUCTURAL_KEEP = 2
@@ -538,7 +539,11 @@ def shape_counts(
     for _rank, fact in group:
         shape = memo.get(fact)
         if shape is None:
-            shape = memo[fact] = fact_shape(fact)
+            # An ASCII fact without a digit is its own shape, lowered (no regex call).
+            if fact.isascii() and _ASCII_DIGITS.isdisjoint(fact):
+                shape = memo[fact] = fact.lower()
+            else:
+                shape = memo[fact] = fact_shape(fact)
         if "0" in shape:
             out.setdefault(shape, set()).add(fact)
     return out

@@ -87,7 +87,9 @@ def keep_keys(
         return keys, {}
     found = [terms(texts[i]) for i in older]
     documents = [(set(t), len(t)) for t in found]
-    wanted = {t for i in query for t in terms(texts[i])}
+    wanted: set[str] = set()
+    for i in query:
+        wanted.update(terms(texts[i]))
     relevance = Relevance(documents, wanted)
     density = [relevance.score(d) / (len(texts[i]) + LENGTH_SMOOTHING) for d, i in enumerate(older)]
     if reaction is None:

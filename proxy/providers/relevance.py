@@ -122,10 +122,12 @@ def line_hits(text: str, terms: Sequence[tuple[str, float]]) -> LineHits:
             while at >= 0:
                 if not starts:  # where the piece's lines start (a piece is one line at least)
                     starts = _line_starts(low)
-                line = piece_start + starts[bisect.bisect_right(starts, at) - 1]
+                after = bisect.bisect_right(starts, at)
+                line = piece_start + starts[after - 1]
                 lines_of.setdefault(term, set()).add(line)
                 first_hit.setdefault(line, piece_start + at)
-                at = low.find(term, at + len(term))
+                # A term's other hits on this line add nothing (no term holds a line break).
+                at = low.find(term, starts[after]) if after < len(starts) else -1
     scores: dict[int, float] = {}
     for term, weight in terms:
         hit = lines_of.get(term, ())
