@@ -55,7 +55,11 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
             max_field_size=up.max_response_header_bytes,
         )
 
-    return AiohttpTransport(client=session, limits=limits)
+    # httpx_aiohttp builds an SSL context (a CA bundle read, ~0.7 MB per worker) for sessions it
+    # would make itself. Ours come from `session()`, whose connector verifies with aiohttp's
+    # default context: hand it that one (should aiohttp rename it, it builds its own as before).
+    verified = getattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", None)
+    return AiohttpTransport(verify=verified or True, client=session, limits=limits)
 
 
 class CompactdApp:

@@ -13,6 +13,7 @@ import sys
 import threading
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -253,3 +254,37 @@ async def test_an_idle_worker_imports_websockets_only_when_a_session_is_relayed(
     assert echo == "ping"
     assert upstream.frames[0] == "ping"
     assert after  # the real implementation served the upgrade
+
+
+async def test_the_upstream_transport_reads_no_ca_bundle_of_its_own_and_still_verifies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ssl
+
+    from proxy.app import build_transport
+    from proxy.config import load_settings
+
+    loads: list[str] = []
+
+    def recording(name: str) -> Any:
+        real = getattr(ssl.SSLContext, name)
+
+        def record(self: ssl.SSLContext, *args: Any, **kwargs: Any) -> Any:
+            loads.append(name)
+            return real(self, *args, **kwargs)
+
+        return record
+
+    for name in ("load_verify_locations", "set_default_verify_paths", "load_default_certs"):
+        monkeypatch.setattr(ssl.SSLContext, name, recording(name))
+    transport = build_transport(load_settings(None))
+    session = transport.get_client()  # type: ignore[attr-defined]
+    used = session.connector._ssl
+    await session.close()
+
+    assert loads == []  # ~0.7 MB per worker: httpx_aiohttp would load certifi's bundle here
+    assert used is True  # the connector verifies with aiohttp's default context
+    context = transport.ssl_context  # type: ignore[attr-defined]
+    assert context is aiohttp.connector._SSL_CONTEXT_VERIFIED
+    assert context.verify_mode == ssl.CERT_REQUIRED
+    assert context.check_hostname
