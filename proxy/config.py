@@ -7,7 +7,6 @@ setting fails at load time rather than being silently ignored.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 import tomllib
@@ -451,6 +450,8 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
             continue
         if name.startswith(_ENV_IGNORED_PREFIXES):
             continue
+        import difflib  # noqa: PLC0415  (only for a misspelling: ~0.2 MB a worker need not hold)
+
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
         hint = f" (did you mean {close[0]}?)" if close else ""
         problems.append(f"{name}: unknown environment variable{hint}")
