@@ -149,6 +149,22 @@ def test_a_preload_the_loader_refused_is_not_tried_again() -> None:
     assert preload_environment("system", {}) is None
 
 
+def test_the_restart_drops_code_column_positions_unless_the_environment_keeps_them() -> None:
+    _need_jemalloc()
+    env = preload_environment("auto", {"PATH": "/bin"})
+    kept = preload_environment("auto", {"PYTHONNODEBUGRANGES": ""})  # empty: Python keeps them
+    assert env is not None
+    assert kept is not None
+    probe = "import json; print(next(json.dumps.__code__.co_positions())[2])"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+
+    assert env["PYTHONNODEBUGRANGES"] == "1"
+    assert out.stdout.strip() == "None"  # no column offsets: ~1 MB less per worker
+    assert kept["PYTHONNODEBUGRANGES"] == ""
+
+
 MALLCTL = """
 import ctypes
 libc = ctypes.CDLL(None)
@@ -160,14 +176,19 @@ for name, kind in ((b"opt.dirty_decay_ms", ctypes.c_ssize_t), (b"opt.muzzy_decay
 """
 
 
-def test_jemalloc_takes_every_setting_of_the_default_configuration() -> None:
-    # jemalloc ignores a setting it does not know with a warning on stderr, nothing else.
+def _on_default_jemalloc(program: str) -> subprocess.CompletedProcess[str]:
+    """`program` run by a Python started as `serve` restarts itself (the default settings)."""
     _need_jemalloc()
     env = preload_environment("auto", {k: v for k, v in os.environ.items() if k != "MALLOC_CONF"})
     assert env is not None
-    out = subprocess.run(
-        [sys.executable, "-c", MALLCTL], env=env, capture_output=True, text=True, check=True
+    return subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True
     )
+
+
+def test_jemalloc_takes_every_setting_of_the_default_configuration() -> None:
+    # jemalloc ignores a setting it does not know with a warning on stderr, nothing else.
+    out = _on_default_jemalloc(MALLCTL)
 
     assert "<jemalloc>" not in out.stderr
     assert out.stdout.split("\n")[:3] == [
@@ -288,3 +309,31 @@ async def test_the_upstream_transport_reads_no_ca_bundle_of_its_own_and_still_ve
     assert context is aiohttp.connector._SSL_CONTEXT_VERIFIED
     assert context.verify_mode == ssl.CERT_REQUIRED
     assert context.check_hostname
+
+
+TCACHE = """
+import ctypes
+from proxy.allocator import release_thread_cache
+libc = ctypes.CDLL(None)
+
+def cached():
+    epoch = ctypes.c_uint64(1)
+    libc.mallctl(b"epoch", None, None, ctypes.byref(epoch), ctypes.c_size_t(8))
+    value, size = ctypes.c_size_t(), ctypes.c_size_t(8)
+    libc.mallctl(b"stats.arenas.4096.tcache_bytes", ctypes.byref(value), ctypes.byref(size), None, 0)
+    return value.value
+
+blocks = [bytes(600 + i % 900) for i in range(2000)]  # above pymalloc's 512: jemalloc's
+del blocks
+before = cached()
+release_thread_cache()
+print(before, cached())
+"""
+
+
+def test_a_thread_hands_its_allocator_cache_back() -> None:
+    out = _on_default_jemalloc(TCACHE)
+    before, after = (int(x) for x in out.stdout.split())
+
+    assert before > 0  # freed blocks kept for this thread's next allocations
+    assert after < before

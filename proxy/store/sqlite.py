@@ -25,6 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from proxy.allocator import release_thread_cache
 from proxy.store import codec, sqlite_ops, sqlite_usage, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
@@ -40,6 +41,8 @@ from proxy.store.base import (
 from proxy.store.decoded import DecodedCheckpoints
 
 T = TypeVar("T")
+_IDLE_S = 1.0
+"""Seconds without a job after which a lane hands its thread's allocator cache back."""
 
 
 class SqliteStore:
@@ -296,7 +299,14 @@ class _Lane:
         return future
 
     def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=_IDLE_S)
+            except queue.Empty:
+                release_thread_cache()  # idle: its cached heap blocks can go back to the system
+                job = self._jobs.get()
+            if job is None:
+                return
             job()
 
     async def close(self) -> None:

@@ -170,3 +170,28 @@ async def test_a_statement_past_the_timeout_fails_the_call_and_finishes_on_its_t
     assert finished == [True]
     assert found is not None
     assert found.covered_through == 3
+
+
+async def test_a_lane_idle_for_a_while_hands_its_allocator_cache_back_and_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    from proxy.store import sqlite as module
+
+    released: list[str] = []
+    monkeypatch.setattr(module, "_IDLE_S", 0.05)
+    monkeypatch.setattr(
+        module, "release_thread_cache", lambda: released.append(threading.current_thread().name)
+    )
+    lane = module._Lane("idle")
+    first = await lane.call(lambda: 1)
+    for _ in range(200):
+        if released:
+            break
+        await asyncio.sleep(0.01)
+    again = await lane.call(lambda: 2)
+    lane._jobs.put(None)
+
+    assert (first, again) == (1, 2)
+    assert released[:1] == ["compactd-sqlite-idle"]  # once idle, on the lane's own thread
