@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import shutil
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+import pytest
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "overhead"
 sys.path.insert(0, str(BENCH))
@@ -13,6 +20,7 @@ import bodies  # noqa: E402
 import loadgen  # noqa: E402
 import report  # noqa: E402
 import spy  # noqa: E402
+import wrkgen  # noqa: E402
 
 
 def test_sse_body_splits_back_into_its_events_byte_for_byte() -> None:
@@ -103,3 +111,123 @@ def test_rounds_merge_into_one_result_with_summed_time_and_counts() -> None:
     assert merged.elapsed == 2.0
     assert merged.rps == 20.0
     assert merged.events_total == 20
+
+
+def test_wrk_command_is_one_thread_closed_loop_in_whole_seconds(tmp_path: Path) -> None:
+    argv = wrkgen.wrk_argv("/usr/bin/wrk", "http://127.0.0.1:1/v1", tmp_path / "s.lua", 32, 3.4)
+    assert argv == [
+        "/usr/bin/wrk", "-t1", "-c32", "-d3s", "--timeout", "30s",
+        "-s", str(tmp_path / "s.lua"), "http://127.0.0.1:1/v1",
+    ]  # fmt: skip
+    assert "-d1s" in wrkgen.wrk_argv("wrk", "u", tmp_path, 1, 0.2)
+
+
+def test_wrk_script_posts_the_body_and_compares_every_answer(tmp_path: Path) -> None:
+    plain = wrkgen.lua_script(tmp_path / "body", tmp_path / "want", stream=False)
+    streamed = wrkgen.lua_script(tmp_path / "body", tmp_path / "want", stream=True)
+    assert 'wrk.method = "POST"' in plain
+    assert f"slurp([[{tmp_path / 'body'}]])" in plain
+    assert "if body ~= expected then mismatched = mismatched + 1 end" in plain
+    assert "x-bench-stream" not in plain
+    assert 'wrk.headers["x-bench-stream"] = "1"' in streamed
+
+
+def test_wrk_totals_count_only_200s_and_every_other_answer_as_an_error() -> None:
+    line = wrkgen.MARK + json.dumps(
+        {"requests": 1000, "duration_us": 2_000_000, "ok": 990, "mismatched": 3,
+         "connect": 0, "read": 1, "write": 0, "status": 10, "timeout": 2}
+    )  # fmt: skip
+    totals = wrkgen.parse_output("Running 2s test @ http://x\n" + line + "\n")
+    res = wrkgen.to_result(totals)
+    assert res.count == 990
+    assert res.rps == 495.0
+    assert res.errors == 13  # 10 non-200 answers, a read error and two timeouts
+    assert res.mismatched_bodies == 3
+    assert res.latencies == []  # wrk's histogram is corrected, so none are kept
+    streamed = wrkgen.to_result(totals, events_per_answer=32)
+    assert streamed.events_total == 990 * 32
+    assert streamed.events_identical == 987 * 32
+    assert streamed.mismatched_bodies == 0
+
+
+def test_wrk_output_without_totals_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no WRKJSON line"):
+        wrkgen.parse_output("unable to connect to 127.0.0.1:1 Connection refused")
+
+
+def test_cpu_per_request_and_other_processes_use_the_completed_count() -> None:
+    res = loadgen.Result(completed=500, elapsed=2.0, server_cpu=0.5, client_cpu=0.05)
+    res.upstream_cpu, res.machine_cpu = 0.05, 1.0
+    assert res.cpu_ms_per_request == pytest.approx(1.0)
+    assert res.client_cpu_ms_per_request == pytest.approx(0.1)
+    assert res.upstream_cpu_ms_per_request == pytest.approx(0.1)
+    assert res.other_cores == pytest.approx(0.2)  # (1.0 - 0.6) CPU seconds over 2 s
+    assert res.merged(res).count == 1000
+
+
+def test_workers_table_gives_the_ratio_and_the_bound_the_cpu_costs_allow() -> None:
+    def run(rps: float, proxy_ms: float) -> loadgen.Result:
+        n = int(rps * 10)
+        return loadgen.Result(
+            completed=n, elapsed=10.0, server_cpu=n * proxy_ms / 1000, client_cpu=n * 0.00005
+        )
+
+    results: report.Results = {
+        "compactd-aiohttp": {"b": run(1000, 1.0), "c": run(1000, 1.0)},
+        "compactd-aiohttp-w2": {"b": run(1800, 1.05), "c": run(1500, 1.2)},
+    }
+    table = report.workers_table(results)
+    assert "| (b) c=32 | 1 | 1,000 (1.00) | 1.00x | 1.00x | 0.05 | 0.00 |" in table
+    assert "| (b) c=32 | 2 | 1,800 (1.05) | 1.80x | 1.82x | 0.05 | 0.00 |" in table
+    assert "| (c) 64 streams | 2 | 1,500 (1.20) | 1.50x | 1.60x | 0.05 | 0.00 |" in table
+
+
+def test_report_shows_a_dash_where_the_load_generator_kept_no_latencies() -> None:
+    scs = [loadgen.Scenario("b", b"{}", concurrency=32, seconds=1)]
+    results: report.Results = {"direct": {"b": loadgen.Result(completed=10, elapsed=1.0)}}
+    table = report.render_table(results, scs)
+    assert "| (b) c=32: req/s | 10 |" in table
+    assert "| (b) c=32: latency p99 ms | — |" in table
+
+
+class _Fixed(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        body = b"bad" if self.path == "/bad" else b'{"ok":true}'
+        self.send_response(200 if self.path != "/missing" else 404)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def fixed_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Fixed)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk not installed (apt-get install wrk)")
+def test_wrk_counts_right_bodies_mismatches_and_non_200s(fixed_server: str) -> None:
+    sc = loadgen.Scenario("b", b'{"model":"m"}', concurrency=2, seconds=1)
+    good = asyncio.run(
+        wrkgen.run_wrk_scenario(fixed_server + "/ok", sc, b'{"ok":true}', [], warmup=0)
+    )
+    assert good.count > 0
+    assert (good.errors, good.mismatched_bodies) == (0, 0)
+    assert good.client_cpu > 0
+    bad = asyncio.run(
+        wrkgen.run_wrk_scenario(fixed_server + "/bad", sc, b'{"ok":true}', [], warmup=0)
+    )
+    assert bad.mismatched_bodies == bad.count > 0
+    missing = asyncio.run(wrkgen.run_wrk_scenario(fixed_server + "/missing", sc, b"", [], warmup=0))
+    assert missing.count == 0
+    assert missing.errors > 0

@@ -14,6 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+from procs import machine_busy_seconds
+
+Meter = Callable[[], float] | None
+"""Reads a process's CPU seconds so far (None: nothing to read)."""
 
 
 @dataclass
@@ -32,6 +36,12 @@ class Result:
     client_cpu: float = 0.0
     """CPU seconds the load generator (this process) used meanwhile: on two cores it and nginx
     share the core a second worker runs on, so they bound what a second worker can add."""
+    upstream_cpu: float = 0.0
+    """CPU seconds nginx (the upstream) used meanwhile: it shares that core too."""
+    machine_cpu: float = 0.0
+    """CPU seconds every core was busy meanwhile, whoever used them (see `other_cores`)."""
+    completed: int = 0
+    """Completed requests when no latencies were kept (wrk); else the latencies count them."""
 
     def merged(self, other: Result) -> Result:
         """This result and `other` (a later round of the same scenario) as one."""
@@ -45,22 +55,42 @@ class Result:
             elapsed=self.elapsed + other.elapsed,
             server_cpu=self.server_cpu + other.server_cpu,
             client_cpu=self.client_cpu + other.client_cpu,
+            upstream_cpu=self.upstream_cpu + other.upstream_cpu,
+            machine_cpu=self.machine_cpu + other.machine_cpu,
+            completed=self.completed + other.completed,
         )
+
+    @property
+    def count(self) -> int:
+        """Completed requests."""
+        return self.completed or len(self.latencies)
 
     @property
     def rps(self) -> float:
         """Completed requests per second over the whole scenario."""
-        return len(self.latencies) / self.elapsed if self.elapsed else 0.0
+        return self.count / self.elapsed if self.elapsed else 0.0
 
     @property
     def cpu_ms_per_request(self) -> float:
         """Proxy CPU time per completed request, in milliseconds."""
-        return 1000 * self.server_cpu / len(self.latencies) if self.latencies else 0.0
+        return 1000 * self.server_cpu / self.count if self.count else 0.0
 
     @property
     def client_cpu_ms_per_request(self) -> float:
         """Load-generator CPU time per completed request, in milliseconds."""
-        return 1000 * self.client_cpu / len(self.latencies) if self.latencies else 0.0
+        return 1000 * self.client_cpu / self.count if self.count else 0.0
+
+    @property
+    def upstream_cpu_ms_per_request(self) -> float:
+        """Upstream (nginx) CPU time per completed request, in milliseconds."""
+        return 1000 * self.upstream_cpu / self.count if self.count else 0.0
+
+    @property
+    def other_cores(self) -> float:
+        """Cores that other processes (not the proxy, load generator or upstream) kept busy on
+        average: on a shared machine, what the run did not get."""
+        ours = self.server_cpu + self.client_cpu + self.upstream_cpu
+        return max(0.0, self.machine_cpu - ours) / self.elapsed if self.elapsed else 0.0
 
     @property
     def identical_pct(self) -> float:
@@ -138,10 +168,12 @@ async def run_scenario(
     expected: bytes,
     ref_events: list[bytes],
     cpu: Callable[[], float] | None = None,
+    upstream_cpu: Callable[[], float] | None = None,
 ) -> Result:
     """Run `sc` against `url` (a full chat-completions URL) and return the measurements.
 
-    `cpu`, if given, reads the proxy's CPU seconds so far; the result keeps the difference.
+    `cpu` and `upstream_cpu`, if given, read the proxy's and the upstream's CPU seconds so far;
+    the result keeps the differences.
     """
     headers = {"content-type": "application/json", "authorization": "Bearer sk-bench-overhead"}
     if sc.stream:
@@ -173,11 +205,15 @@ async def run_scenario(
                 await _one(session, url, sc, headers, expected, ref_events, res)
 
         cpu0 = cpu() if cpu else 0.0
+        up0 = upstream_cpu() if upstream_cpu else 0.0
+        machine0 = machine_busy_seconds()
         t0, client0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(sc.concurrency)))
         res.elapsed = time.perf_counter() - t0
         res.client_cpu = time.process_time() - client0
         res.server_cpu = cpu() - cpu0 if cpu else 0.0
+        res.upstream_cpu = upstream_cpu() - up0 if upstream_cpu else 0.0
+        res.machine_cpu = machine_busy_seconds() - machine0
     return res
 
 

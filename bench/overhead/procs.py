@@ -57,6 +57,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds all cores have spent busy since boot (user, nice, system, irq, softirq, steal):
+    the difference around a run, less what the bench's own processes used, is other work."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The priority of `pid`'s scheduler autogroup ("/autogroup-110 nice 0"), None without one."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def set_autogroup_nice(pid: int, nice: int) -> bool:
+    """Give the scheduler autogroup of `pid`'s session the priority `nice`; False where there is
+    none (no /proc/PID/autogroup, or autogrouping off) or it was refused.
+
+    With `kernel.sched_autogroup_enabled`, CPU time is shared out between sessions first and a
+    process's own nice value only counts inside its session: every server here runs in a session
+    of its own, and other people's work on a shared machine in theirs, so `--nice` must be set on
+    the autogroups as well to mean anything."""
+    enabled = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if not enabled.exists() or enabled.read_text().strip() != "1":
+        return False
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:
+        return False
+    return True
+
+
 class PinnedServer:
     """A server subprocess pinned to one core with taskset, in its own process group."""
 

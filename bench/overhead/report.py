@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from loadgen import Result, Scenario, percentile
@@ -36,6 +37,10 @@ ROWS = (
     ("proxy CPU ms/request (d)", "d", "cpu_ms_per_request", 0, False),
     ("load generator CPU ms/request (b)", "b", "client_cpu_ms_per_request", 0, False),
     ("load generator CPU ms/request (c)", "c", "client_cpu_ms_per_request", 0, False),
+    ("upstream (nginx) CPU ms/request (b)", "b", "upstream_cpu_ms_per_request", 0, False),
+    ("upstream (nginx) CPU ms/request (c)", "c", "upstream_cpu_ms_per_request", 0, False),
+    ("other processes' CPU, cores (b)", "b", "other_cores", 0, False),
+    ("other processes' CPU, cores (c)", "c", "other_cores", 0, False),
 )
 
 
@@ -46,6 +51,8 @@ def _cell(r: dict[str, Result], direct: dict[str, Result] | None, row: tuple[Any
         return "—"  # direct: there is no proxy process
     if not isinstance(value, list):
         return f"{value:,.0f}" if measure == "rps" else f"{value:.2f}"
+    if not value or (added and direct is not None and not getattr(direct[sc], measure)):
+        return "—"  # wrk keeps no latencies
     if not added:
         return f"{_ms(value, pct):.2f}"
     if direct is None:
@@ -121,3 +128,49 @@ def target_checks(results: Results) -> str:
             ok = value <= bound if op == "<=" else value >= bound
             lines.append(f"- [{'x' if ok else ' '}] {label}: {value:,.2f}")
     return "\n".join(lines) + "\n"
+
+
+def describe(r: Result) -> str:
+    """One run's figures on one line (printed per round, so a disturbed round shows)."""
+    return (
+        f"{r.rps:,.0f} req/s, proxy {r.cpu_ms_per_request:.2f} ms/req, load generator "
+        f"{r.client_cpu_ms_per_request:.2f}, nginx {r.upstream_cpu_ms_per_request:.2f}, "
+        f"other processes {r.other_cores:.2f} cores, {r.errors} errors"
+    )
+
+
+def workers_table(results: Results, one: str = "compactd-aiohttp") -> str:
+    """Each multi-worker compactd against one worker in (b) and (c): req/s (proxy CPU ms per
+    request), the ratio, and the ratio the CPU costs allow on this machine's cores.
+
+    With p1, p2 the proxy's CPU per request with one and with N workers and g the load
+    generator's and nginx's, one worker serves at most 1 / p1 requests a second (its core) and
+    N workers on N cores at most N / (p2 + g): the bound is N p1 / (p2 + g), reached only when no
+    other process takes CPU (the "other" column)."""
+    base = results.get(one)
+    if not isinstance(base, dict):
+        return ""
+    out = [
+        "| scenario | workers | req/s (proxy CPU ms/req) | ratio | CPU bound | "
+        "load gen + nginx ms/req | other processes, cores |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for sc, label in (("b", "(b) c=32"), ("c", "(c) 64 streams")):
+        if sc not in base:
+            continue
+        r1 = base[sc]
+        for name, res in results.items():
+            if not (name == one or name.startswith(one + "-w")) or not isinstance(res, dict):
+                continue
+            r = res[sc]
+            n = int(name.rsplit("-w", 1)[1]) if name != one else 1
+            g = r.client_cpu_ms_per_request + r.upstream_cpu_ms_per_request
+            p1, p = r1.cpu_ms_per_request, r.cpu_ms_per_request
+            cores = min(n, os.cpu_count() or 1)
+            bound = cores * p1 / (p + g) if p + g and n > 1 else 1.0
+            ratio = r.rps / r1.rps if r1.rps else 0.0
+            out.append(
+                f"| {label} | {n} | {r.rps:,.0f} ({p:.2f}) | {ratio:.2f}x | {bound:.2f}x "
+                f"| {g:.2f} | {r.other_cores:.2f} |"
+            )
+    return "\n".join(out) + "\n"

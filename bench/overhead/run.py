@@ -28,10 +28,18 @@ from pathlib import Path
 import uvloop
 from bodies import chat_body, completion_response, large_body, sse_events
 from loadgen import Result, Scenario, probe, run_scenario
-from procs import PinnedServer, cores, cpu_seconds, free_port
-from report import render_table, target_checks
+from procs import (
+    PinnedServer,
+    autogroup_nice,
+    cores,
+    cpu_seconds,
+    free_port,
+    set_autogroup_nice,
+)
+from report import describe, render_table, target_checks, workers_table
 from spy import start_record, summarise
 from upstream import NginxUpstream
+from wrkgen import INSTALL, run_wrk_scenario, wrk_binary
 
 HERE = Path(__file__).resolve().parent
 
@@ -118,12 +126,20 @@ def split_rounds(scs: list[Scenario], rounds: int) -> list[Scenario]:
     ]
 
 
+WRK_SCENARIOS = "bcd"
+"""The scenarios `--loadgen wrk` runs with wrk: the throughput ones, bounded in seconds. (a), the
+latency at concurrency 1, stays with the aiohttp load generator (wrk has no request budget)."""
+
+
 async def interleaved(
     live: dict[str, tuple[str, list[int]]],
     scs: list[Scenario],
     rounds: int,
     expected: bytes,
     ref: list[bytes],
+    upstream: list[int] | None = None,
+    loadgen: str = "aiohttp",
+    batch: bool = False,
 ) -> dict[str, dict[str, Result]]:
     """Run every scenario against every target, target after target, for `rounds` rounds.
 
@@ -132,15 +148,21 @@ async def interleaved(
     """
     names = list(live)
     out: dict[str, dict[str, Result]] = {n: {} for n in names}
+    up = functools.partial(total_cpu, upstream) if upstream else None
     for rnd in range(rounds):
         for sc in split_rounds(scs, rounds):
+            run = run_scenario
+            if loadgen == "wrk" and sc.name in WRK_SCENARIOS:
+                run = functools.partial(run_wrk_scenario, batch=batch)
             for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
                 url, pids = live[name]
                 cpu = functools.partial(total_cpu, pids) if pids else None
-                res = await run_scenario(url, sc, expected, ref, cpu)
+                res = await run(url, sc, expected, ref, cpu, up)
+                print(f"   round {rnd + 1} ({sc.name}) {name}: {describe(res)}", file=sys.stderr)
                 prev = out[name].get(sc.name)
                 out[name][sc.name] = prev.merged(res) if prev else res
-        print(f"-- round {rnd + 1}/{rounds} done", file=sys.stderr)
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+        print(f"-- round {rnd + 1}/{rounds} done (load {load})", file=sys.stderr)
     return out
 
 
@@ -184,6 +206,10 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.nice:
         # Inherited by nginx and every proxy: on a shared machine, other work yields to the run.
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+        # ... and so by wrk; with autogrouping, each server's own session's priority too (and
+        # this session's: see main).
+    if args.loadgen == "wrk" and wrk_binary() is None:
+        raise SystemExit(INSTALL)
     expected = completion_response()
     ref = sse_events()
     scs = [sc for sc in scenarios(args.seconds, args.requests) if sc.name in args.scenarios]
@@ -196,7 +222,7 @@ async def main_async(args: argparse.Namespace) -> int:
     results: dict[str, dict[str, Result] | str] = {}
     probes: dict[str, str] = {}
     with (
-        NginxUpstream(expected, b"".join(ref)) as up,
+        NginxUpstream(expected, b"".join(ref), batch=args.batch) as up,
         tempfile.TemporaryDirectory(prefix="compactd-bench-data-") as data,
         contextlib.ExitStack() as stack,
     ):
@@ -216,12 +242,14 @@ async def main_async(args: argparse.Namespace) -> int:
                 print(f"   {t.name} {results[t.name]}", file=sys.stderr)
                 continue
             servers[t.name] = server
+            if args.nice and server.proc is not None:
+                set_autogroup_nice(server.proc.pid, args.nice)
             workers = server.worker_pids()[1:] if t.workers > 1 else server.worker_pids()[-1:]
             live[t.name] = (f"{server.url}/v1/chat/completions", workers)
             if t.kind == "compactd":
                 got = await probe(live[t.name][0], large_body())
                 probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
-        measured = await interleaved(live, scs, args.rounds, expected, ref)
+        measured = await interleaved(live, scs, args.rounds, expected, ref, up.pids(), args.loadgen)
         results = {t.name: measured.get(t.name) or results.get(t.name, "") for t in chosen}
         if args.profile:
             for name, server in servers.items():
@@ -230,8 +258,12 @@ async def main_async(args: argparse.Namespace) -> int:
                     await profile_pass(server, url, scs, expected, ref, Path(args.profile))
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(render_table(results, scs))
-    print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.\n")
+    print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.")
+    gen = f"wrk for ({WRK_SCENARIOS}), aiohttp for the rest" if args.loadgen == "wrk" else "aiohttp"
+    print(f"Load generator: {gen}.\n")
     print(target_checks(results))
+    if any(t.workers > 1 for t in chosen):
+        print(workers_table(results))
     for name, seen in probes.items():
         print(f"{name} on the 400 KB body: {seen or 'no x-compactd-* headers'}")
     if args.json:
@@ -246,7 +278,7 @@ def _as_json(results: dict[str, dict[str, Result] | str]) -> dict[str, object]:
             out[name] = res
             continue
         out[name] = {
-            k: {"rps": r.rps, "n": len(r.latencies), "errors": r.errors, "sse%": r.identical_pct}
+            k: {"rps": r.rps, "n": r.count, "errors": r.errors, "sse%": r.identical_pct}
             for k, r in res.items()
         }
     return out
@@ -277,10 +309,31 @@ def main() -> int:
         default="",
         help="a compactd config file for every compactd target (e.g. a policy that never compacts)",
     )
+    parser.add_argument(
+        "--loadgen",
+        choices=("aiohttp", "wrk"),
+        default="aiohttp",
+        help="wrk: Debian's C wrk drives (b)-(d) (cheap enough for --workers 1,2); no TTFB",
+    )
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="run nginx and wrk SCHED_BATCH: they never preempt a proxy worker on their core",
+    )
     parser.add_argument("--nice", type=int, default=0, help="scheduling priority (root: <0)")
     parser.add_argument("--profile", default="", help="directory for py-spy profiles")
     parser.add_argument("--json", default="", help="also write raw figures to this file")
-    return uvloop.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    # This session's autogroup holds the load generator and nginx, and the shell that started
+    # the bench: its priority is put back afterwards.
+    before = autogroup_nice(os.getpid())
+    if args.nice and before is not None:
+        set_autogroup_nice(os.getpid(), args.nice)
+    try:
+        return uvloop.run(main_async(args))
+    finally:
+        if args.nice and before is not None:
+            set_autogroup_nice(os.getpid(), before)
 
 
 if __name__ == "__main__":

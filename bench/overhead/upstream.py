@@ -59,9 +59,11 @@ http {{
 class NginxUpstream:
     """Starts nginx on a free loopback port with a generated config; stops it on exit."""
 
-    def __init__(self, completion: bytes, sse: bytes) -> None:
+    def __init__(self, completion: bytes, sse: bytes, batch: bool = False) -> None:
         self.completion = completion
         self.sse = sse
+        self.batch = batch
+        """SCHED_BATCH: nginx never preempts what runs on its core when a request wakes it."""
         self.port = 0
         self._tmp = Path(tempfile.mkdtemp(prefix="compactd-bench-nginx-"))
         self._proc: subprocess.Popen[bytes] | None = None
@@ -84,8 +86,10 @@ class NginxUpstream:
         self.port = free_port()
         conf = self._tmp / "nginx.conf"
         conf.write_text(NGINX_CONF.format(tmp=self._tmp, port=self.port))
+        batch = ["chrt", "-b", "0"] if self.batch and shutil.which("chrt") else []
+        args = ["-c", str(conf), "-p", str(self._tmp), "-e", str(self._tmp / "error.log")]
         self._proc = subprocess.Popen(
-            [nginx, "-c", str(conf), "-p", str(self._tmp), "-e", str(self._tmp / "error.log")],
+            [*batch, nginx, *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -95,6 +99,15 @@ class NginxUpstream:
             self.__exit__(None, None, None)
             raise
         return self
+
+    def pids(self) -> list[int]:
+        """nginx's master and its worker (their CPU is the upstream's cost)."""
+        assert self._proc is not None
+        pid = self._proc.pid
+        children = Path(f"/proc/{pid}/task/{pid}/children")
+        if not children.exists():
+            return [pid]
+        return [pid, *(int(p) for p in children.read_text().split())]
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is not None and self._proc.poll() is None:
