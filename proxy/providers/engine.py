@@ -155,9 +155,10 @@ def _duplicates(
     return found
 
 
-# Room under the target worth filling: at least this share of it (and FILL_MIN tokens).
+# Room under the target worth filling: at least this share of it (and FILL_MIN tokens: a short
+# request's few spare tokens still hold a dozen facts, and its fill costs little).
 FILL_SHARE = 0.05
-FILL_MIN = 100
+FILL_MIN = 20
 # Shares of the room a filling cut is sized to (its exact count is known once it is written).
 FILL_TRIES = (0.97, 0.9, 0.7, 0.5)
 

@@ -328,11 +328,16 @@ def test_a_stub_that_frees_far_more_than_needed_lists_more_facts_to_use_the_room
     assert uncompress(result.messages, result.verbatim).messages == messages
 
 
-def test_a_unit_dropped_as_the_last_step_gets_a_stub_sized_to_the_room() -> None:
-    # Reduced to its facts the old request still misses the target; its stub (a tenth of its
-    # text: 11 paths) would leave most of the target unused, so it lists paths up to the room.
+# Reduced to its facts the old request still misses the target; its stub (a tenth of its text:
+# 11 paths of 120) would leave most of the target unused, so it lists paths up to the room. A
+# short request (30 paths, a 145-token target) fills its room too, though its spare tokens are
+# fewer than a long request's threshold.
+@pytest.mark.parametrize(("paths", "listed"), [(120, 36), (30, 6)])
+def test_a_unit_dropped_as_the_last_step_gets_a_stub_sized_to_the_room(
+    paths: int, listed: int
+) -> None:
     messages = [
-        user("Loaded " + " ".join(f"/srv/app/conf/part_{k}.yml" for k in range(120))),
+        user("Loaded " + " ".join(f"/srv/app/conf/part_{k}.yml" for k in range(paths))),
         assistant("Noted."),
         user("/exit"),
     ]
@@ -342,7 +347,7 @@ def test_a_unit_dropped_as_the_last_step_gets_a_stub_sized_to_the_room() -> None
     stub = message_text(result.messages[0])
     assert "dropped" in stub
     assert 0.8 * limit <= count_tokens(result.messages) <= limit
-    assert stub.count("part_") >= 36
+    assert stub.count("part_") >= listed
     assert uncompress(result.messages, result.verbatim).messages == messages
 
 
