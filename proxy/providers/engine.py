@@ -241,6 +241,29 @@ def _stub_growth(plan: Plan, stub: Form, slack: int) -> Iterator[None]:
     plan.stub_override.pop(span, None)
 
 
+# A forced rung's fact cap is refined between the one that fits and the one before it (that
+# did not) until they are this close, in characters.
+FORCE_CAP_STEP = 10
+
+
+def _finer_cap(
+    plan: Plan, fits: int, over: int, out: list[Message], config: CompressionConfig
+) -> int:
+    """The largest fact cap between `fits` (a forced rung's, whose messages `out` are within the
+    target) and `over` (the rung's before it, over the target) that still fits: the caps halve
+    from rung to rung, so the one that fits may leave much of the target unused."""
+    if not _worth_filling(config.limit - config.count_tokens(out), config):
+        return fits
+    top = len(plan.steps)
+    while over - fits > FORCE_CAP_STEP:
+        mid = (fits + over) // 2
+        if plan.build(top, mid, collect=False)[2] <= config.limit:
+            fits = mid
+        else:
+            over = mid
+    return fits
+
+
 def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
@@ -328,7 +351,14 @@ def compact(
         elif cost(rungs) <= config.budget:
             chosen = search(config.budget)
     chosen = len(steps) if chosen is None else estimates.same_as(chosen)
-    out, used, _ = plan.build(min(chosen, len(steps)), force_cap(chosen))
+    cap = force_cap(chosen)
+    out, used, _ = plan.build(min(chosen, len(steps)), cap)
+    if cap is not None and chosen > len(steps) + 1:
+        finer = _finer_cap(plan, cap, caps[chosen - len(steps) - 2], out, config)
+        if finer != cap:
+            filled, filled_used, _ = plan.build(len(steps), finer)
+            if config.count_tokens(filled) <= config.limit:
+                out, used = filled, filled_used
     if 0 < chosen <= len(steps):
         out, used = _fill(plan, chosen, config, out, used)
     digest = forms.source_digest()

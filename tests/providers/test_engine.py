@@ -364,3 +364,54 @@ def test_a_message_cut_to_fill_the_room_keeps_every_fact_its_fact_list_had() -> 
     assert cut is not None
     assert all(fact in cut.body for fact in facts)
     assert text.splitlines()[0] in cut.body  # the head, verbatim
+
+
+def test_forced_markers_list_facts_up_to_the_room_not_just_the_next_smaller_cap() -> None:
+    # A long personal chat with a small target: forced markers with 200 characters of facts
+    # each miss it, with 100 they leave a quarter of it unused; a cap in between fills it.
+    names = [
+        "Alice",
+        "Bruno",
+        "Carmen",
+        "Dmitri",
+        "Elena",
+        "Farid",
+        "Greta",
+        "Hiro",
+        "Ingrid",
+        "Jomo",
+        "Kasia",
+        "Lionel",
+    ]
+    cities = [
+        "Lisbon",
+        "Osaka",
+        "Nairobi",
+        "Quito",
+        "Tbilisi",
+        "Hanoi",
+        "Oslo",
+        "Lima",
+        "Accra",
+        "Perth",
+        "Riga",
+        "Cusco",
+    ]
+    messages = [system()]
+    for k in range(36):
+        name = f"{names[k % 12]} {names[k // 12].lower()}ski"
+        city = f"{cities[k % 12]} {cities[(k // 12 + 5) % 12]}"
+        messages.append(
+            user(
+                f"Then my friend {name} moved to {city} and met {names[(k - 1) % 12]}son at "
+                f"the {cities[(k - 2) % 12]} Museum."
+            )
+        )
+        messages.append(assistant(f"So {name} lives in {city} now, near {names[k % 7]}berg Hall."))
+    messages.append(user("Which town did my friend move to first?"))
+    limit = count_tokens(messages) * 8 // 100
+    result = compress(messages, limit)
+    assert check_result(messages, result, make_config(limit)) == []
+    assert any("forced" in limitation for limitation in result.limitations)
+    assert 0.9 * limit <= count_tokens(result.messages) <= limit
+    assert uncompress(result.messages, result.verbatim).messages == messages
