@@ -8,7 +8,9 @@ README's memory section). jemalloc can only be chosen before a process starts, s
 serve` starts itself again once with it preloaded (`LD_PRELOAD`; the workers inherit it).
 
 `MALLOC_CONF` (when the environment does not set its own) lets a background thread hand freed
-pages back after a second instead of keeping them ten, so a worker at rest holds what it uses.
+pages back after a second instead of keeping them ten, so a worker at rest holds what it uses,
+and keeps one arena: a worker's few threads share its slabs instead of each half-filling its own
+(jemalloc's default is four per core); the thread caches keep them off its lock.
 That thread cannot reach the blocks a thread keeps in its own cache (jemalloc's tcache, up to
 ~0.3 MB each): a thread of ours that falls idle hands its back (`release_thread_cache`).
 
@@ -29,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 ALLOCATORS = ("auto", "jemalloc", "system")
-MALLOC_CONF = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
+MALLOC_CONF = "narenas:1,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 _MALLCTL_ARENAS_ALL = 4096
 """jemalloc's arena index meaning every arena (`arena.4096.purge`)."""
 _KNOWN_PATHS = (

@@ -138,14 +138,14 @@ def test_a_preload_the_loader_refused_is_not_tried_again() -> None:
     library = jemalloc_library()
     fresh = preload_environment("auto", {"PATH": "/bin", "LD_PRELOAD": "libfoo.so"})
     again = preload_environment("auto", {"LD_PRELOAD": f"libfoo.so {library}"})
-    own_conf = preload_environment("jemalloc", {"MALLOC_CONF": "narenas:1"})
+    own_conf = preload_environment("jemalloc", {"MALLOC_CONF": "narenas:2"})
 
     assert fresh is not None
     assert fresh["LD_PRELOAD"] == f"libfoo.so {library}"
     assert fresh["MALLOC_CONF"] == MALLOC_CONF
     assert again is None  # running without it: starting once more would loop
     assert own_conf is not None
-    assert own_conf["MALLOC_CONF"] == "narenas:1"  # the operator's settings win
+    assert own_conf["MALLOC_CONF"] == "narenas:2"  # the operator's settings win
     assert preload_environment("system", {}) is None
 
 
@@ -169,7 +169,7 @@ MALLCTL = """
 import ctypes
 libc = ctypes.CDLL(None)
 for name, kind in ((b"opt.dirty_decay_ms", ctypes.c_ssize_t), (b"opt.muzzy_decay_ms", ctypes.c_ssize_t),
-                   (b"opt.background_thread", ctypes.c_bool)):
+                   (b"opt.background_thread", ctypes.c_bool), (b"opt.narenas", ctypes.c_uint)):
     value, size = kind(), ctypes.c_size_t(ctypes.sizeof(kind))
     assert libc.mallctl(name, ctypes.byref(value), ctypes.byref(size), None, 0) == 0, name
     print(name.decode(), int(value.value))
@@ -191,10 +191,11 @@ def test_jemalloc_takes_every_setting_of_the_default_configuration() -> None:
     out = _on_default_jemalloc(MALLCTL)
 
     assert "<jemalloc>" not in out.stderr
-    assert out.stdout.split("\n")[:3] == [
+    assert out.stdout.split("\n")[:4] == [
         "opt.dirty_decay_ms 1000",
         "opt.muzzy_decay_ms 0",
         "opt.background_thread 1",
+        "opt.narenas 1",
     ]
 
 
@@ -337,3 +338,31 @@ def test_a_thread_hands_its_allocator_cache_back() -> None:
 
     assert before > 0  # freed blocks kept for this thread's next allocations
     assert after < before
+
+
+def test_aiohttp_s_context_for_unverified_requests_holds_no_ca_store_and_verifies_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ssl
+
+    from proxy.app import build_transport
+    from proxy.config import load_settings
+
+    connector = aiohttp.connector
+    built = connector._make_ssl_context(False)  # as aiohttp builds it at import
+    monkeypatch.setattr(connector, "_SSL_CONTEXT_UNVERIFIED", built)  # put back afterwards
+    build_transport(load_settings(None))
+    light = connector._SSL_CONTEXT_UNVERIFIED
+
+    assert built.cert_store_stats()["x509"] > 0  # the system CA store, read for nothing
+    assert light is not built
+    assert light.cert_store_stats()["x509"] == 0  # ~0.7 MB per worker
+    assert light.verify_mode == built.verify_mode == ssl.CERT_NONE
+    assert light.check_hostname is built.check_hostname is False
+    assert light.options == built.options
+    assert light.protocol == built.protocol
+    assert (light.minimum_version, light.maximum_version) == (
+        built.minimum_version,
+        built.maximum_version,
+    )
+    assert [c["name"] for c in light.get_ciphers()] == [c["name"] for c in built.get_ciphers()]
