@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import ssl
 import sys
 from collections.abc import AsyncIterator
+from types import ModuleType
 
 import httpx
 from starlette.applications import Starlette
@@ -28,6 +30,8 @@ from proxy.server import HeadLimits, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
 
+_ALPN = ("http/1.1",)
+"""What aiohttp offers in the TLS handshake (HTTP/1.1 only), as its default contexts do."""
 SWITCH_INTERVAL = 0.002
 """Seconds a thread may hold the GIL before another may take it (Python's default is 0.005)."""
 
@@ -59,7 +63,27 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     # would make itself. Ours come from `session()`, whose connector verifies with aiohttp's
     # default context: hand it that one (should aiohttp rename it, it builds its own as before).
     verified = getattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", None)
+    _unverified_without_ca_store(aiohttp.connector)
     return AiohttpTransport(verify=verified or True, client=session, limits=limits)
+
+
+def _unverified_without_ca_store(connector: ModuleType) -> None:
+    """aiohttp builds, at import, the context for requests sent with `ssl=False` (compactd sends
+    none) and loads the system CA store into it, ~0.7 MB per worker, though it verifies
+    nothing (CERT_NONE, no hostname check). Put the same context without the store in its
+    place; left as it is if aiohttp changes it."""
+    old = getattr(connector, "_SSL_CONTEXT_UNVERIFIED", None)
+    if not isinstance(old, ssl.SSLContext) or old.verify_mode != ssl.CERT_NONE:
+        return
+    if old.check_hostname or old.protocol != ssl.PROTOCOL_TLS_CLIENT:
+        return
+    new = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    new.check_hostname = False
+    new.verify_mode = ssl.CERT_NONE
+    new.options = old.options
+    new.minimum_version, new.maximum_version = old.minimum_version, old.maximum_version
+    new.set_alpn_protocols(_ALPN)
+    setattr(connector, "_SSL_CONTEXT_UNVERIFIED", new)  # noqa: B010  (a private name)
 
 
 class CompactdApp:
