@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given
 
+from proxy.providers import engine_plan
 from proxy.providers.base import REF_PATTERN, CompactionResult, CompressionConfig, Message
 from proxy.providers.engine import EngineOptions, EngineProvider
 from proxy.providers.engine_forms import Forms, FormSettings
@@ -415,3 +416,32 @@ def test_forced_markers_list_facts_up_to_the_room_not_just_the_next_smaller_cap(
     assert any("forced" in limitation for limitation in result.limitations)
     assert 0.9 * limit <= count_tokens(result.messages) <= limit
     assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+def test_the_estimates_write_one_stub_to_calibrate_however_many_units_they_drop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each stub written costs the fact scan of what it reads; the early ones the climb passes
+    # say little about the stubs near the answer, which the search's probes price exactly.
+    climbing: list[bool] = [False]
+    written: list[tuple[int, int]] = []
+    drop, stub_form = engine_plan.Estimates._drop, Forms._stub_form
+
+    def counted_drop(self: engine_plan.Estimates, u: int) -> tuple[int, int]:
+        climbing[0] = True
+        try:
+            return drop(self, u)
+        finally:
+            climbing[0] = False
+
+    def counted_stub(self: Forms, start: int, end: int, cap: int, marked: bool) -> object:
+        if climbing[0]:
+            written.append((start, end))
+        return stub_form(self, start, end, cap, marked)
+
+    monkeypatch.setattr(engine_plan.Estimates, "_drop", counted_drop)
+    monkeypatch.setattr(Forms, "_stub_form", counted_stub)
+    messages = chat(30)
+    result = compress(messages, count_tokens(messages) // 5)
+    assert any(is_stand_in(message_text(m)) for m in result.messages)  # units were dropped
+    assert len(written) == 1
