@@ -45,6 +45,23 @@ T = TypeVar("T")
 USAGE_POOL_SIZE = 2
 
 
+def raised_in_client(exc: BaseException) -> bool:
+    """Whether `exc` came from inside redis-py rather than from our code around it.
+
+    redis-py's asyncio cluster client has races that surface as plain Python errors: while a
+    slot migrates or a node fails, a connection one command uses is closed by another, and the
+    next write meets `AttributeError: 'NoneType' object has no attribute 'writelines'` (seen in
+    tests/store/test_cluster.py; redis-py #3546, #3835 report the same family). To compactd that
+    is the store failing, to be answered like any other store fault (fail open, "store")."""
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if module == "redis" or module.startswith("redis."):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 class RedisStore:
     """The Store protocol over Redis (one server, or a cluster: one slot per conversation)."""
 
@@ -121,6 +138,10 @@ class RedisStore:
             raise StoreError(f"redis did not answer within {timeout * 1000:.0f} ms") from exc
         except (RedisError, OSError) as exc:
             raise StoreError(f"redis: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            if not raised_in_client(exc):
+                raise
+            raise StoreError(f"redis client fault: {type(exc).__name__}: {exc}") from exc
 
     def _settle(self, task: asyncio.Task[Any]) -> None:
         self._inflight.discard(task)

@@ -185,3 +185,47 @@ async def test_a_store_opened_while_redis_is_down_works_once_it_is_up(
 
     assert saved.covered_through == 3
     await store.close()
+
+
+_RACE = """
+async def send_packed_command(self, command, check_health=True):
+    # What redis-py's cluster client meets when another command closed this connection under
+    # it during a slot migration: the writer is already gone.
+    None.writelines(command)
+"""
+
+
+def _raising_inside_redis_py() -> object:
+    """A stand-in for redis-py's connection write whose frames belong to redis-py itself."""
+    namespace: dict[str, object] = {"__name__": "redis.asyncio.connection"}
+    exec(_RACE, namespace)  # a fixed string: its frames carry redis-py's module name
+    return namespace["send_packed_command"]
+
+
+async def test_a_fault_inside_redis_py_is_a_store_error_and_the_store_works_on(
+    machine_redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.asyncio.connection import AbstractConnection
+
+    store = await RedisStore.open(machine_redis_url, timeout_ms=2000, pool_size=4, prefix="t:")
+    msgs = history(8)
+    with monkeypatch.context() as patch:
+        patch.setattr(AbstractConnection, "send_packed_command", _raising_inside_redis_py())
+        with pytest.raises(StoreError, match="redis client fault: AttributeError"):
+            await store.find_checkpoint(A, "c-race", prefixes(msgs))
+        with pytest.raises(StoreError, match="redis client fault"):
+            await store.save_compaction(compaction(A, "c-race", msgs, 4), TTL)
+    await store.save_compaction(compaction(A, "c-race", msgs, 4), TTL)
+    assert await store.find_checkpoint(A, "c-race", prefixes(msgs)) is not None
+    await store.close()
+
+
+async def test_a_fault_of_our_own_around_redis_stays_what_it_is(machine_redis_url: str) -> None:
+    store = await RedisStore.open(machine_redis_url, timeout_ms=2000, pool_size=4, prefix="t:")
+
+    async def ours(client: object) -> None:
+        raise AttributeError("a bug of compactd's, not a store fault")
+
+    with pytest.raises(AttributeError, match="a bug of compactd's"):
+        await store._io(ours)
+    await store.close()
