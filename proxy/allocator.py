@@ -109,10 +109,10 @@ def release_thread_cache() -> None:
 def release_freed_memory() -> None:
     """Hand the pages of freed heap blocks back to the system now (after loading an encoding
     frees the ~200k Python objects its vocabulary was parsed into)."""
-    libc = ctypes.CDLL(None)
+    mallctl = _mallctl()
     with contextlib.suppress(AttributeError, OSError):
-        if hasattr(libc, "mallctl"):
+        if mallctl is not None:
             name = f"arena.{_MALLCTL_ARENAS_ALL}.purge".encode()
-            libc.mallctl(name, None, None, None, ctypes.c_size_t(0))
+            mallctl(name, None, None, None, ctypes.c_size_t(0))
         else:
-            libc.malloc_trim(0)
+            ctypes.CDLL(None).malloc_trim(0)
