@@ -24,6 +24,14 @@ _FACT = re.compile(
     r"(?:[\d_/@]|\w\.\w|[a-z][A-Z]|[A-Z]{2}[a-z]|[A-Z]-[A-Za-z]|[a-z]-[A-Z]|\w\+[A-Z]|[A-Za-z]#)"
     r"[\w./@$€£~:%+?=&#-]*"
 )
+# The same matches at C speed (proxy/providers/_factscan.c, built when a compiler is there),
+# used only while its pattern is this one: a change to `_FACT` falls back to `_scan` until the C
+# scan is changed with it.
+try:
+    from proxy.providers import _factscan
+except ImportError:  # built without a compiler: the pure-Python scan
+    _factscan = None  # type: ignore[assignment]
+NATIVE_SCAN = _factscan.fact_matches if _factscan and _FACT.pattern == _factscan.PATTERN else None
 _PUNCT_EDGES = ".:,-+%~"
 # Stripped from a token before testing whether it is a plain word: none of these can start or
 # complete a fact (digits, `_`, `/`, `@` and backticks are not among them; a dot at the edge has
@@ -196,7 +204,15 @@ _TOKEN_MEMO = 50_000
 
 def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
     """The fact pattern's matches, token by token; `tokens` remembers each distinct token's
-    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids)."""
+    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids). The
+    native scan, where there is one, finds the same at C speed."""
+    if NATIVE_SCAN is not None:
+        return NATIVE_SCAN(text)
+    return python_scan(text, tokens)
+
+
+def python_scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
+    """`_scan` in Python (the reference the native scan is tested against)."""
     found: list[str] = []
     findall = _FACT.findall
     seen: dict[str, list[str]] = {} if tokens is None else tokens

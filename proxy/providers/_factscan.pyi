@@ -1,0 +1,3 @@
+PATTERN: str
+
+def fact_matches(text: str, /) -> list[str]: ...
