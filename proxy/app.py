@@ -32,6 +32,8 @@ from proxy.store.base import Store
 
 _ALPN = ("http/1.1",)
 """What aiohttp offers in the TLS handshake (HTTP/1.1 only), as its default contexts do."""
+UPSTREAM_KEEP_ALIVE_SECONDS = 30
+"""How long an idle upstream connection stays pooled (aiohttp's transport)."""
 SWITCH_INTERVAL = 0.002
 """Seconds a thread may hold the GIL before another may take it (Python's default is 0.005)."""
 
@@ -51,7 +53,9 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
         # No cookie jar: cookies set for one tenant must never be sent for another.
         # No auto headers: the upstream sees the client's headers, not aiohttp's defaults.
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=30),
+            connector=aiohttp.TCPConnector(
+                limit=up.max_connections, keepalive_timeout=UPSTREAM_KEEP_ALIVE_SECONDS
+            ),
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             # Past these the upstream's response is refused as a 502 (proxy.forward).

@@ -69,7 +69,6 @@ def _serve(args: argparse.Namespace) -> int:
         "log_config": None,  # keep our JSON, redacting handlers
         "access_log": False,  # one structured line per request is ours
         "lifespan": "on",
-        "timeout_keep_alive": 75,
         # The app sets one `date` (the upstream's, when relaying) and relays the upstream's
         # `server`; uvicorn's own would make a second of each.
         "date_header": False,

@@ -29,6 +29,13 @@ from proxy.errors import HeadersTooLargeError, error_body
 LINGER_SECONDS = 2.0
 """How long a refused connection's remaining input is read and discarded before closing."""
 
+KEEP_ALIVE_SECONDS = 75
+"""How long an idle client connection is kept open: longer than clients keep theirs (httpx and
+the OpenAI Python SDK 5 s, aiohttp 15 s, load balancers around 60 s). Were it equal, a client could
+send its next request the instant the server closes the idle connection, and meet a reset
+(uvicorn's default is 5 s, httpx's expiry is 5 s: tests/store/test_cluster.py met exactly that
+after a 5 s wait)."""
+
 
 @dataclass(frozen=True)
 class HeadLimits:
@@ -160,8 +167,10 @@ def websocket_protocol(**kwargs: Any) -> asyncio.Protocol:
 
 def protocol_options(limits: HeadLimits) -> dict[str, Any]:
     """uvicorn options: our HTTP protocol that bounds request heads (and h11's limit should
-    anyone choose h11 instead), and the WebSocket protocol imported on first use."""
+    anyone choose h11 instead), the WebSocket protocol imported on first use, and how long an
+    idle connection is kept."""
     return {
+        "timeout_keep_alive": KEEP_ALIVE_SECONDS,
         "http": functools.partial(BoundedHttpToolsProtocol, limits=limits),
         "ws": websocket_protocol,
         "h11_max_incomplete_event_size": limits.max_bytes,

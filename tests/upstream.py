@@ -242,6 +242,12 @@ async def serve(app: Any, *, lifespan: str = "off", **options: Any) -> AsyncIter
 
     import uvicorn
 
+    from proxy.server import KEEP_ALIVE_SECONDS
+
+    # Idle connections are kept as `compactd serve` keeps them, longer than the clients here keep
+    # theirs (the tests' httpx 5 s, compactd's upstream pool 30 s). uvicorn's own 5 s equals
+    # httpx's expiry: a request sent on a connection the instant it closes met a reset.
+    options.setdefault("timeout_keep_alive", KEEP_ALIVE_SECONDS)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
