@@ -52,6 +52,7 @@ def make_proxy(tmp_path: Path) -> ProxyFactory:
     from proxy.app import create_app
     from proxy.config import load_settings
     from proxy.server import head_limits, protocol_options
+    from tests.inprocess import embedded_store
 
     def factory(upstream_url: str, **sections: Any) -> AbstractAsyncContextManager[str]:
         overrides: dict[str, Any] = {"upstream": {"url": upstream_url}, **sections}
@@ -59,6 +60,7 @@ def make_proxy(tmp_path: Path) -> ProxyFactory:
         server = dict(sections.get("server", {}))
         server.setdefault("data_dir", str(tmp_path / "data"))
         overrides["server"] = server
+        overrides["store"] = embedded_store(sections.get("store", {}))
         settings = load_settings(None, env={}, overrides=overrides)
         options = protocol_options(head_limits(settings))
         return serve(create_app(settings), lifespan="on", **options)

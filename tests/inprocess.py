@@ -174,6 +174,20 @@ async def lifespan(app: CompactdApp) -> AsyncIterator[None]:
         await task
 
 
+EMBEDDED_STORE_TIMEOUT_MS = 20_000
+"""store.timeout_ms of a test that does not choose its store (the embedded SQLite file): a shared
+2-core machine can stall a SQLite write past the 200 ms default, and the request fails open
+('error' where the test expects 'compacted'; test_expand failed a land so). A store outage is
+tested where a test chooses its store and timeout (tests/faults, tests/store)."""
+
+
+def embedded_store(store: dict[str, Any]) -> dict[str, Any]:
+    """The `store` section with the roomy timeout, unless the test names a store or a timeout."""
+    if "url" in store or "timeout_ms" in store:
+        return store
+    return {**store, "timeout_ms": EMBEDDED_STORE_TIMEOUT_MS}
+
+
 @contextlib.asynccontextmanager
 async def running(
     tmp_path: Path,
@@ -190,6 +204,7 @@ async def running(
         **sections,
         "upstream": {"url": "http://upstream.test/v1", **sections.get("upstream", {})},
         "server": {"data_dir": str(tmp_path / "data"), **sections.get("server", {})},
+        "store": embedded_store(sections.get("store", {})),
     }
     settings = load_settings(None, env={}, overrides=overrides)
     app = create_app(
