@@ -235,3 +235,56 @@ def test_wrk_counts_right_bodies_mismatches_and_non_200s(fixed_server: str) -> N
     missing = asyncio.run(wrkgen.run_wrk_scenario(fixed_server + "/missing", sc, b"", [], warmup=0))
     assert missing.count == 0
     assert missing.errors > 0
+
+
+def test_workers_adds_a_multi_worker_copy_of_each_chosen_naive_target_as_the_control() -> None:
+    import run
+
+    chosen = run.choose_targets("naive-aiohttp,compactd-aiohttp", "1,2", [])
+    got = [(t.name, t.kind, t.transport, t.workers) for t in chosen]
+    assert got == [
+        ("naive-aiohttp", "naive", "aiohttp", 1),
+        ("compactd-aiohttp", "compactd", "aiohttp", 1),
+        ("compactd-aiohttp-w2", "compactd", "aiohttp", 2),
+        ("naive-aiohttp-w2", "naive", "aiohttp", 2),
+    ]
+    assert [t.name for t in run.choose_targets("compactd-aiohttp", "1", [])] == ["compactd-aiohttp"]
+
+
+def test_a_multi_worker_naive_target_runs_its_workers_on_every_core(tmp_path: Path) -> None:
+    import run
+
+    two = run.Target("naive-aiohttp-w2", "naive", "aiohttp", workers=2)
+    server = run.server_for(two, "http://127.0.0.1:1/v1", 0, tmp_path)
+    argv = server._argv
+    assert argv[-4:-1] == ["aiohttp", str(server.port), "http://127.0.0.1:1/v1"]
+    assert argv[-1] == "2"
+    if argv[0] == "taskset":
+        assert argv[2] == ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    server.log.unlink(missing_ok=True)
+
+
+def test_workers_table_of_the_naive_control_compares_it_with_its_own_single_worker() -> None:
+    def run_(rps: float) -> loadgen.Result:
+        n = int(rps * 10)
+        return loadgen.Result(completed=n, elapsed=10.0, server_cpu=n / 1000)
+
+    results: report.Results = {
+        "naive-aiohttp": {"b": run_(1000)},
+        "compactd-aiohttp": {"b": run_(500)},
+        "compactd-aiohttp-w2": {"b": run_(900)},
+        "naive-aiohttp-w2": {"b": run_(1600)},
+    }
+    table = report.workers_table(results, "naive-aiohttp")
+    assert "| (b) c=32 | 2 | 1,600 (1.00) | 1.60x |" in table
+    assert "900" not in table
+
+
+def test_cpu_scaling_control_reports_cpu_per_unit_alone_and_both_busy() -> None:
+    import cpuscale
+
+    assert all(callable(f) and f() for f in cpuscale.UNITS.values())
+    # alone: 1,000 units in 2 CPU s per phase; both busy: each of two did 900 in 2 CPU s.
+    row = cpuscale.summarise("json", [(1000, 2.0)] * 4, [(900, 2.0)] * 8, 2.0)
+    assert row.startswith("| json | 2000.00 (2000.00) | 2222.22 (2222.22) | +11.1 % |")
+    assert row.endswith("| 500 | 900 | 1.80x |")

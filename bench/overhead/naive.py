@@ -1,9 +1,12 @@
 """The reference pass-throughs: a naive ~20-line starlette + httpx proxy, with either httpx's own
-connection pool or the httpx-aiohttp transport. Run: `python naive.py httpx|aiohttp PORT UPSTREAM`.
+connection pool or the httpx-aiohttp transport. Run: `python naive.py httpx|aiohttp PORT UPSTREAM
+[WORKERS]`; with more than one worker, uvicorn's supervisor spawns them (as `compactd serve
+--workers N` does) and each builds the app from `NAIVE_TRANSPORT` and `NAIVE_UPSTREAM`.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -53,8 +56,19 @@ def build_app(transport: str, upstream: str) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
+def app_from_environment() -> Starlette:
+    """The app of one of several workers (uvicorn's factory): its settings come from the
+    environment the supervisor hands on."""
+    return build_app(os.environ["NAIVE_TRANSPORT"], os.environ["NAIVE_UPSTREAM"])
+
+
 if __name__ == "__main__":
     transport, port, upstream = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    app = build_app(transport, upstream)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                loop="uvloop", http="httptools")  # fmt: skip
+    workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    opts = {"host": "127.0.0.1", "port": port, "log_level": "warning", "access_log": False,
+            "loop": "uvloop", "http": "httptools"}  # fmt: skip
+    if workers > 1:
+        os.environ |= {"NAIVE_TRANSPORT": transport, "NAIVE_UPSTREAM": upstream}
+        uvicorn.run("naive:app_from_environment", factory=True, workers=workers, **opts)
+    else:
+        uvicorn.run(build_app(transport, upstream), **opts)

@@ -54,7 +54,8 @@ class Target:
     pythonpath: str = ""
     """For A/B runs: a directory holding a patched `proxy` package that compactd imports first."""
     workers: int = 1
-    """compactd's `--workers`; with more than one, it may run on every core (see server_for)."""
+    """compactd's (or naive.py's) `--workers`; with more than one, it may run on every core (see
+    server_for)."""
     accounting: bool = True
     """Off: `accounting.enabled = false`, to measure what accounting costs."""
 
@@ -79,6 +80,21 @@ def scenarios(seconds: float, requests: int) -> list[Scenario]:
     ]
 
 
+def choose_targets(only: str, workers: str, variants: list[str]) -> list[Target]:
+    """The targets of a run: those named in `only` (all when empty); for each worker count
+    above one in `workers`, compactd-aiohttp with that many workers and, as the control, the
+    same count of each chosen naive pass-through; then each `NAME=DIR` variant."""
+    chosen = [t for t in TARGETS if not only or t.name in only.split(",")]
+    naive = [t for t in chosen if t.kind == "naive"]
+    for n in (int(w) for w in workers.split(",") if w.strip() and int(w) > 1):
+        chosen.append(Target(f"compactd-aiohttp-w{n}", "compactd", "aiohttp", workers=n))
+        chosen += [dataclasses.replace(t, name=f"{t.name}-w{n}", workers=n) for t in naive]
+    for variant in variants:
+        name, _, path = variant.partition("=")
+        chosen.append(Target(name, "compactd", "aiohttp", str(Path(path).resolve())))
+    return chosen
+
+
 def server_for(
     t: Target, upstream: str, core: int, data_dir: Path, config: str = ""
 ) -> PinnedServer:
@@ -86,9 +102,12 @@ def server_for(
     to every core (its workers must have a core each to scale); the load generator and nginx
     stay pinned to theirs, so on two cores worker two shares a core with them."""
     port = free_port()
+    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0) | {core}))
     if t.kind == "naive":
         argv = [sys.executable, str(HERE / "naive.py"), t.transport, str(port), upstream]
-        return PinnedServer(t.name, argv, port, core)
+        argv += [str(t.workers)]
+        env = {"PYTHONPATH": str(HERE)}  # the spawned workers import `naive`
+        return PinnedServer(t.name, argv, port, cpus if t.workers > 1 else core, env=env)
     exe = Path(sys.executable).parent / "compactd"
     base = [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy"]
     argv = [*base, "serve", "--host", "127.0.0.1", "--port", str(port)]
@@ -105,7 +124,6 @@ def server_for(
         env["COMPACTD_ACCOUNTING_ENABLED"] = "false"
     if config:
         env["COMPACTD_CONFIG_FILE"] = str(Path(config).resolve())
-    cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0) | {core}))
     return PinnedServer(t.name, argv, port, cpus if t.workers > 1 else core, env=env)
 
 
@@ -213,12 +231,8 @@ async def main_async(args: argparse.Namespace) -> int:
     expected = completion_response()
     ref = sse_events()
     scs = [sc for sc in scenarios(args.seconds, args.requests) if sc.name in args.scenarios]
-    chosen = [t for t in TARGETS if not args.only or t.name in args.only.split(",")]
-    for n in (int(w) for w in args.workers.split(",") if w.strip() and int(w) > 1):
-        chosen.append(Target(f"compactd-aiohttp-w{n}", "compactd", "aiohttp", workers=n))
-    for variant in args.variant:
-        name, _, path = variant.partition("=")
-        chosen.append(Target(name, "compactd", "aiohttp", str(Path(path).resolve())))
+    chosen = choose_targets(args.only, args.workers, args.variant)
+    naive = [t for t in chosen if t.kind == "naive" and t.workers == 1]
     results: dict[str, dict[str, Result] | str] = {}
     probes: dict[str, str] = {}
     with (
@@ -263,7 +277,9 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"Load generator: {gen}.\n")
     print(target_checks(results))
     if any(t.workers > 1 for t in chosen):
-        print(workers_table(results))
+        for base in ("compactd-aiohttp", *(t.name for t in naive)):
+            if table := workers_table(results, base):
+                print(f"Workers, {base}:\n\n{table}")
     for name, seen in probes.items():
         print(f"{name} on the 400 KB body: {seen or 'no x-compactd-* headers'}")
     if args.json:
@@ -302,7 +318,8 @@ def main() -> int:
     parser.add_argument(
         "--workers",
         default="1",
-        help="compactd worker counts, e.g. 1,2: adds compactd-aiohttp-w2 (on every core)",
+        help="worker counts, e.g. 1,2: adds compactd-aiohttp-w2 (on every core), and a -w2 of"
+        " each naive target chosen",
     )
     parser.add_argument(
         "--config",
