@@ -2,7 +2,7 @@
 100k-token request.
 
     .venv/bin/python bench/rss.py [--workers 1,4] [--store redis://127.0.0.1:6379/0]
-                                  [--allocator auto|jemalloc|system]
+                                  [--allocator auto|jemalloc|system] [--decimals 1]
 
 For each worker count: start `compactd serve --workers N` against a local fake upstream (an
 aiohttp app answering a fixed completion), read every worker's RSS from /proc once it is ready,
@@ -169,13 +169,13 @@ async def measure(n: int, store: str, allocator: str) -> dict[str, list[float]]:
     return out
 
 
-async def main_async(counts: list[int], store: str, allocator: str) -> None:
+async def main_async(counts: list[int], store: str, allocator: str, decimals: int = 0) -> None:
     rows = []
     for n in counts:
         res = await measure(n, store, allocator)
         for stage, values in res.items():
-            each = " / ".join(f"{v:.0f}" for v in values)
-            rows.append(f"| {n} | {stage} | {each} | {max(values):.0f} |")
+            each = " / ".join(f"{v:.{decimals}f}" for v in values)
+            rows.append(f"| {n} | {stage} | {each} | {max(values):.{decimals}f} |")
     print("| workers | after | RSS per worker (MB) | max (MB) |\n|---:|---|---|---:|")
     print("\n".join(rows))
     print(f"\nLoad average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -186,9 +186,12 @@ def main() -> None:
     parser.add_argument("--workers", default="1,4", help="comma-separated worker counts")
     parser.add_argument("--store", default="", help="store.url (default: the embedded SQLite)")
     parser.add_argument("--allocator", default="auto", help="server.allocator of compactd")
+    parser.add_argument(
+        "--decimals", type=int, default=0, help="decimals of the MB figures (1: 0.1 MB steps)"
+    )
     args = parser.parse_args()
     counts = [int(x) for x in args.workers.split(",")]
-    asyncio.run(main_async(counts, args.store, args.allocator))
+    asyncio.run(main_async(counts, args.store, args.allocator, args.decimals))
 
 
 if __name__ == "__main__":
