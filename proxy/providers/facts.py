@@ -159,15 +159,18 @@ _NAME_FIRST = (
     f"{_CAPITAL}(?:(?<={_AFTER_WORD}{_CAPITAL})|(?<={_AFTER_WORD}[\"'(\u201c\u2018]{_CAPITAL})"
     f"|(?<=\\d[A-Za-z][ \\t]{_CAPITAL}))"
 )
+# Hyphenated parts of a word of a name (`Sichuan-style`, `Chick-fil-a`, `Qinghai-Tibet`).
+_HYPHENATED = "(?:-[A-Za-zß-ÿ]+)*"
 # A word of a name: capitalized, or an acronym, maybe a plural or a word after it (`GPUs`,
 # `GDScript`).
-_NAME_WORD = "(?:[A-ZÀ-Þ][a-zß-ÿ]+|[A-ZÀ-Þ]{2,}[a-zß-ÿ]*)(?:'s)?"
+_NAME_WORD = f"(?:[A-ZÀ-Þ][a-zß-ÿ]+|[A-ZÀ-Þ]{{2,}}[a-zß-ÿ]*){_HYPHENATED}(?:'s)?"
 # A capitalized word right after a lower-case letter, a digit or a comma and a blank (and maybe
 # an opening quote; checked behind the first letter, so the search skips to capitals at C
 # speed), and up to three more after it on the same line, the last not followed by more word
 # characters.
 _NAME = re.compile(
-    f"({_NAME_FIRST}(?:[a-zß-ÿ]+|[A-ZÀ-Þ]+[a-zß-ÿ]*)(?:'s)?(?:[ \\t]+{_NAME_WORD}){{0,3}})"
+    f"({_NAME_FIRST}(?:[a-zß-ÿ]+|[A-ZÀ-Þ]+[a-zß-ÿ]*){_HYPHENATED}(?:'s)?"
+    f"(?:[ \\t]+{_NAME_WORD}){{0,3}})"
     "(?![\\w-]|['\u2019]\\w)"
 )
 

@@ -79,3 +79,11 @@ def test_technical_words_with_inner_capitals_hyphens_or_signs_are_facts() -> Non
     for fact in ("GDScript", "C#", "XLM-R", "PC-only", "English+French"):
         assert fact in fact_items(text)
     assert fact_items("Real-time combat. Cross-lingual work. See issue #12.") == ["12"]
+
+
+def test_a_name_keeps_its_hyphenated_parts() -> None:
+    text = "We ate Sichuan-style tofu at Chick-fil-a, then flew over the Qinghai-Tibet Plateau."
+    facts = fact_items(text)
+    for fact in ("Sichuan-style", "Chick-fil-a", "Qinghai-Tibet Plateau"):
+        assert fact in facts
+    assert "Sichuan" not in facts
