@@ -175,23 +175,30 @@ _NAME = re.compile(
 )
 
 
+# An amount with thousands separators (`300,000`, `$1,250.50`): the fact pattern stops at a
+# comma and finds only its pieces.
+_GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.,]\d)")
+
+
 def name_matches(text: str) -> list[str]:
-    """Quoted phrases, then names, of a text, in order (both rank as names); a piece at a time
-    (cut after spaces and line breaks), so a multi-megabyte line is never one regex call."""
+    """Quoted phrases, amounts with thousands separators, then names, of a text, in order; a
+    piece at a time (cut after spaces and line breaks), so a multi-megabyte line is never one
+    regex call."""
     found: list[str] = []
     quotes = '"' in text or "“" in text
+    commas = "," in text
     for start, end in scan_spans(text, SCAN_CHARS, " \n"):
         if quotes:
             for quoted in _QUOTED_PHRASE.findall(text, start, end):
                 phrase = quoted.strip()
                 if " " in phrase and _LETTER.search(phrase):
                     found.append(phrase)
+        if commas:
+            found += _GROUPED.findall(text, start, end)
         for match in _NAME.findall(text, start, end):
-            # A possessive ends a name (`Maria's` is Maria) but belongs to a title inside it
-            # (`Baldur's Gate`).
+            # A possessive stays as written (`Jay Chou's`: it holds the name too; a list
+            # that has both keeps the possessive, see `_without_contained`).
             words = match.split()
-            if words[-1].endswith("'s"):
-                words[-1] = words[-1][:-2]
             while words and words[0] in _NOT_NAMES:
                 del words[0]
             if words:
@@ -636,11 +643,13 @@ def pack_salient(
 
 
 def _without_contained(facts: list[str]) -> list[str]:
-    """The facts that no longer chosen fact contains (`Prejudice` beside `Pride and Prejudice`)."""
-    longer = [f for f in facts if " " in f]
-    if not longer:
+    """The facts that no longer chosen fact contains (`Prejudice` beside `Pride and Prejudice`,
+    `000` beside `300,000`, `Maria` beside `Maria's`)."""
+    longer = [f for f in facts if " " in f or "," in f]
+    owners = {f[:-2] for f in facts if f.endswith("'s")}
+    if not longer and not owners:
         return facts
-    return [f for f in facts if not any(f != g and f in g for g in longer)]
+    return [f for f in facts if f not in owners and not any(f != g and f in g for g in longer)]
 
 
 def parse_json(text: str) -> Any | None:

@@ -63,9 +63,15 @@ def test_within_a_rank_facts_several_messages_mention_go_first() -> None:
     assert pack_salient(groups, 30).split(", ") == ["src/library.py", "parse_bits"]
 
 
-def test_a_title_keeps_its_inner_possessive_and_a_name_loses_its_own() -> None:
+def test_a_name_keeps_its_possessive_as_written() -> None:
     text = "We played Baldur's Gate; the title is 'Netrunner's Gambit'. Ask Maria's sister."
-    assert fact_items(text) == ["Baldur's Gate", "Netrunner's Gambit", "Maria"]
+    assert fact_items(text) == ["Baldur's Gate", "Netrunner's Gambit", "Maria's"]
+
+
+def test_a_fact_list_with_a_possessive_leaves_out_the_bare_name() -> None:
+    # `Maria's` holds `Maria`: listing both spends room on one name.
+    groups = [[(1, "Maria")], [(1, "Maria"), (1, "Maria's"), (1, "Lisbon")]]
+    assert pack_salient(groups, 100) == "Maria's, Lisbon"
 
 
 def test_plural_acronyms_and_units_after_an_amount_are_names() -> None:
@@ -87,3 +93,10 @@ def test_a_name_keeps_its_hyphenated_parts() -> None:
     for fact in ("Sichuan-style", "Chick-fil-a", "Qinghai-Tibet Plateau"):
         assert fact in facts
     assert "Sichuan" not in facts
+
+
+def test_amounts_with_thousands_separators_are_facts_and_their_pieces_are_not_listed() -> None:
+    text = "The house cost 300,000 and the car $12,500.50, not 1,2,3."
+    assert name_matches(text) == ["300,000", "$12,500.50"]
+    groups = [[(2, fact) for fact in fact_items(text)]]
+    assert pack_salient(groups, 100) == "300,000, $12,500.50"
