@@ -252,7 +252,9 @@ def _finer_cap(
     """The largest fact cap between `fits` (a forced rung's, whose messages `out` are within the
     target) and `over` (the rung's before it, over the target) that still fits: the caps halve
     from rung to rung, so the one that fits may leave much of the target unused."""
-    if not _worth_filling(config.limit - config.count_tokens(out), config):
+    # Any room that holds a few facts is worth it, not only a share of the target: nothing
+    # else is left to fill it, and the caps halve, so the gap is often a few dozen tokens.
+    if config.limit - config.count_tokens(out) < FILL_MIN:
         return fits
     top = len(plan.steps)
     while over - fits > FORCE_CAP_STEP:

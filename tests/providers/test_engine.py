@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from typing import cast
 
 import pytest
 from hypothesis import given
 
-from proxy.providers import engine_plan
+from proxy.providers import engine, engine_plan
 from proxy.providers.base import REF_PATTERN, CompactionResult, CompressionConfig, Message
 from proxy.providers.engine import EngineOptions, EngineProvider
-from proxy.providers.engine_forms import Forms, FormSettings
+from proxy.providers.engine_forms import Form, Forms, FormSettings
+from proxy.providers.engine_plan import Plan
 from proxy.providers.markers import is_stand_in
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
@@ -416,6 +419,30 @@ def test_forced_markers_list_facts_up_to_the_room_not_just_the_next_smaller_cap(
     assert any("forced" in limitation for limitation in result.limitations)
     assert 0.9 * limit <= count_tokens(result.messages) <= limit
     assert uncompress(result.messages, result.verbatim).messages == messages
+
+
+class _CapPlan:
+    """A stand-in plan whose top rung costs 910 tokens plus one per character of fact cap."""
+
+    steps = (None, None)
+
+    def build(
+        self, rung: int, cap: int, collect: bool = True
+    ) -> tuple[list[Message], list[Form], int]:
+        return [], [], 910 + cap
+
+
+def test_a_forced_cap_is_refined_when_the_room_left_is_small_beside_the_target() -> None:
+    # The cap that fits (50) leaves 40 of 1,000 tokens unused: under a twentieth of the target,
+    # but room for facts; the largest cap that still fits (90) is found between it and 200.
+    config = CompressionConfig(
+        limit=1000, budget=1000, count_tokens=lambda ms: 960, count_message=count_message
+    )
+    plan = cast(Plan, _CapPlan())
+    assert 80 <= engine._finer_cap(plan, 50, 200, [], config) <= 90
+    # Fewer spare tokens than FILL_MIN: nothing worth refining.
+    tight = replace(config, count_tokens=lambda ms: 1000 - engine.FILL_MIN + 1)
+    assert engine._finer_cap(plan, 50, 200, [], tight) == 50
 
 
 def test_the_estimates_write_one_stub_to_calibrate_however_many_units_they_drop(
