@@ -25,8 +25,8 @@ _FACT = re.compile(
     r"[\w./@$€£~:%+?=&#-]*"
 )
 # The same matches at C speed (proxy/providers/_factscan.c, built when a compiler is there),
-# used only while its pattern is this one: a change to `_FACT` falls back to `_scan` until the C
-# scan is changed with it.
+# used only while its pattern is this one: a changed `_FACT` runs `python_scan` (and fails
+# tests/providers/test_factscan.py) until the C scan is changed with it.
 try:
     from proxy.providers import _factscan
 except ImportError:  # built without a compiler: the pure-Python scan
