@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from procs import autogroup_nice, cores, set_autogroup_nice  # noqa: E402
+from procs import cores, niced  # noqa: E402
 
 BODY = json.dumps(
     {
@@ -133,12 +133,7 @@ def main() -> int:
         child(kind, float(seconds), float(start_at))
         return 0
     first, second = cores()
-    before = autogroup_nice(os.getpid())
-    if args.nice:
-        os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # inherited by the children
-        if before is not None:
-            set_autogroup_nice(os.getpid(), args.nice)
-    try:
+    with niced(args.nice):  # inherited by the children
         rows = []
         for kind in args.kinds.split(","):
             alone: list[tuple[int, float]] = []
@@ -155,9 +150,6 @@ def main() -> int:
                     per = ", ".join(f"{r['cpu'] / r['units'] * 1e6:.2f}" for r in res)
                     print(f"   {kind} round {rnd + 1} {phase}: µs/unit {per}", file=sys.stderr)
             rows.append(summarise(kind, alone, both, args.seconds))
-    finally:
-        if args.nice and before is not None:
-            set_autogroup_nice(os.getpid(), before)
     print(
         "| work | CPU µs/unit alone, median (total) | both cores busy | rise "
         "| units/s alone | units/s, two processes | ratio |"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +90,23 @@ def set_autogroup_nice(pid: int, nice: int) -> bool:
     except OSError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def niced(nice: int) -> Iterator[None]:
+    """Run at scheduling priority `nice` (0: unchanged): this process's (children inherit it)
+    and its session's autogroup (see `set_autogroup_nice`), which is put back afterwards (it
+    holds the shell that started the bench too)."""
+    before = autogroup_nice(os.getpid())
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if before is not None:
+            set_autogroup_nice(os.getpid(), nice)
+    try:
+        yield
+    finally:
+        if nice and before is not None:
+            set_autogroup_nice(os.getpid(), before)
 
 
 class PinnedServer:

@@ -30,10 +30,10 @@ from bodies import chat_body, completion_response, large_body, sse_events
 from loadgen import Result, Scenario, probe, run_scenario
 from procs import (
     PinnedServer,
-    autogroup_nice,
     cores,
     cpu_seconds,
     free_port,
+    niced,
     set_autogroup_nice,
 )
 from report import describe, render_table, target_checks, workers_table
@@ -221,11 +221,8 @@ async def main_async(args: argparse.Namespace) -> int:
     # Children inherit this affinity: nginx shares the load generator's core, and each proxy is
     # re-pinned to the other core by taskset.
     os.sched_setaffinity(0, {load_core})
-    if args.nice:
-        # Inherited by nginx and every proxy: on a shared machine, other work yields to the run.
-        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
-        # ... and so by wrk; with autogrouping, each server's own session's priority too (and
-        # this session's: see main).
+    # main's `niced` priority is inherited by nginx, wrk and every proxy: on a shared machine,
+    # other work yields to the run; with autogrouping, each server's own session gets it below.
     if args.loadgen == "wrk" and wrk_binary() is None:
         raise SystemExit(INSTALL)
     expected = completion_response()
@@ -341,16 +338,9 @@ def main() -> int:
     parser.add_argument("--profile", default="", help="directory for py-spy profiles")
     parser.add_argument("--json", default="", help="also write raw figures to this file")
     args = parser.parse_args()
-    # This session's autogroup holds the load generator and nginx, and the shell that started
-    # the bench: its priority is put back afterwards.
-    before = autogroup_nice(os.getpid())
-    if args.nice and before is not None:
-        set_autogroup_nice(os.getpid(), args.nice)
-    try:
+    # This session's autogroup holds the load generator and nginx.
+    with niced(args.nice):
         return uvloop.run(main_async(args))
-    finally:
-        if args.nice and before is not None:
-            set_autogroup_nice(os.getpid(), before)
 
 
 if __name__ == "__main__":
