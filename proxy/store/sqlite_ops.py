@@ -58,7 +58,7 @@ def connect(path: str, busy_ms: int) -> sqlite3.Connection:
         path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False
     )
     con.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
-    con.execute("PRAGMA journal_mode = WAL")
+    set_wal(con, busy_ms)
     # FULL: a compaction is forwarded only once its originals survive a power cut, too.
     con.execute("PRAGMA synchronous = FULL")
     with transaction(con):
@@ -66,6 +66,29 @@ def connect(path: str, busy_ms: int) -> sqlite3.Connection:
             if stmt.strip():
                 con.execute(stmt)
     return con
+
+
+WAL_RETRY_SECONDS = 0.01
+
+
+def set_wal(con: sqlite3.Connection, busy_ms: int) -> None:
+    """`PRAGMA journal_mode = WAL`, retried while the file is busy, for up to `busy_ms`.
+
+    Switching a new file to WAL takes its exclusive lock. When two processes switch it at once
+    (workers starting on a fresh data dir), SQLite answers one of them SQLITE_BUSY at once,
+    without waiting on busy_timeout, since both waiting would deadlock; once the other's switch
+    is done the file is in WAL mode and the pragma succeeds."""
+    deadline = time.monotonic() + busy_ms / 1000
+    while True:
+        try:
+            con.execute("PRAGMA journal_mode = WAL")
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+            if not busy or time.monotonic() >= deadline:
+                raise
+        else:
+            return
+        time.sleep(WAL_RETRY_SECONDS)
 
 
 @contextmanager

@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy.store import codec
 from proxy.store.base import UsageDelta
-from proxy.store.sqlite_ops import transaction
+from proxy.store.sqlite_ops import set_wal, transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (
@@ -40,7 +40,7 @@ def connect(path: str, busy_ms: int, main_path: str = "") -> sqlite3.Connection:
         path, timeout=busy_ms / 1000, isolation_level=None, check_same_thread=False
     )
     con.execute(f"PRAGMA busy_timeout = {int(busy_ms)}")
-    con.execute("PRAGMA journal_mode = WAL")
+    set_wal(con, busy_ms)
     con.execute("PRAGMA synchronous = NORMAL")
     with transaction(con):
         con.execute(SCHEMA)

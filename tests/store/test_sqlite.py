@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.store import sqlite_ops
 from proxy.store.base import StoreError, UsageRecord
 from proxy.store.sqlite import SqliteStore
 from tests.store.test_contract import A, compaction, history, prefixes
@@ -33,6 +34,40 @@ async def _write(path: Path, worker: int) -> None:
 
 def _worker(path: str, worker: int) -> None:
     asyncio.run(_write(Path(path), worker))
+
+
+class _BusyAtFirst:
+    """A connection whose WAL switch is refused `busy` times the way SQLite refuses it when
+    two processes switch a new file at once (SQLITE_BUSY at once, no busy wait)."""
+
+    def __init__(self, busy: int, code: int = sqlite3.SQLITE_BUSY) -> None:
+        self.busy, self.code, self.calls = busy, code, 0
+
+    def execute(self, sql: str) -> None:
+        assert sql == "PRAGMA journal_mode = WAL"
+        self.calls += 1
+        if self.calls <= self.busy:
+            exc = sqlite3.OperationalError("database is locked")
+            exc.sqlite_errorcode = self.code  # type: ignore[attr-defined]
+            raise exc
+
+
+def test_the_wal_switch_is_retried_while_another_process_makes_it() -> None:
+    con = _BusyAtFirst(busy=3)
+    sqlite_ops.set_wal(con, 5000)  # type: ignore[arg-type]
+    assert con.calls == 4
+    recovering = _BusyAtFirst(busy=1, code=261)  # SQLITE_BUSY_RECOVERY: busy too
+    sqlite_ops.set_wal(recovering, 5000)  # type: ignore[arg-type]
+    assert recovering.calls == 2
+
+
+def test_the_wal_switch_gives_up_at_the_deadline_and_on_other_errors() -> None:
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        sqlite_ops.set_wal(_BusyAtFirst(busy=10**9), 50)  # type: ignore[arg-type]
+    other = _BusyAtFirst(busy=1, code=sqlite3.SQLITE_IOERR)
+    with pytest.raises(sqlite3.OperationalError):
+        sqlite_ops.set_wal(other, 5000)  # type: ignore[arg-type]
+    assert other.calls == 1
 
 
 async def test_two_processes_writing_one_file_stay_consistent(tmp_path: Path) -> None:
