@@ -154,10 +154,11 @@ _QUOTED_PHRASE = re.compile(r"[\"“]([^\"“”\n]{3,80})[\"”]")
 
 _AFTER_WORD = "[a-zß-ÿ\\d,;][ \\t]"
 _CAPITAL = "[A-ZÀ-Þ]"
-# Or after an amount with a letter (`22K MAU`, `5G LTE`).
+# Or after an amount with a letter (`22K MAU`, `5G LTE`), or after a dash set off by blanks,
+# which goes on with the sentence (`… to FSDP — PyTorch's native FSDP`).
 _NAME_FIRST = (
     f"{_CAPITAL}(?:(?<={_AFTER_WORD}{_CAPITAL})|(?<={_AFTER_WORD}[\"'(\u201c\u2018]{_CAPITAL})"
-    f"|(?<=\\d[A-Za-z][ \\t]{_CAPITAL}))"
+    f"|(?<=\\d[A-Za-z][ \\t]{_CAPITAL})|(?<=[ \\t][\u2013\u2014][ \\t]{_CAPITAL}))"
 )
 # Hyphenated parts of a word of a name (`Sichuan-style`, `Chick-fil-a`, `Qinghai-Tibet`).
 _HYPHENATED = "(?:-[A-Za-zß-ÿ]+)*"
@@ -169,7 +170,7 @@ _NAME_WORD = f"(?:[A-ZÀ-Þ][a-zß-ÿ]+|[A-ZÀ-Þ]{{2,}}[a-zß-ÿ]*){_HYPHENATED
 # speed), and up to three more after it on the same line, the last not followed by more word
 # characters.
 _NAME = re.compile(
-    f"({_NAME_FIRST}(?:[a-zß-ÿ]+|[A-ZÀ-Þ]+[a-zß-ÿ]*){_HYPHENATED}(?:'s)?"
+    f"({_NAME_FIRST}(?:[a-zß-ÿ]+(?:[A-ZÀ-Þ][a-zß-ÿ]+)*|[A-ZÀ-Þ]+[a-zß-ÿ]*){_HYPHENATED}(?:'s)?"
     f"(?:[ \\t]+{_NAME_WORD}){{0,3}})"
     "(?![\\w-]|['\u2019]\\w)"
 )

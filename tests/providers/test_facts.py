@@ -100,3 +100,15 @@ def test_amounts_with_thousands_separators_are_facts_and_their_pieces_are_not_li
     assert name_matches(text) == ["300,000", "$12,500.50"]
     groups = [[(2, fact) for fact in fact_items(text)]]
     assert pack_salient(groups, 100) == "300,000, $12,500.50"
+
+
+def test_a_capitalized_word_after_a_dash_goes_on_with_the_sentence() -> None:
+    text = (
+        "The migration is half done \u2014 Products 1 and 2 are moved. Update \u2013 the board met."
+    )
+    assert name_matches(text) == ["Products"]
+
+
+def test_a_name_with_inner_capitals_keeps_its_possessive() -> None:
+    text = "we moved to FSDP \u2014 PyTorch's own, like YouTube's player and McDonald's fries"
+    assert name_matches(text) == ["FSDP", "PyTorch's", "YouTube's", "McDonald's"]
