@@ -112,3 +112,8 @@ def test_a_capitalized_word_after_a_dash_goes_on_with_the_sentence() -> None:
 def test_a_name_with_inner_capitals_keeps_its_possessive() -> None:
     text = "we moved to FSDP \u2014 PyTorch's own, like YouTube's player and McDonald's fries"
     assert name_matches(text) == ["FSDP", "PyTorch's", "YouTube's", "McDonald's"]
+
+
+def test_a_fact_list_with_a_plural_leaves_out_the_singular() -> None:
+    groups = [[(0, "A100"), (1, "GPU")], [(0, "A100s"), (1, "GPUs"), (1, "classes")]]
+    assert pack_salient(groups, 100) == "A100s, GPUs, classes"
