@@ -150,6 +150,7 @@ def _fact_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list
 # quotes (`"The Great Gatsby"`).
 _NOT_NAMES = frozenset({"I", "I'm", "I've", "I'll", "I'd", "OK", "Ok"})
 _QUOTED_PHRASE = re.compile(r"[\"“]([^\"“”\n]{3,80})[\"”]")
+_WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*")
 
 
 _AFTER_WORD = "[a-zß-ÿ\\d,;][ \\t]"
@@ -181,6 +182,21 @@ _NAME = re.compile(
 _GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.,]\d)")
 
 
+def _quoted_word(text: str, match: re.Match[str]) -> bool:
+    """Whether a quoted single word stands in a sentence (`call her "spoiled."`): a word of
+    letters (maybe with a sentence mark), after a word and a blank, and no key (no `:` or `=`
+    after it), so the strings of code, commands and JSON are no facts."""
+    at, end = match.start(), match.end()
+    word = match.group(1).strip().rstrip(".,!?")
+    return (
+        _WORD.fullmatch(word) is not None
+        and at >= 2
+        and text[at - 1] == " "
+        and text[at - 2].isalpha()
+        and text[end : end + 1] not in (":", "=")
+    )
+
+
 def name_matches(text: str) -> list[str]:
     """Quoted phrases, amounts with thousands separators, then names, of a text, in order; a
     piece at a time (cut after spaces and line breaks), so a multi-megabyte line is never one
@@ -190,9 +206,9 @@ def name_matches(text: str) -> list[str]:
     commas = "," in text
     for start, end in scan_spans(text, SCAN_CHARS, " \n"):
         if quotes:
-            for quoted in _QUOTED_PHRASE.findall(text, start, end):
-                phrase = quoted.strip()
-                if " " in phrase and _LETTER.search(phrase):
+            for match in _QUOTED_PHRASE.finditer(text, start, end):
+                phrase = match.group(1).strip()
+                if (" " in phrase and _LETTER.search(phrase)) or _quoted_word(text, match):
                     found.append(phrase)
         if commas:
             found += _GROUPED.findall(text, start, end)
