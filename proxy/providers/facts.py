@@ -662,10 +662,10 @@ def pack_salient(
 def _without_contained(facts: list[str]) -> list[str]:
     """The facts that no longer chosen fact contains (`Prejudice` beside `Pride and Prejudice`,
     `000` beside `300,000`, `Maria` beside `Maria's`, `GPU` beside `GPUs`: a plural holds its
-    singular)."""
+    singular; `TensorRT` beside `TensorRT?`)."""
     longer = [f for f in facts if " " in f or "," in f]
     owners = {f[:-2] for f in facts if f.endswith(("'s", "es"))}
-    owners.update(f[:-1] for f in facts if f.endswith("s") and len(f) > 2)
+    owners.update(f[:-1] for f in facts if f.endswith(("s", "?")) and len(f) > 2)
     if not longer and not owners:
         return facts
     return [f for f in facts if f not in owners and not any(f != g and f in g for g in longer)]

@@ -117,6 +117,10 @@ def test_a_name_with_inner_capitals_keeps_its_possessive() -> None:
 def test_a_fact_list_with_a_plural_leaves_out_the_singular() -> None:
     groups = [[(0, "A100"), (1, "GPU")], [(0, "A100s"), (1, "GPUs"), (1, "classes")]]
     assert pack_salient(groups, 100) == "A100s, GPUs, classes"
+    # A question mark the fact pattern took along makes no second fact.
+    assert pack_salient([[(1, "TensorRT?")], [(1, "TensorRT"), (0, "INT8")]], 100) == (
+        "TensorRT?, INT8"
+    )
 
 
 def test_a_quoted_word_in_a_sentence_is_a_fact_a_quoted_key_or_command_is_not() -> None:
