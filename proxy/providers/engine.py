@@ -310,6 +310,7 @@ def compact(
     forms.keys = keys
     forms.query_terms = heaviest(weights)
     forms.taken = taken
+    forms.shown = frozenset(fixed)
     forms.seed_fact_texts(fact_texts)
     plan = Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
     caps = FORCE_FACT_CHARS if opts.force_converge else ()

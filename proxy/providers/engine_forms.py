@@ -193,6 +193,10 @@ class Forms:
     taken: dict[int, set[str]] = field(default_factory=dict)
     """Per tool result, the terms the agent's next message took up from it (a mask keeps the
     lines of the most specific of them too)."""
+    shown: frozenset[int] = frozenset()
+    """Messages every rung keeps as they are (system/developer, the last user message, the
+    final ones): a stub does not list their facts again."""
+    _known: str | None = None
 
     def __post_init__(self) -> None:
         # A rewrite must save at least what a marker costs: smaller savings lose text for
@@ -569,9 +573,20 @@ class Forms:
         return self._texts[i]
 
     def _candidates(self, i: int) -> list[tuple[int, str]]:
+        """Message i's fact candidates for a stub: those the text of the messages every rung
+        keeps as they are (`shown`) holds are left out (the request says them anyway)."""
         if i not in self._facts:
-            self._facts[i] = candidates_of(self._analysis(self._fact_text(i)))
+            found = candidates_of(self._analysis(self._fact_text(i)))
+            if self.shown:
+                known = self._shown_text()
+                found = [c for c in found if c[1] not in known]
+            self._facts[i] = found
         return self._facts[i]
+
+    def _shown_text(self) -> str:
+        if self._known is None:
+            self._known = "\n".join(self._fact_text(i) for i in sorted(self.shown))
+        return self._known
 
     def _stub_read(self, start: int, end: int, cap: int) -> list[int]:
         """The messages of start .. end-1 whose fact candidates a stub chooses from, in order:

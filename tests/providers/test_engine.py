@@ -472,3 +472,20 @@ def test_the_estimates_write_one_stub_to_calibrate_however_many_units_they_drop(
     result = compress(messages, count_tokens(messages) // 5)
     assert any(is_stand_in(message_text(m)) for m in result.messages)  # units were dropped
     assert len(written) == 1
+
+
+def test_a_stub_does_not_list_what_the_messages_kept_as_they_are_say() -> None:
+    # The system prompt names Lisbon and the last user message Porto: the request says them
+    # anyway, so the stub of the old turns spends its room on what only they hold.
+    messages = [system("The user, Ana, lives in Lisbon.")]
+    for k in range(6):
+        messages.append(user(f"we met Rui_{k} in Lisbon and Porto, " + words(80, f"w{k}")))
+        messages.append(assistant(f"Noted Rui_{k} in Lisbon. " + words(80, f"a{k}")))
+    messages.append(user("What about Porto, again?"))
+    limit = count_tokens(messages) // 4
+    result = compress(messages, limit)
+    assert check_result(messages, result, make_config(limit)) == []
+    stubs = [message_text(m) for m in result.messages if "dropped" in message_text(m)]
+    assert stubs
+    assert all("Lisbon" not in s and "Porto" not in s for s in stubs)
+    assert any("Rui_" in s for s in stubs)
