@@ -7,7 +7,6 @@ from pathlib import Path
 
 from proxy.config import StoreSettings
 from proxy.store.base import Store
-from proxy.store.sqlite import SqliteStore
 
 DEFAULT_SQLITE_FILE = "compactd.db"
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
@@ -37,4 +36,7 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
         )
     if url and not url.startswith("sqlite://"):
         raise ValueError(f"store.url: unsupported scheme in {url!r}")
+    # Imported here too: sqlite3 and its library (~1 MB) are a Redis-backed worker's dead weight.
+    from proxy.store.sqlite import SqliteStore  # noqa: PLC0415
+
     return await SqliteStore.open(sqlite_path(url, data_dir), timeout_ms=settings.timeout_ms)

@@ -7,15 +7,14 @@ ignored on read and deleted on write.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import TYPE_CHECKING
 
 import orjson
 
-from proxy.store.sqlite_ops import transaction
+if TYPE_CHECKING:  # each store's library is imported only by that store (see store.factory)
+    import sqlite3
 
-if TYPE_CHECKING:  # redis-py is imported only by a Redis store (see store.factory)
     from proxy.store.redis_client import Client
     from proxy.store.redis_keys import KeyLayout
 
@@ -32,6 +31,8 @@ def calibration_scope(api: str) -> str:
 
 def sqlite_put(con: sqlite3.Connection, scope: str, model: str, window: int, ttl: int) -> None:
     """Record (or replace) one window; a full scope takes no new models."""
+    from proxy.store.sqlite_ops import transaction  # noqa: PLC0415 (sqlite3: a SQLite store's)
+
     now = time.time()
     with transaction(con):
         con.execute("DELETE FROM windows WHERE scope = ? AND expires_at <= ?", (scope, now))

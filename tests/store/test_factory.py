@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ from proxy.config import StoreSettings
 from proxy.store.factory import open_store, sqlite_path
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore
+from tests.test_lean_workers import WORKER
 
 
 @pytest.mark.parametrize(
@@ -40,3 +44,16 @@ async def test_a_redis_url_opens_redis(machine_redis_url: str, tmp_path: Path) -
     assert isinstance(store, RedisStore)
     await store.ping()
     await store.close()
+
+
+def test_a_redis_backed_worker_never_imports_sqlite(machine_redis_url: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPACTD_")}
+    env |= {"COMPACTD_DATA_DIR": str(tmp_path), "COMPACTD_SECRET": "lean"}
+    env["COMPACTD_STORE_URL"] = machine_redis_url
+    out = subprocess.run(
+        [sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, check=True
+    )
+    loaded = set(out.stdout.strip().split(","))
+
+    assert {"proxy", "tiktoken", "redis"} <= loaded  # the worker did start, on Redis
+    assert "sqlite3" not in loaded  # its module and library: ~1-2 MB a Redis worker never uses
