@@ -165,9 +165,384 @@ static PyObject *fact_matches(PyObject *module, PyObject *text) {
     return out;
 }
 
+/* ---- Amounts with thousands separators: facts._GROUPED.findall(text, start, end) ----
+
+   (?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.,]\d). No backtracking changes the
+   outcome: every shorter choice of a part leaves a digit, or a `,`/`.` before a digit, right
+   after it, which the lookahead (or the next part) rejects; so a match is the longest reading
+   from its start, kept only if the lookahead holds there. As with the regex, characters before
+   `start` are seen by the lookbehind and none from `end` on are seen at all. */
+
+static const char GROUPED[] =
+    "(?<![\\w.,])[$\xe2\x82\xac\xc2\xa3]?\\d{1,3}(?:,\\d{3})+(?:\\.\\d+)?(?!\\w|[.,]\\d)";
+
+#define IS_DIGIT_AT(p) ((p) < end && (flags(PyUnicode_READ(kind, data, (p))) & DIGIT))
+#define IS_CURRENCY(ch) ((ch) == '$' || (ch) == 0x20AC || (ch) == 0xA3)
+
+/* The end of the amount starting at p, or -1. */
+static Py_ssize_t grouped_at(int kind, const void *data, Py_ssize_t end, Py_ssize_t p) {
+    if (p > 0) {
+        Py_UCS4 b = PyUnicode_READ(kind, data, p - 1);
+        if ((flags(b) & WORD) || b == '_' || b == '.' || b == ',')
+            return -1;
+    }
+    Py_ssize_t q = p;
+    if (IS_CURRENCY(PyUnicode_READ(kind, data, q)))
+        q++;
+    Py_ssize_t d = q;
+    while (d - q < 4 && IS_DIGIT_AT(d))
+        d++;
+    if (d == q || d - q > 3)
+        return -1;
+    Py_ssize_t r = d;
+    while (r + 3 < end && PyUnicode_READ(kind, data, r) == ',' && IS_DIGIT_AT(r + 1) &&
+           IS_DIGIT_AT(r + 2) && IS_DIGIT_AT(r + 3))
+        r += 4;
+    if (r == d)
+        return -1;
+    if (r + 1 < end && PyUnicode_READ(kind, data, r) == '.' && IS_DIGIT_AT(r + 1)) {
+        r += 2;
+        while (IS_DIGIT_AT(r))
+            r++;
+    }
+    if (r < end) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, r);
+        if ((flags(c) & WORD) || c == '_')
+            return -1;
+        if ((c == '.' || c == ',') && IS_DIGIT_AT(r + 1))
+            return -1;
+    }
+    return r;
+}
+
+/* text, start, end as str.find takes them (clamped to the text). */
+static int parse_span(PyObject *const *args, Py_ssize_t nargs, const char *name, PyObject **text,
+                      Py_ssize_t *start, Py_ssize_t *end) {
+    if (nargs < 1 || nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "%s() takes 1 to 3 arguments", name);
+        return -1;
+    }
+    if (!PyUnicode_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "%s() wants a str", name);
+        return -1;
+    }
+    *text = args[0];
+    Py_ssize_t n = PyUnicode_GET_LENGTH(args[0]);
+    *start = 0;
+    *end = n;
+    if (nargs > 1 && (*start = PyNumber_AsSsize_t(args[1], PyExc_OverflowError)) == -1 &&
+        PyErr_Occurred())
+        return -1;
+    if (nargs > 2 && (*end = PyNumber_AsSsize_t(args[2], PyExc_OverflowError)) == -1 &&
+        PyErr_Occurred())
+        return -1;
+    /* As re's pos and endpos: negative means 0, past the end means the end. */
+    if (*start < 0)
+        *start = 0;
+    if (*end < 0)
+        *end = 0;
+    if (*end > n)
+        *end = n;
+    if (*start > n)
+        *start = n;
+    return 0;
+}
+
+static int append_substring(PyObject *out, PyObject *text, Py_ssize_t start, Py_ssize_t end) {
+    PyObject *match = PyUnicode_Substring(text, start, end);
+    if (match == NULL)
+        return -1;
+    int failed = PyList_Append(out, match);
+    Py_DECREF(match);
+    return failed;
+}
+
+/* A matcher: the end of the match at p (group 1 in [*g0, *g1)), or -1; it sees nothing from
+   `end` on. */
+typedef Py_ssize_t (*matcher)(int kind, const void *data, Py_ssize_t end, Py_ssize_t p,
+                              Py_ssize_t *g0, Py_ssize_t *g1);
+
+/* findall(text, start, end) of a pattern that has a matcher: the non-overlapping matches
+   (or their group 1), left to right. */
+static PyObject *findall_with(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                              matcher match_at) {
+    PyObject *text;
+    Py_ssize_t start, end;
+    if (parse_span(args, nargs, name, &text, &start, &end) < 0)
+        return NULL;
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t p = start;
+    while (p < end) {
+        Py_ssize_t g0 = p, g1 = p;
+        Py_ssize_t r = match_at(kind, data, end, p, &g0, &g1);
+        if (r < 0) {
+            p++;
+            continue;
+        }
+        if (append_substring(out, text, g0, g1) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        p = r > p ? r : p + 1;
+    }
+    return out;
+}
+
+static Py_ssize_t grouped_match(int kind, const void *data, Py_ssize_t end, Py_ssize_t p,
+                                Py_ssize_t *g0, Py_ssize_t *g1) {
+    Py_UCS4 ch = PyUnicode_READ(kind, data, p);
+    if (!IS_CURRENCY(ch) && !(flags(ch) & DIGIT))
+        return -1;
+    *g0 = p;
+    return *g1 = grouped_at(kind, data, end, p);
+}
+
+static PyObject *grouped_amounts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return findall_with(args, nargs, "grouped_amounts", grouped_match);
+}
+
+/* ---- Quoted phrases: facts._QUOTED_PHRASE.findall(text, start, end) ----
+
+   ["“]([^"“”\n]{3,80})["”]: the run of allowed characters after an opening quote must be
+   3 to 80 long and end at a closing quote (a longer run leaves an allowed character after any
+   80 of it, so no shorter reading matches either). */
+
+static const char QUOTED[] = "[\\\"\xe2\x80\x9c]([^\\\"\xe2\x80\x9c\xe2\x80\x9d\\n]{3,80})[\\\"\xe2\x80\x9d]";
+
+static Py_ssize_t quoted_match(int kind, const void *data, Py_ssize_t end, Py_ssize_t p,
+                               Py_ssize_t *g0, Py_ssize_t *g1) {
+    Py_UCS4 ch = PyUnicode_READ(kind, data, p);
+    if (ch != '"' && ch != 0x201C)
+        return -1;
+    Py_ssize_t q = p + 1;
+    while (q < end && q - p <= 81) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, q);
+        if (c == '"' || c == 0x201C || c == 0x201D || c == '\n')
+            break;
+        q++;
+    }
+    Py_ssize_t run = q - p - 1;
+    if (run < 3 || run > 80 || q >= end)
+        return -1;
+    Py_UCS4 close = PyUnicode_READ(kind, data, q);
+    if (close != '"' && close != 0x201D)
+        return -1;
+    *g0 = p + 1;
+    *g1 = q;
+    return q + 1;
+}
+
+static PyObject *quoted_phrases(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return findall_with(args, nargs, "quoted_phrases", quoted_match);
+}
+
+/* ---- Ranks: facts._rank(value) and the ranked distinct facts of facts._ranked_facts ---- */
+
+static const char PATHLIKE[] = "^[\\w.-]*/[\\w./-]*\\w$|^[\\w-]+\\.[a-z]{1,4}$";
+static const char PUNCT_EDGES[] = ".:,-+%~";
+static const char DIGIT_PATTERN[] = "\\d";
+static const char LETTER[] = "[^\\W\\d_]";
+static const char MIN_FACT_LEN[] = "2";
+
+#define IS_W(ch, f) (((f) & WORD) || (ch) == '_')
+
+/* Whether facts._PATHLIKE.search(value) finds something. */
+static int pathlike(int kind, const void *data, Py_ssize_t n) {
+    if (n > 0 && PyUnicode_READ(kind, data, n - 1) == '\n')
+        n--; /* `$` matches before a final line break too */
+    if (n < 2)
+        return 0;
+    /* Alternative 1: only [\w./-], a slash among them, a word character last. */
+    int slash = 0, other = 0;
+    Py_ssize_t dots = 0, dot_at = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+        if (ch == '/')
+            slash = 1;
+        else if (ch == '.') {
+            dots++;
+            dot_at = i;
+        } else if (ch != '-' && !IS_W(ch, flags(ch)))
+            other = 1;
+    }
+    Py_UCS4 last = PyUnicode_READ(kind, data, n - 1);
+    if (!other && slash && IS_W(last, flags(last)))
+        return 1;
+    /* ^[\w-]+\.[a-z]{1,4}$: one dot, after a word, before 1 to 4 of a-z. */
+    if (other || slash || dots != 1 || dot_at < 1 || n - dot_at - 1 < 1 || n - dot_at - 1 > 4)
+        return 0;
+    for (Py_ssize_t i = dot_at + 1; i < n; i++)
+        if (!LOWER(PyUnicode_READ(kind, data, i)))
+            return 0;
+    return 1;
+}
+
+/* facts._rank(value) (not quoted), or -1 with an exception set. */
+static long rank_of(PyObject *value) {
+    int kind = PyUnicode_KIND(value);
+    const void *data = PyUnicode_DATA(value);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(value);
+    if (pathlike(kind, data, n))
+        return 0;
+    int digits = 0, letters = 0, hyphens = 0, scheme = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_UCS4 ch = PyUnicode_READ(kind, data, i);
+        unsigned f = flags(ch);
+        if (f & DIGIT)
+            digits = 1;
+        else if (f & WORD && ch != '_')
+            letters = 1;
+        else if (ch == '-')
+            hyphens++;
+        else if (ch == ':' && i + 2 < n && PyUnicode_READ(kind, data, i + 1) == '/' &&
+                 PyUnicode_READ(kind, data, i + 2) == '/')
+            scheme = 1;
+    }
+    if (digits && letters)
+        return scheme ? 1 : 0;
+    if (letters || hyphens == 2)
+        return 1;
+    if (n == 0) {
+        PyErr_SetString(PyExc_IndexError, "string index out of range");
+        return -1;
+    }
+    return IS_CURRENCY(PyUnicode_READ(kind, data, 0)) || n >= 3 ? 2 : 3;
+}
+
+static PyObject *fact_rank(PyObject *module, PyObject *value) {
+    (void)module;
+    if (!PyUnicode_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "fact_rank() wants a str");
+        return NULL;
+    }
+    long rank = rank_of(value);
+    return rank < 0 ? NULL : PyLong_FromLong(rank);
+}
+
+/* ranked(distinct) -> [(rank, position, fact)] for the facts of at least two characters of a
+   dict fact -> quoted (facts._ranked_facts after facts._distinct). */
+static PyObject *ranked(PyObject *module, PyObject *distinct) {
+    (void)module;
+    if (!PyDict_CheckExact(distinct)) {
+        PyErr_SetString(PyExc_TypeError, "ranked() wants a dict");
+        return NULL;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t at = 0, pos = 0;
+    PyObject *key, *quoted;
+    Py_INCREF(distinct); /* PyObject_IsTrue may run code; the dict must outlive the loop */
+    while (PyDict_Next(distinct, &at, &key, &quoted)) {
+        Py_ssize_t here = pos++;
+        if (!PyUnicode_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "ranked() wants str facts");
+            goto fail;
+        }
+        if (PyUnicode_GET_LENGTH(key) < MIN_FACT_LEN[0] - '0')
+            continue;
+        Py_INCREF(key);
+        Py_INCREF(quoted);
+        int is_quoted = PyObject_IsTrue(quoted);
+        Py_DECREF(quoted);
+        long rank = is_quoted < 0 ? -1 : is_quoted ? 0 : rank_of(key);
+        PyObject *item = rank < 0 ? NULL : PyTuple_New(3);
+        PyObject *r = item == NULL ? NULL : PyLong_FromLong(rank);
+        PyObject *p = r == NULL ? NULL : PyLong_FromSsize_t(here);
+        if (p == NULL) {
+            Py_XDECREF(r);
+            Py_XDECREF(item);
+            Py_DECREF(key);
+            goto fail;
+        }
+        PyTuple_SET_ITEM(item, 0, r);
+        PyTuple_SET_ITEM(item, 1, p);
+        PyTuple_SET_ITEM(item, 2, key); /* steals the reference taken above */
+        int failed = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (failed < 0)
+            goto fail;
+    }
+    Py_DECREF(distinct);
+    return out;
+fail:
+    Py_DECREF(distinct);
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* quote_into(quoted, matches): facts._quote_into, each match's fact into the dict (backticked
+   code as True, the rest stripped of PUNCT_EDGES as False unless already there). */
+static int is_punct_edge(Py_UCS4 ch) {
+    return ch < 128 && ch && strchr(PUNCT_EDGES, (int)ch) != NULL;
+}
+
+static PyObject *quote_into(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PyDict_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "quote_into() wants a dict and a list");
+        return NULL;
+    }
+    PyObject *quoted = args[0], *matches = args[1];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(matches); i++) {
+        PyObject *v = PyList_GET_ITEM(matches, i);
+        if (!PyUnicode_Check(v)) {
+            PyErr_SetString(PyExc_TypeError, "quote_into() wants str matches");
+            return NULL;
+        }
+        Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+        if (n == 0) {
+            PyErr_SetString(PyExc_IndexError, "string index out of range");
+            return NULL;
+        }
+        int kind = PyUnicode_KIND(v);
+        const void *data = PyUnicode_DATA(v);
+        PyObject *fact;
+        if (PyUnicode_READ(kind, data, 0) == '`') {
+            fact = PyUnicode_Substring(v, 1, n > 1 ? n - 1 : 1);
+            if (fact == NULL || PyDict_SetItem(quoted, fact, Py_True) < 0) {
+                Py_XDECREF(fact);
+                return NULL;
+            }
+            Py_DECREF(fact);
+            continue;
+        }
+        Py_ssize_t a = 0, b = n;
+        while (a < b && is_punct_edge(PyUnicode_READ(kind, data, a)))
+            a++;
+        while (b > a && is_punct_edge(PyUnicode_READ(kind, data, b - 1)))
+            b--;
+        if (a == 0 && b == n) {
+            fact = v;
+            Py_INCREF(fact);
+        } else if ((fact = PyUnicode_Substring(v, a, b)) == NULL)
+            return NULL;
+        PyObject *had = PyDict_SetDefault(quoted, fact, Py_False);
+        Py_DECREF(fact);
+        if (had == NULL)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
+    {"grouped_amounts", (PyCFunction)(void (*)(void))grouped_amounts, METH_FASTCALL,
+     "grouped_amounts(text, start, end) -> list[str]: facts._GROUPED.findall(text, start, end)."},
+    {"quoted_phrases", (PyCFunction)(void (*)(void))quoted_phrases, METH_FASTCALL,
+     "quoted_phrases(text, start, end) -> list[str]: facts._QUOTED_PHRASE.findall(...)."},
+    {"fact_rank", fact_rank, METH_O, "fact_rank(value) -> int: facts._rank(value)."},
+    {"ranked", ranked, METH_O,
+     "ranked(distinct) -> list[tuple[int, int, str]]: the ranked facts of facts._distinct."},
+    {"quote_into", (PyCFunction)(void (*)(void))quote_into, METH_FASTCALL,
+     "quote_into(quoted, matches) -> None: facts._quote_into."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -180,7 +555,14 @@ PyMODINIT_FUNC PyInit__factscan(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddStringConstant(m, "PATTERN", PATTERN) < 0) {
+    if (PyModule_AddStringConstant(m, "PATTERN", PATTERN) < 0 ||
+        PyModule_AddStringConstant(m, "GROUPED", GROUPED) < 0 ||
+        PyModule_AddStringConstant(m, "QUOTED", QUOTED) < 0 ||
+        PyModule_AddStringConstant(m, "PATHLIKE", PATHLIKE) < 0 ||
+        PyModule_AddStringConstant(m, "PUNCT_EDGES", PUNCT_EDGES) < 0 ||
+        PyModule_AddStringConstant(m, "DIGIT", DIGIT_PATTERN) < 0 ||
+        PyModule_AddStringConstant(m, "LETTER", LETTER) < 0 ||
+        PyModule_AddStringConstant(m, "MIN_FACT_LEN", MIN_FACT_LEN) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -32,6 +32,17 @@ try:
 except ImportError:  # built without a compiler: the pure-Python scan
     _factscan = None  # type: ignore[assignment]
 NATIVE_SCAN = _factscan.fact_matches if _factscan and _FACT.pattern == _factscan.PATTERN else None
+
+
+def _native(name: str, *specs: tuple[str, str]) -> Any:
+    """The native version of a function of this module (`_factscan.<name>`, same results), or
+    None when it is not built or implements other patterns than these (`specs`: the pattern or
+    characters this module uses, and the name of the constant the C file keeps for it)."""
+    if _factscan is None or not all(getattr(_factscan, c, None) == p for p, c in specs):
+        return None
+    return getattr(_factscan, name, None)
+
+
 _PUNCT_EDGES = ".:,-+%~"
 # Stripped from a token before testing whether it is a plain word: none of these can start or
 # complete a fact (digits, `_`, `/`, `@` and backticks are not among them; a dot at the edge has
@@ -61,12 +72,28 @@ _MIN_FACT_LEN = 2
 _DIGIT = re.compile(r"\d")
 _PATHLIKE = re.compile(r"^[\w.-]*/[\w./-]*\w$|^[\w-]+\.[a-z]{1,4}$")
 _LETTER = re.compile(r"[^\W\d_]")
+# Ranks and distinct facts at C speed (tests/providers/test_factscan.py: same results).
+NATIVE_RANKED = _native(
+    "ranked",
+    (_PATHLIKE.pattern, "PATHLIKE"),
+    (_DIGIT.pattern, "DIGIT"),
+    (_LETTER.pattern, "LETTER"),
+    (str(_MIN_FACT_LEN), "MIN_FACT_LEN"),
+)
+NATIVE_QUOTE_INTO = _native("quote_into", (_PUNCT_EDGES, "PUNCT_EDGES"))
 
 
 def _rank(value: str, quoted: bool = False) -> int:
     """0: what the author quoted as `code`, paths and ids (letters and digits); 1: other names,
     URLs and dates; 2: amounts; 3: other numbers."""
-    if quoted or _PATHLIKE.search(value):
+    if quoted:
+        return 0
+    return python_rank(value)
+
+
+def python_rank(value: str) -> int:
+    """`_rank` of a fact not quoted as code, in Python (the reference of the native rank)."""
+    if _PATHLIKE.search(value):
         return 0
     digits = _DIGIT.search(value) is not None
     letters = _LETTER.search(value) is not None
@@ -182,6 +209,13 @@ _NAME = re.compile(
 _GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.,]\d)")
 
 
+# At C speed where built (see _factscan.c; tests/providers/test_factscan.py checks that they
+# find the same and that they are in use).
+NATIVE_GROUPED = _native("grouped_amounts", (_GROUPED.pattern, "GROUPED"))
+NATIVE_QUOTED = _native("quoted_phrases", (_QUOTED_PHRASE.pattern, "QUOTED"))
+_grouped_amounts = NATIVE_GROUPED or _GROUPED.findall
+
+
 def _quoted_word(text: str, match: re.Match[str]) -> bool:
     """Whether a quoted single word stands in a sentence (`call her "spoiled."`): a word of
     letters (maybe with a sentence mark), after a word and a blank, and no key (no `:` or `=`
@@ -211,7 +245,7 @@ def name_matches(text: str) -> list[str]:
                 if (" " in phrase and _LETTER.search(phrase)) or _quoted_word(text, match):
                     found.append(phrase)
         if commas:
-            found += _GROUPED.findall(text, start, end)
+            found += _grouped_amounts(text, start, end)
         for match in _NAME.findall(text, start, end):
             # A possessive stays as written (`Jay Chou's`: it holds the name too; a list
             # that has both keeps the possessive, see `_without_contained`).
@@ -267,6 +301,16 @@ def _quoted(matches: Iterable[str]) -> dict[str, bool]:
 
 
 def _quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
+    """Each match's fact into `quoted`: backticked code as True, the rest stripped of
+    `_PUNCT_EDGES` as False unless there already."""
+    if NATIVE_QUOTE_INTO is not None and type(matches) is list:
+        NATIVE_QUOTE_INTO(quoted, matches)
+    else:
+        python_quote_into(quoted, matches)
+
+
+def python_quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
+    """`_quote_into` in Python (the reference of the native one)."""
     for v in matches:
         if v[0] == "`":
             quoted[v[1:-1]] = True
@@ -313,6 +357,16 @@ def all_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[s
 def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
     """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
     distinct = _distinct(text, memo)
+    if NATIVE_RANKED is not None:
+        return NATIVE_RANKED(distinct)  # type: ignore[no-any-return]
+    return python_ranked(distinct, memo)
+
+
+def python_ranked(
+    distinct: dict[str, bool], memo: FactMemo | None = None
+) -> list[tuple[int, int, str]]:
+    """(rank, position, fact) for each fact of at least `_MIN_FACT_LEN` characters of a
+    `_distinct` dict, in its order (the reference of the native ranking)."""
     if memo is None:
         return [
             (_rank(value, q), pos, value)

@@ -81,3 +81,92 @@ def test_native_scan_wants_a_str() -> None:
     _native()
     with pytest.raises(TypeError):
         _factscan.fact_matches(b"abc_1")  # type: ignore[arg-type]
+
+
+# The other native functions: each is its Python reference on generated texts, and in use.
+_AMOUNT_PIECES = [
+    "1", "12", "123", "1234", ",", ".", "$", "€", "£", "\u0663", "a", "_", " ", "\n", "-",
+    ",000", ",12", ".5", "x", "é",
+]  # fmt: skip
+_QUOTE_PIECES = ['"', "“", "”", "\n", " ", "a", "bc", "x" * 30, "é", "'", "\u2028"]
+
+
+def _span_text(pieces: list[str]) -> st.SearchStrategy[tuple[str, int, int]]:
+    texts = st.lists(st.sampled_from(pieces), max_size=80).map("".join)
+    bound = st.integers(min_value=-3, max_value=120)
+    return st.tuples(texts, bound, bound)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_span_text(_AMOUNT_PIECES))
+def test_native_grouped_amounts_are_the_pattern(case: tuple[str, int, int]) -> None:
+    _native()
+    text, start, end = case
+    assert _factscan.grouped_amounts(text) == facts._GROUPED.findall(text)
+    assert _factscan.grouped_amounts(text, start) == facts._GROUPED.findall(text, start)
+    assert _factscan.grouped_amounts(text, start, end) == facts._GROUPED.findall(text, start, end)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_span_text(_QUOTE_PIECES))
+def test_native_quoted_phrases_are_the_pattern(case: tuple[str, int, int]) -> None:
+    _native()
+    text, start, end = case
+    found = facts._QUOTED_PHRASE.findall(text, start, end)
+    assert _factscan.quoted_phrases(text, start, end) == found
+    assert _factscan.quoted_phrases(text) == facts._QUOTED_PHRASE.findall(text)
+
+
+_RANK_PIECES = [
+    *_PIECES, "/", "//", "://", ".py", ".md", ".toolong", "-", "\n", "$", "1-2-3", "a/b", "x_1",
+]  # fmt: skip
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(_RANK_PIECES), max_size=12).map("".join) | st.text(max_size=30))
+def test_native_rank_is_python_rank(value: str) -> None:
+    _native()
+    if not value:
+        with pytest.raises(IndexError):
+            facts.python_rank(value)
+        with pytest.raises(IndexError):
+            _factscan.fact_rank(value)
+        return
+    assert _factscan.fact_rank(value) == facts.python_rank(value)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_texts(20).filter(bool), max_size=30), st.lists(st.booleans(), max_size=30))
+def test_native_distinct_and_ranked_are_python(matches: list[str], flags: list[bool]) -> None:
+    _native()
+    native: dict[str, bool] = {}
+    python: dict[str, bool] = {}
+    for i, match in enumerate(matches):  # facts already in, quoted or not, keep their place
+        if i < len(flags) and flags[i]:
+            native[match] = python[match] = i % 2 == 0
+    _factscan.quote_into(native, matches)
+    facts.python_quote_into(python, matches)
+    assert list(native.items()) == list(python.items())
+    assert _factscan.ranked(native) == facts.python_ranked(python)
+    assert _factscan.ranked(native) == facts.python_ranked(python, facts.FactMemo())
+
+
+def test_native_functions_are_in_use_and_check_their_arguments() -> None:
+    _native()
+    assert facts.NATIVE_GROUPED is _factscan.grouped_amounts
+    assert facts.NATIVE_QUOTED is _factscan.quoted_phrases
+    assert facts.NATIVE_RANKED is _factscan.ranked
+    assert facts.NATIVE_QUOTE_INTO is _factscan.quote_into
+    with pytest.raises(IndexError):
+        _factscan.quote_into({}, [""])
+    with pytest.raises(TypeError):
+        _factscan.quote_into({}, [1])  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _factscan.ranked({1: True})  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        _factscan.grouped_amounts("1,000", "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _factscan.quoted_phrases()  # type: ignore[call-arg]
+    assert facts._ranked_facts("see `xy` and a_1 at 1,000 in \"the red door\"") == [
+        (0, 0, "xy"), (0, 1, "a_1"), (2, 3, "000"), (1, 4, "the red door"), (2, 5, "1,000"),
+    ]  # fmt: skip
