@@ -531,6 +531,339 @@ static PyObject *quote_into(PyObject *module, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* ---- Line hits: relevance.line_hits after its pieces are cut and lowered ----
+
+   line_hits(pieces, terms, weights) -> (scores, first_hit): `pieces` are (offset, lowered
+   piece) pairs; each term's hits are looked for with str.find's own search, a line at a time
+   (a term's other hits on a line are skipped), exactly as relevance.python_line_hits does, and
+   the scores are summed in the same order (so the same floats). */
+
+typedef struct {
+    Py_ssize_t *at;
+    Py_ssize_t len, cap;
+} offsets;
+
+/* -1 when out of memory (no exception set: this may run without the GIL; raw allocator). */
+static int offsets_add(offsets *o, Py_ssize_t value) {
+    if (o->len == o->cap) {
+        Py_ssize_t cap = o->cap ? 2 * o->cap : 16;
+        Py_ssize_t *grown = PyMem_RawRealloc(o->at, (size_t)cap * sizeof(Py_ssize_t));
+        if (grown == NULL)
+            return -1;
+        o->at = grown;
+        o->cap = cap;
+    }
+    o->at[o->len++] = value;
+    return 0;
+}
+
+static int compare_offsets(const void *a, const void *b) {
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Where the lines of `low` start: 0 and after each line break (str.split("\n")'s pieces). */
+static int line_starts(PyObject *low, offsets *starts) {
+    int kind = PyUnicode_KIND(low);
+    const void *data = PyUnicode_DATA(low);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(low);
+    int failed = offsets_add(starts, 0);
+    for (Py_ssize_t i = 0; i < n && !failed; i++)
+        if (PyUnicode_READ(kind, data, i) == '\n')
+            failed = offsets_add(starts, i + 1);
+    if (failed)
+        PyErr_NoMemory();
+    return failed;
+}
+
+/* bisect.bisect_right(starts, at) */
+static Py_ssize_t bisect_right(const offsets *starts, Py_ssize_t at) {
+    Py_ssize_t lo = 0, hi = starts->len;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (at < starts->at[mid])
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+static int set_first_hit(PyObject *first_hit, Py_ssize_t line, Py_ssize_t at) {
+    PyObject *key = PyLong_FromSsize_t(line);
+    PyObject *value = key == NULL ? NULL : PyLong_FromSsize_t(at);
+    PyObject *had = value == NULL ? NULL : PyDict_SetDefault(first_hit, key, value);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return had == NULL ? -1 : 0;
+}
+
+/* The terms of at least two characters by their first two (a bucket of a small hash table):
+   one pass over a piece tries at each position only the terms that start with its two
+   characters, instead of one str.find pass per term. */
+enum { BUCKETS = 1024 };
+
+typedef struct {
+    Py_ssize_t *next; /* the next term of the same bucket, -1 at the end */
+    Py_ssize_t head[BUCKETS];
+} term_table;
+
+static inline unsigned bucket_of(Py_UCS4 a, Py_UCS4 b) {
+    return (unsigned)(a * 31u + b) & (BUCKETS - 1);
+}
+
+static int build_table(PyObject *const *terms, Py_ssize_t k, term_table *table) {
+    table->next = PyMem_Calloc((size_t)(k ? k : 1), sizeof(Py_ssize_t));
+    if (table->next == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int i = 0; i < BUCKETS; i++)
+        table->head[i] = -1;
+    for (Py_ssize_t t = k - 1; t >= 0; t--) { /* each bucket lists its terms in order */
+        PyObject *term = terms[t];
+        table->next[t] = -1;
+        if (PyUnicode_GET_LENGTH(term) < 2)
+            continue;
+        int kind = PyUnicode_KIND(term);
+        const void *data = PyUnicode_DATA(term);
+        unsigned h = bucket_of(PyUnicode_READ(kind, data, 0), PyUnicode_READ(kind, data, 1));
+        table->next[t] = table->head[h];
+        table->head[h] = t;
+    }
+    return 0;
+}
+
+/* Whether term occurs in low at p (p + len(term) <= n checked here). */
+static inline int occurs_at(int kind, const void *data, Py_ssize_t n, Py_ssize_t p,
+                            PyObject *term) {
+    Py_ssize_t m = PyUnicode_GET_LENGTH(term);
+    if (p + m > n)
+        return 0;
+    int tkind = PyUnicode_KIND(term);
+    const void *tdata = PyUnicode_DATA(term);
+    for (Py_ssize_t j = 2; j < m; j++)
+        if (PyUnicode_READ(kind, data, p + j) != PyUnicode_READ(tkind, tdata, j))
+            return 0;
+    return 1;
+}
+
+typedef struct {
+    offsets lines, at; /* one piece's first hit per line of one term: line start, position */
+    Py_ssize_t last_line;
+} term_hits;
+
+/* A hit of a term at `at` on the line starting at `line` (of the piece), unless it has one
+   there already: what str.find from each next line start finds. */
+static inline int hit(term_hits *h, Py_ssize_t line_no, Py_ssize_t line, Py_ssize_t at) {
+    if (h->last_line == line_no)
+        return 0;
+    h->last_line = line_no;
+    return offsets_add(&h->lines, line) < 0 || offsets_add(&h->at, at) < 0 ? -1 : 0;
+}
+
+/* The first hits per line of the terms shorter than two characters, with str.find. */
+static int short_term_hits(PyObject *low, PyObject *term, offsets *starts, term_hits *h) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(low);
+    Py_ssize_t at = PyUnicode_Find(low, term, 0, n, 1);
+    while (at >= 0) {
+        if (starts->len == 0 && line_starts(low, starts) < 0)
+            return -1;
+        Py_ssize_t after = bisect_right(starts, at);
+        if (hit(h, after, starts->at[after - 1], at) < 0) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        at = after < starts->len ? PyUnicode_Find(low, term, starts->at[after], n, 1) : -1;
+    }
+    return at == -2 ? -1 : 0;
+}
+
+/* The terms' first hits per line in `low` at positions of the hash table's terms (two
+   characters or more); reads only immutable strings and raw memory, so it runs without the
+   GIL. Returns -1 when out of memory (no exception set). */
+static int scan_piece(PyObject *low, Py_ssize_t offset, PyObject *const *terms,
+                      const term_table *table, term_hits *found) {
+    int kind = PyUnicode_KIND(low);
+    const void *data = PyUnicode_DATA(low);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(low);
+    Py_ssize_t line_no = 0, line = 0;
+    Py_UCS4 b = n > 0 ? PyUnicode_READ(kind, data, 0) : 0;
+    for (Py_ssize_t p = 0; p + 1 < n; p++) {
+        Py_UCS4 a = b;
+        b = PyUnicode_READ(kind, data, p + 1);
+        for (Py_ssize_t t = table->head[bucket_of(a, b)]; t >= 0; t = table->next[t]) {
+            PyObject *term = terms[t];
+            int tkind = PyUnicode_KIND(term);
+            const void *tdata = PyUnicode_DATA(term);
+            if (found[t].last_line != line_no && PyUnicode_READ(tkind, tdata, 0) == a &&
+                PyUnicode_READ(tkind, tdata, 1) == b && occurs_at(kind, data, n, p, term) &&
+                hit(&found[t], line_no, offset + line, offset + p) < 0)
+                return -1;
+        }
+        if (a == '\n') {
+            line_no++;
+            line = p + 1;
+        }
+    }
+    return 0;
+}
+
+/* Pieces this long are scanned with the GIL released (~3 ns a character): a multi-megabyte
+   tool output then holds it for no longer than a piece takes. */
+enum { NOGIL_CHARS = 16384 };
+
+/* The hits of the terms in one lowered piece, into each term's lines and into first_hit in
+   the order relevance.python_line_hits puts them (term by term, each in text order). */
+static int piece_hits(PyObject *piece, PyObject *const *terms, Py_ssize_t k,
+                      const term_table *table, term_hits *found, offsets *lines,
+                      PyObject *first_hit) {
+    if (!PyTuple_Check(piece) || PyTuple_GET_SIZE(piece) != 2 ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(piece, 1))) {
+        PyErr_SetString(PyExc_TypeError, "line_hits() wants (offset, str) pieces");
+        return -1;
+    }
+    Py_ssize_t offset = PyNumber_AsSsize_t(PyTuple_GET_ITEM(piece, 0), PyExc_OverflowError);
+    if (offset == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *low = PyTuple_GET_ITEM(piece, 1);
+    Py_INCREF(low); /* kept alive through the scan, whatever happens to `pieces` meanwhile */
+    for (Py_ssize_t t = 0; t < k; t++) {
+        found[t].lines.len = found[t].at.len = 0;
+        found[t].last_line = -1;
+    }
+    offsets starts = {NULL, 0, 0};
+    int failed = 0;
+    for (Py_ssize_t t = 0; t < k && !failed; t++)
+        if (PyUnicode_GET_LENGTH(terms[t]) < 2)
+            failed = short_term_hits(low, terms[t], &starts, &found[t]) < 0;
+    PyMem_RawFree(starts.at);
+    if (!failed) {
+        if (PyUnicode_GET_LENGTH(low) >= NOGIL_CHARS) {
+            Py_BEGIN_ALLOW_THREADS
+            failed = scan_piece(low, offset, terms, table, found);
+            Py_END_ALLOW_THREADS
+        } else
+            failed = scan_piece(low, offset, terms, table, found);
+        if (failed)
+            PyErr_NoMemory();
+    }
+    Py_DECREF(low);
+    for (Py_ssize_t t = 0; t < k && !failed; t++) {
+        term_hits *h = &found[t];
+        if (PyUnicode_GET_LENGTH(terms[t]) < 2) /* offsets of the piece */
+            for (Py_ssize_t i = 0; i < h->lines.len; i++) {
+                h->lines.at[i] += offset;
+                h->at.at[i] += offset;
+            }
+        for (Py_ssize_t i = 0; i < h->lines.len && !failed; i++) {
+            if (offsets_add(&lines[t], h->lines.at[i]) < 0) {
+                PyErr_NoMemory();
+                failed = 1;
+            } else
+                failed = set_first_hit(first_hit, h->lines.at[i], h->at.at[i]) < 0;
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+/* scores[line] += weight / (distinct lines of the term), term after term. */
+static int add_scores(PyObject *scores, offsets *lines, double weight) {
+    if (lines->len == 0)
+        return 0;
+    qsort(lines->at, (size_t)lines->len, sizeof(Py_ssize_t), compare_offsets);
+    Py_ssize_t distinct = 1;
+    for (Py_ssize_t i = 1; i < lines->len; i++)
+        if (lines->at[i] != lines->at[distinct - 1])
+            lines->at[distinct++] = lines->at[i];
+    lines->len = distinct;
+    double share = weight / (double)distinct;
+    for (Py_ssize_t i = 0; i < distinct; i++) {
+        PyObject *key = PyLong_FromSsize_t(lines->at[i]);
+        if (key == NULL)
+            return -1;
+        PyObject *old = PyDict_GetItemWithError(scores, key);
+        double before = 0.0;
+        if (old != NULL)
+            before = PyFloat_AS_DOUBLE(old); /* only floats are put in */
+        else if (PyErr_Occurred()) {
+            Py_DECREF(key);
+            return -1;
+        }
+        PyObject *value = PyFloat_FromDouble(before + share);
+        int failed = value == NULL ? -1 : PyDict_SetItem(scores, key, value);
+        Py_XDECREF(value);
+        Py_DECREF(key);
+        if (failed < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *line_hits(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1]) ||
+        !PyList_CheckExact(args[2]) || PyList_GET_SIZE(args[1]) != PyList_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "line_hits() wants lists of pieces, terms and weights");
+        return NULL;
+    }
+    PyObject *pieces = args[0], *weights = args[2];
+    /* The terms are held in an array of this call's own (the scan reads them without the GIL). */
+    PyObject *tuple = PyList_AsTuple(args[1]);
+    if (tuple == NULL)
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(tuple);
+    PyObject *const *terms = &PyTuple_GET_ITEM(tuple, 0);
+    for (Py_ssize_t t = 0; t < k; t++)
+        if (!PyUnicode_Check(terms[t])) {
+            PyErr_SetString(PyExc_TypeError, "line_hits() wants str terms");
+            Py_DECREF(tuple);
+            return NULL;
+        }
+    Py_INCREF(pieces);
+    Py_INCREF(weights);
+    PyObject *scores = PyDict_New(), *first_hit = PyDict_New(), *out = NULL;
+    offsets *lines = PyMem_Calloc((size_t)(k ? k : 1), sizeof(offsets));
+    term_hits *found = PyMem_Calloc((size_t)(k ? k : 1), sizeof(term_hits));
+    term_table *table = PyMem_Calloc(1, sizeof(term_table));
+    if (scores == NULL || first_hit == NULL || lines == NULL || found == NULL || table == NULL) {
+        if (scores != NULL && first_hit != NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    if (build_table(terms, k, table) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(pieces); i++)
+        if (piece_hits(PyList_GET_ITEM(pieces, i), terms, k, table, found, lines, first_hit) < 0)
+            goto done;
+    for (Py_ssize_t t = 0; t < k; t++) {
+        double weight = PyFloat_AsDouble(PyList_GET_ITEM(weights, t));
+        if ((weight == -1.0 && PyErr_Occurred()) || add_scores(scores, &lines[t], weight) < 0)
+            goto done;
+    }
+    out = PyTuple_Pack(2, scores, first_hit);
+done:
+    for (Py_ssize_t t = 0; t < k; t++) {
+        if (lines != NULL)
+            PyMem_RawFree(lines[t].at);
+        if (found != NULL) {
+            PyMem_RawFree(found[t].lines.at);
+            PyMem_RawFree(found[t].at.at);
+        }
+    }
+    PyMem_Free(lines);
+    PyMem_Free(found);
+    if (table != NULL)
+        PyMem_Free(table->next);
+    PyMem_Free(table);
+    Py_XDECREF(scores);
+    Py_XDECREF(first_hit);
+    Py_DECREF(pieces);
+    Py_DECREF(tuple);
+    Py_DECREF(weights);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -543,6 +876,8 @@ static PyMethodDef methods[] = {
      "ranked(distinct) -> list[tuple[int, int, str]]: the ranked facts of facts._distinct."},
     {"quote_into", (PyCFunction)(void (*)(void))quote_into, METH_FASTCALL,
      "quote_into(quoted, matches) -> None: facts._quote_into."},
+    {"line_hits", (PyCFunction)(void (*)(void))line_hits, METH_FASTCALL,
+     "line_hits(pieces, terms, weights) -> (scores, first_hit): relevance.line_hits's finds."},
     {NULL, NULL, 0, NULL},
 };
 

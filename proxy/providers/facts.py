@@ -34,7 +34,7 @@ except ImportError:  # built without a compiler: the pure-Python scan
 NATIVE_SCAN = _factscan.fact_matches if _factscan and _FACT.pattern == _factscan.PATTERN else None
 
 
-def _native(name: str, *specs: tuple[str, str]) -> Any:
+def native(name: str, *specs: tuple[str, str]) -> Any:
     """The native version of a function of this module (`_factscan.<name>`, same results), or
     None when it is not built or implements other patterns than these (`specs`: the pattern or
     characters this module uses, and the name of the constant the C file keeps for it)."""
@@ -73,14 +73,14 @@ _DIGIT = re.compile(r"\d")
 _PATHLIKE = re.compile(r"^[\w.-]*/[\w./-]*\w$|^[\w-]+\.[a-z]{1,4}$")
 _LETTER = re.compile(r"[^\W\d_]")
 # Ranks and distinct facts at C speed (tests/providers/test_factscan.py: same results).
-NATIVE_RANKED = _native(
+NATIVE_RANKED = native(
     "ranked",
     (_PATHLIKE.pattern, "PATHLIKE"),
     (_DIGIT.pattern, "DIGIT"),
     (_LETTER.pattern, "LETTER"),
     (str(_MIN_FACT_LEN), "MIN_FACT_LEN"),
 )
-NATIVE_QUOTE_INTO = _native("quote_into", (_PUNCT_EDGES, "PUNCT_EDGES"))
+NATIVE_QUOTE_INTO = native("quote_into", (_PUNCT_EDGES, "PUNCT_EDGES"))
 
 
 def _rank(value: str, quoted: bool = False) -> int:
@@ -211,8 +211,8 @@ _GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.
 
 # At C speed where built (see _factscan.c; tests/providers/test_factscan.py checks that they
 # find the same and that they are in use).
-NATIVE_GROUPED = _native("grouped_amounts", (_GROUPED.pattern, "GROUPED"))
-NATIVE_QUOTED = _native("quoted_phrases", (_QUOTED_PHRASE.pattern, "QUOTED"))
+NATIVE_GROUPED = native("grouped_amounts", (_GROUPED.pattern, "GROUPED"))
+NATIVE_QUOTED = native("quoted_phrases", (_QUOTED_PHRASE.pattern, "QUOTED"))
 _grouped_amounts = NATIVE_GROUPED or _GROUPED.findall
 
 

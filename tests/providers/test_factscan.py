@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.providers import facts
+from proxy.providers import facts, relevance
 
 try:
     from proxy.providers import _factscan
@@ -170,3 +170,50 @@ def test_native_functions_are_in_use_and_check_their_arguments() -> None:
     assert facts._ranked_facts("see `xy` and a_1 at 1,000 in \"the red door\"") == [
         (0, 0, "xy"), (0, 1, "a_1"), (2, 3, "000"), (1, 4, "the red door"), (2, 5, "1,000"),
     ]  # fmt: skip
+
+
+_LINE_PIECES = ["a", "b", "ab", "abc", "AB", "İ", "Σ", "ς", "é", "\n", " ", "x\ny", "\r", "ß", "ﬁ"]
+_LINE_TERMS = ["a", "ab", "abc", "b", "i", "\u03c3", "ς", "x\ny", "", "ss", "ﬁ", "fi"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.lists(st.sampled_from(_LINE_PIECES), max_size=60).map("".join),
+    st.lists(
+        st.tuples(st.sampled_from(_LINE_TERMS), st.floats(0.0, 10.0, allow_nan=False)),
+        max_size=6,
+    ),
+)
+def test_native_line_hits_are_python(text: str, terms: list[tuple[str, float]]) -> None:
+    _native()
+    assert relevance.NATIVE_LINE_HITS is _factscan.line_hits
+    native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
+    assert native.scores == python.scores
+    assert native.first_hit == python.first_hit
+
+
+def test_native_line_hits_of_a_long_text_and_bad_arguments() -> None:
+    _native()
+    text = "\n".join(f"line {k} of the Log: user_{k % 7} failed" for k in range(6000))
+    terms = [("user_3", 2.0), ("failed", 0.5), ("log", 1.0), ("line 59", 3.0)]
+    native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
+    assert len(text) > 2 * facts.SCAN_CHARS
+    assert native.scores == python.scores
+    assert native.first_hit == python.first_hit
+    with pytest.raises(TypeError):
+        _factscan.line_hits([(0, "a")], ["a"], [])
+    with pytest.raises(TypeError):
+        _factscan.line_hits([(0, b"a")], ["a"], [1.0])
+    with pytest.raises(TypeError):
+        _factscan.line_hits([(0, "a")], ["a"], ["x"])
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(max_size=300), st.lists(st.tuples(st.integers(0, 300), st.integers(0, 6))))
+def test_native_line_hits_on_any_text(text: str, cuts: list[tuple[int, int]]) -> None:
+    _native()
+    low = text.lower()  # terms taken from the text itself, so that most of them are found
+    terms = [(low[at : at + size], 1.0 + at % 3) for at, size in cuts]
+    native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
+    assert native.scores == python.scores
+    assert native.first_hit == python.first_hit
