@@ -190,7 +190,7 @@ def _fill(
                 if not _worth_filling(slack, config):
                     return out, used
     # The stub the last step dropped a unit into, or else the newest stub (the last to go).
-    stubs = [f for f in used if plan.forms.stub(f.start, f.end) is f]
+    stubs = [f for f in used if plan.forms.is_stub(f)]
     if step.level == DROPPED:
         start = plan.units[step.unit].start
         stubs = [f for f in stubs if f.start <= start < f.end]

@@ -170,6 +170,7 @@ class Forms:
     _summaries: dict[int, Draft | None] = field(default_factory=dict)
     _masks: dict[tuple[int, int], Draft | None] = field(default_factory=dict)
     _split: dict[int, list[tuple[bool, str]] | None] = field(default_factory=dict)
+    _rewritable: dict[int, str | None] = field(default_factory=dict)
     _made: dict[Draft, Form] = field(default_factory=dict)
     _estimates: dict[Draft, int] = field(default_factory=dict)
     _markers: dict[tuple[str | None, bool], int] = field(default_factory=dict)
@@ -481,11 +482,15 @@ class Forms:
 
     def _summarizable(self, i: int) -> str | None:
         """Message i's text if a summary or a duplicate reference may replace it."""
-        text = message_text(self.messages[i])
-        if not text or text.isspace() or _has_ref(text):
-            # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
-            return None
-        return text
+        # Asked for by every mask, duplicate and summary of message i: the scan for a marker
+        # reads the whole text, so it is done once.
+        if i not in self._rewritable:
+            text: str | None = message_text(self.messages[i])
+            if not text or text.isspace() or _has_ref(text):
+                # Already a compacted form (a replayed checkpoint): summarizing it again loses more.
+                text = None
+            self._rewritable[i] = text
+        return self._rewritable[i]
 
     def _duplicate_drafts(self, i: int) -> list[Draft]:
         dup = self.duplicates.get(i)
@@ -593,7 +598,9 @@ class Forms:
         those that keep their detail longest (the ladder's keys), read until they hold
         STUB_READ times the stub's room (or their text STUB_READ_TEXT times), so a long run
         costs what its stub can say."""
-        order = sorted(range(start, end), key=lambda i: -self.keys[i]) if self.keys else []
+        # Highest key first, ties in message order (a reversed sort stays stable).
+        keys = self.keys
+        order = sorted(range(start, end), key=keys.__getitem__, reverse=True) if keys else []
         read: list[int] = []
         chars = text = 0
         for i in order or range(start, end):
@@ -653,6 +660,10 @@ class Forms:
                 cap = min(cap, force_cap)
             self._memo[key] = self._stub_form(start, end, cap, force_cap is None)
         return self._memo[key]
+
+    def is_stub(self, form: Form) -> bool:
+        """Whether `form` is the stub `stub` wrote for its span (asked without writing one)."""
+        return self._memo.get((form.start, form.end, DROPPED)) is form
 
     def stub_sized(self, start: int, end: int, cap: int) -> Form | None:
         """The stub of input messages start .. end-1 listing up to `cap` characters of facts
