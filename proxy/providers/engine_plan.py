@@ -50,7 +50,9 @@ class Plan:
         Without `collect` only the tokens are computed (what a search probe needs)."""
         levels = [0] * len(self.messages)
         dropped = [False] * len(self.units)
+        touched: set[int] = set()  # the units a step up to s changes (every step names its unit)
         for step in self.steps[:s]:
+            touched.add(step.unit)
             if step.level == DROPPED:
                 dropped[step.unit] = True
             else:
@@ -118,7 +120,7 @@ class Plan:
                     emit(form, i, i + 1)
 
         for u, unit in enumerate(self.units):
-            if not dropped[u] and not any(levels[i] for i in unit.indices()):
+            if u not in touched:
                 # Most units of most rungs are untouched: consecutive ones are emitted as one
                 # slice with one prefix-sum lookup.
                 if gap:
@@ -180,37 +182,41 @@ class Estimates:
         lowest = self.lowest
         if lowest[-1] <= target:  # within the rungs climbed: the first whose lowest is within
             return bisect.bisect_left(lowest, -target, key=operator.neg)
-        s = len(lowest)
-        while True:
-            total = self.at(s)
-            if total is None:
-                return len(self.plan.steps)
-            if total <= target:
-                return s
-            s += 1
+        # Every rung climbed is over the target: the answer is the first one climbed next that
+        # is not (climbed here directly, not through `at`, one call a rung).
+        totals, last = self.totals, len(self.plan.steps)
+        while len(totals) <= last:
+            self._climb()
+            if totals[-1] <= target:
+                return len(totals) - 1
+        return last
 
     def _climb(self) -> None:
-        plan, forms = self.plan, self.plan.forms
-        step = plan.steps[len(self.totals) - 1]
+        # Run once per rung climbed (thousands in a long history): attributes read once.
+        plan, forms, totals = self.plan, self.plan.forms, self.totals
+        step = plan.steps[len(totals) - 1]
         if step.level == DROPPED:
             new, old = self._drop(step.unit)
+            changed = True
         else:
             i = step.message
-            new = forms.costs[i]
+            new = cost = forms.costs[i]
             if i not in plan.fixed:
                 estimate = forms.estimate_single(i, step.level)
-                if estimate < forms.costs[i]:
+                if estimate < cost:
                     form = None
                     if len(self.misses[False]) < CALIBRATION:
                         form = forms.single(i, step.level)
-                        exact = forms.costs[i] if form is None else form.tokens
-                    new = self._calibrated(False, estimate, exact if form else None)
-                    new = min(new, forms.costs[i])
+                    new = self._calibrated(False, estimate, form.tokens if form else None)
+                    new = min(new, cost)
             old = self.now[i]
             self.now[i] = new
-        self.totals.append(self.totals[-1] + new - old)
-        self.lowest.append(min(self.lowest[-1], self.totals[-1]))
-        self.changes.append(step.level == DROPPED or new != old)
+            changed = new != old
+        total = totals[-1] + new - old
+        totals.append(total)
+        lowest = self.lowest
+        lowest.append(total if total < lowest[-1] else lowest[-1])
+        self.changes.append(changed)
 
     def same_as(self, s: int) -> int:
         """The lowest rung with the same messages as rung s, as far as the estimates know: steps
