@@ -19,7 +19,7 @@ from proxy import ui
 from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.asgi import send_error
-from proxy.config import Settings
+from proxy.config import Settings, UpstreamSettings
 from proxy.errors import NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
@@ -32,8 +32,8 @@ from proxy.store.base import Store
 
 _ALPN = ("http/1.1",)
 """What aiohttp offers in the TLS handshake (HTTP/1.1 only), as its default contexts do."""
-UPSTREAM_KEEP_ALIVE_SECONDS = 30
-"""How long an idle upstream connection stays pooled (aiohttp's transport)."""
+UPSTREAM_KEEP_ALIVE_SECONDS = UpstreamSettings.keepalive_seconds
+"""How long an idle upstream connection stays pooled by default (`upstream.keepalive_seconds`)."""
 SWITCH_INTERVAL = 0.002
 """Seconds a thread may hold the GIL before another may take it (Python's default is 0.005)."""
 
@@ -42,7 +42,9 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     """The pooled upstream transport (aiohttp by default: httpx's pool collapses under load)."""
     up = settings.upstream
     limits = httpx.Limits(
-        max_connections=up.max_connections, max_keepalive_connections=up.max_connections
+        max_connections=up.max_connections,
+        max_keepalive_connections=up.max_connections,
+        keepalive_expiry=up.keepalive_seconds,
     )
     if up.transport == "httpx":
         return httpx.AsyncHTTPTransport(limits=limits)
@@ -54,7 +56,7 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
         # No auto headers: the upstream sees the client's headers, not aiohttp's defaults.
         return aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(
-                limit=up.max_connections, keepalive_timeout=UPSTREAM_KEEP_ALIVE_SECONDS
+                limit=up.max_connections, keepalive_timeout=up.keepalive_seconds
             ),
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),

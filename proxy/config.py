@@ -87,6 +87,7 @@ class UpstreamSettings:
     write_timeout: float = 60.0
     pool_timeout: float = 30.0
     max_connections: int = 1000
+    keepalive_seconds: float = 30.0
     transport: Transport = "aiohttp"
     api_key: str = ""
     allowed_keys: tuple[str, ...] = ()
@@ -105,6 +106,7 @@ class UpstreamSettings:
         _check(self.connect_timeout > 0, f"{p}.connect_timeout", "must be > 0")
         _check(self.read_timeout >= 0, f"{p}.read_timeout", "must be >= 0 (0 = no limit)")
         _check(self.max_connections > 0, f"{p}.max_connections", "must be > 0")
+        _check(self.keepalive_seconds > 0, f"{p}.keepalive_seconds", "must be > 0")
         _check(
             self.max_response_header_bytes >= 1024,
             f"{p}.max_response_header_bytes",
