@@ -25,6 +25,7 @@ from proxy.gate import Gate
 from proxy.handler import Handler
 from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.metrics import Metrics
+from proxy.pool import Reuse, StaleRetry
 from proxy.providers.registry import ProviderRegistry
 from proxy.server import HeadLimits, head_limits, head_too_large
 from proxy.services import build_services
@@ -39,30 +40,46 @@ SWITCH_INTERVAL = 0.002
 
 
 def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
-    """The pooled upstream transport (aiohttp by default: httpx's pool collapses under load)."""
+    """The pooled upstream transport (aiohttp by default: httpx's pool collapses under load),
+    with one retry on a new connection for a request a reused connection's close cut off
+    (proxy.pool)."""
     up = settings.upstream
-    limits = httpx.Limits(
-        max_connections=up.max_connections,
-        max_keepalive_connections=up.max_connections,
-        keepalive_expiry=up.keepalive_seconds,
-    )
+    reuse = Reuse()
     if up.transport == "httpx":
-        return httpx.AsyncHTTPTransport(limits=limits)
+        limits = httpx.Limits(
+            max_connections=up.max_connections,
+            max_keepalive_connections=up.max_connections,
+            keepalive_expiry=up.keepalive_seconds,
+        )
+        return StaleRetry(
+            httpx.AsyncHTTPTransport(limits=limits),
+            lambda: httpx.AsyncHTTPTransport(limits=httpx.Limits(max_keepalive_connections=0)),
+            reuse,
+            httpcore=True,
+        )
+    limits = httpx.Limits(
+        max_connections=up.max_connections, max_keepalive_connections=up.max_connections
+    )
     import aiohttp  # noqa: PLC0415  (only needed with this transport)
     from httpx_aiohttp import AiohttpTransport  # noqa: PLC0415
 
-    def session() -> aiohttp.ClientSession:
+    def session(*, pooled: bool) -> aiohttp.ClientSession:
         # No cookie jar: cookies set for one tenant must never be sent for another.
         # No auto headers: the upstream sees the client's headers, not aiohttp's defaults.
+        # The pool's sessions report each reused connection; the retries' keep none.
+        connector = (
+            aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_seconds)
+            if pooled
+            else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
+        )
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=up.max_connections, keepalive_timeout=up.keepalive_seconds
-            ),
+            connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             # Past these the upstream's response is refused as a 502 (proxy.forward).
             max_line_size=up.max_response_header_bytes,
             max_field_size=up.max_response_header_bytes,
+            trace_configs=[reuse.aiohttp_trace()] if pooled else None,
         )
 
     # httpx_aiohttp builds an SSL context (a CA bundle read, ~0.7 MB per worker) for sessions it
@@ -70,7 +87,13 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     # default context: hand it that one (should aiohttp rename it, it builds its own as before).
     verified = getattr(aiohttp.connector, "_SSL_CONTEXT_VERIFIED", None)
     _unverified_without_ca_store(aiohttp.connector)
-    return AiohttpTransport(verify=verified or True, client=session, limits=limits)
+
+    def transport(*, pooled: bool) -> httpx.AsyncBaseTransport:
+        return AiohttpTransport(
+            verify=verified or True, client=lambda: session(pooled=pooled), limits=limits
+        )
+
+    return StaleRetry(transport(pooled=True), lambda: transport(pooled=False), reuse)
 
 
 def _unverified_without_ca_store(connector: ModuleType) -> None:

@@ -149,6 +149,12 @@ class Metrics:
             ["status"],
             registry=r,
         )
+        self._retries = Counter(
+            "compactd_upstream_retries",
+            "Requests sent again on a new connection after a reused one closed before answering.",
+            ["outcome"],
+            registry=r,
+        )
         self._ttfb = Histogram(
             "compactd_upstream_ttfb_seconds",
             "Time from sending upstream to its first byte.",
@@ -310,6 +316,10 @@ class Metrics:
         self._child(self._upstream, str(status)).inc()
         if ttfb_seconds is not None:
             self._ttfb.observe(ttfb_seconds)
+
+    def upstream_retry(self, outcome: str) -> None:
+        """A request was sent again on a new connection (proxy.pool): `ok` or `failed`."""
+        self._retries.labels(outcome).inc()
 
     def observe_usage(
         self,

@@ -20,6 +20,7 @@ from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
 from proxy.metrics import MULTIPROC_ENV, Metrics
 from proxy.policy import PolicyResolver
+from proxy.pool import StaleRetry
 from proxy.providers.base import Completer, ContextProvider, Message, OptionError
 from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
 from proxy.store.base import Store
@@ -145,6 +146,8 @@ async def build_services(
     for warning in await _store_warnings(store):
         log.warning("store: %s", warning)
     metrics = Metrics(multiprocess=os.environ.get(MULTIPROC_ENV))
+    if isinstance(transport, StaleRetry):
+        transport.observe = metrics.upstream_retry
     windows = LearnedWindows(store, up.url, settings.tokens)
     windows.start()
     calibration = Calibration(store)

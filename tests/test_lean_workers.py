@@ -285,6 +285,7 @@ async def test_the_upstream_transport_reads_no_ca_bundle_of_its_own_and_still_ve
 
     from proxy.app import build_transport
     from proxy.config import load_settings
+    from proxy.pool import StaleRetry
 
     loads: list[str] = []
 
@@ -299,17 +300,20 @@ async def test_the_upstream_transport_reads_no_ca_bundle_of_its_own_and_still_ve
 
     for name in ("load_verify_locations", "set_default_verify_paths", "load_default_certs"):
         monkeypatch.setattr(ssl.SSLContext, name, recording(name))
-    transport = build_transport(load_settings(None))
-    session = transport.get_client()  # type: ignore[attr-defined]
-    used = session.connector._ssl
-    await session.close()
+    retrying = build_transport(load_settings(None))
+    assert isinstance(retrying, StaleRetry)
+    # The pool's transport and the retries' (built on the first retry, here at once).
+    for transport in (retrying.pooled, retrying.fresh):
+        session = transport.get_client()  # type: ignore[attr-defined]
+        used = session.connector._ssl
+        await session.close()
 
-    assert loads == []  # ~0.7 MB per worker: httpx_aiohttp would load certifi's bundle here
-    assert used is True  # the connector verifies with aiohttp's default context
-    context = transport.ssl_context  # type: ignore[attr-defined]
-    assert context is aiohttp.connector._SSL_CONTEXT_VERIFIED
-    assert context.verify_mode == ssl.CERT_REQUIRED
-    assert context.check_hostname
+        assert loads == []  # ~0.7 MB per worker: httpx_aiohttp would load certifi's bundle here
+        assert used is True  # the connector verifies with aiohttp's default context
+        context = transport.ssl_context  # type: ignore[attr-defined]
+        assert context is aiohttp.connector._SSL_CONTEXT_VERIFIED
+        assert context.verify_mode == ssl.CERT_REQUIRED
+        assert context.check_hostname
 
 
 TCACHE = """
