@@ -108,8 +108,10 @@ def upstream_error(exc: BaseException) -> ProxyError:
         return UpstreamUnreachableError("The upstream closed the connection without answering.")
     cause = exc.__cause__
     # httpx-aiohttp maps all aiohttp connection errors to ConnectTimeout; the cause tells the truth.
+    # httpx's own errors have httpcore's as their cause, which are no TimeoutError: their type does.
+    from_aiohttp = cause is not None and type(cause).__module__.startswith("aiohttp")
     timed_out = (
-        isinstance(cause, TimeoutError) if cause else isinstance(exc, httpx.TimeoutException)
+        isinstance(cause, TimeoutError) if from_aiohttp else isinstance(exc, httpx.TimeoutException)
     )
     if timed_out:
         return UpstreamTimeoutError(f"The upstream did not answer in time ({type(exc).__name__}).")

@@ -189,12 +189,15 @@ async def test_a_retry_that_fails_too_is_the_502_and_no_third_try(make_proxy: Pr
     assert failed == 1
 
 
-async def test_a_timeout_on_a_reused_connection_is_not_retried(make_proxy: ProxyFactory) -> None:
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_a_timeout_on_a_reused_connection_is_not_retried(
+    make_proxy: ProxyFactory, transport: str
+) -> None:
     async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         del writer
         await reader.read()  # until compactd gives the connection up
 
-    fake, response, _ = await two_chats(make_proxy, hang, read_timeout=0.2)
+    fake, response, _ = await two_chats(make_proxy, hang, read_timeout=0.2, transport=transport)
     assert response.status_code == 504
     assert len(fake.bodies) == 2
 
