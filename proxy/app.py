@@ -66,9 +66,11 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     def session(*, pooled: bool) -> aiohttp.ClientSession:
         # No cookie jar: cookies set for one tenant must never be sent for another.
         # No auto headers: the upstream sees the client's headers, not aiohttp's defaults.
-        # The pool's sessions report each reused connection; the retries' keep none.
+        # The pool's connector reports each reused connection; the retries' keeps none.
         connector = (
-            aiohttp.TCPConnector(limit=up.max_connections, keepalive_timeout=up.keepalive_seconds)
+            reuse.aiohttp_connector(
+                limit=up.max_connections, keepalive_timeout=up.keepalive_seconds
+            )
             if pooled
             else aiohttp.TCPConnector(limit=up.max_connections, force_close=True)
         )
@@ -79,7 +81,6 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
             # Past these the upstream's response is refused as a 502 (proxy.forward).
             max_line_size=up.max_response_header_bytes,
             max_field_size=up.max_response_header_bytes,
-            trace_configs=[reuse.aiohttp_trace()] if pooled else None,
         )
 
     # httpx_aiohttp builds an SSL context (a CA bundle read, ~0.7 MB per worker) for sessions it
