@@ -119,13 +119,24 @@ def _is_json(text: str) -> bool:
 
 
 def fact_text(message: Message) -> str:
-    """A message's text plus its tool-call names and arguments (where agents keep ids)."""
+    """A message's text plus its tool-call names and arguments (where agents keep ids), the
+    arguments' escaped line breaks, tabs and quotes as written (an escaped `\\nWait` is no
+    fact `nWait`)."""
     parts = [message_text(message)]
     for call in message.get("tool_calls") or []:
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
-            parts.append(f"{fn.get('name', '')} {fn.get('arguments', '')}")
+            arguments = str(fn.get("arguments", ""))
+            # (An escaped backslash could be read as part of an escape: left as it is.)
+            if "\\" in arguments and "\\\\" not in arguments:
+                arguments = _unescaped(arguments)
+            parts.append(f"{fn.get('name', '')} {arguments}")
     return "\n".join(p for p in parts if p)
+
+
+def _unescaped(arguments: str) -> str:
+    """JSON text with its common string escapes (line break, tab, quote) undone, at C speed."""
+    return arguments.replace("\\n", "\n").replace("\\t", "\t").replace('\\"', '"')
 
 
 def _specific(term: str) -> bool:

@@ -9,11 +9,12 @@ from typing import cast
 import pytest
 from hypothesis import given
 
-from proxy.providers import engine, engine_plan
+from proxy.providers import engine, engine_forms, engine_plan
 from proxy.providers.base import REF_PATTERN, CompactionResult, CompressionConfig, Message
 from proxy.providers.engine import EngineOptions, EngineProvider
 from proxy.providers.engine_forms import Form, Forms, FormSettings
 from proxy.providers.engine_plan import Plan
+from proxy.providers.facts import fact_items
 from proxy.providers.markers import is_stand_in
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
@@ -489,3 +490,19 @@ def test_a_stub_does_not_list_what_the_messages_kept_as_they_are_say() -> None:
     assert stubs
     assert all("Lisbon" not in s and "Porto" not in s for s in stubs)
     assert any("Rui_" in s for s in stubs)
+
+
+def test_escaped_line_breaks_of_tool_call_arguments_make_no_facts() -> None:
+    # `{"command": "echo done\nWait, check utils.py"}`: the fact scan reads the line break, not
+    # a fact `nWait`; an escaped backslash leaves the arguments as they are.
+    message = assistant(None, "c1")
+    message["tool_calls"][0]["function"]["arguments"] = json.dumps(
+        {"command": 'echo done\nWait, "check" utils.py'}
+    )
+    text = engine_forms.fact_text(message)
+    assert '"command": "echo done\nWait, "check" utils.py"' in text
+    facts = fact_items(text)
+    assert "utils.py" in facts
+    assert not any(f.startswith("nWait") for f in facts)
+    message["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "a\\nb"})
+    assert engine_forms.fact_text(message).endswith('{"command": "a\\\\nb"}')
