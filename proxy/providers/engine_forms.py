@@ -14,6 +14,7 @@ only those near the answer are counted.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,6 +58,32 @@ STUB_READ = 3
 # ... or this many times its room of their text (a sparse chat has few candidates to gather).
 STUB_READ_TEXT = 30
 _SNIPPET = 60
+# Capitalized words that start a sentence (at the start of a line or after a sentence mark and a
+# blank), of at least _MIN_LEAD letters, that are not among the words most sentences start with:
+# a stub lists them after its facts, in at most 1/_LEAD_SHARE of its room (1/_FILL_LEAD_SHARE
+# of a stub filling the budget's slack, which no search prices).
+_LEAD_WORD = re.compile(
+    r"(?:^|(?<=[.!?] )|(?<=[.!?]  ))([A-Z][a-z]+(?:-[a-z]+)*)\b(?!['\u2019])", re.M
+)
+_MIN_LEAD = 3
+_LEAD_RANK = 4
+_LEAD_SHARE = 8
+_FILL_LEAD_SHARE = 2
+_STARTER_WORDS = """
+    The This That These Those There Then Than Their They Them Its It's Here Hey Hi Hello Yes Yeah
+    Yep Nope Not Now Also And But Because Since While When Where What Which Who Whom Whose Why How
+    Well Just Maybe Perhaps Actually Really Honestly Basically Anyway Sure Okay Thanks Thank
+    Please Sorry Great Good Nice Cool Awesome Perfect Wow Haha Lol Let Let's You You're Your Yours
+    Our Ours His Her Hers She He Him We We're Mine Some Any All Each Every Most Many Much More
+    Other Another Such Both Either Neither None One Two First Second Next Last Finally After
+    Before During Until Though Although However Still Even Only Very Too Again Already Always
+    Never Often Sometimes Usually Today Tomorrow Yesterday Right Oh Ooh Ah Aw Wait Hmm Hope Love
+    Like Can Could Would Should Will Shall May Might Must Did Does Don't Didn't Was Were Are Has
+    Have Had Got Get Make Try See Look Think Know Said Say Tell Ask Keep Give Take Use Want
+    Need Going Do Don Is Isn't Am Be Been For From With Without Into Onto Over Under About Above
+    Below Between Through Of On In At By To As If Or So No Nor Yet Once Instead Otherwise
+"""
+_STARTERS = frozenset(_STARTER_WORDS.split())
 # Fields that cost tokens but carry nothing the summary keeps; the originals hold them.
 _DROP_ON_REWRITE = ("reasoning_content", "reasoning", "thinking")
 # Estimates: a message's own overhead (3 tokens and its role), the tokens per character of a fact
@@ -209,6 +236,7 @@ class Forms:
     """Messages every rung keeps as they are (system/developer, the last user message, the
     final ones): a stub does not list their facts again."""
     _known: str | None = None
+    _leads: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A rewrite must save at least what a marker costs: smaller savings lose text for
@@ -599,6 +627,28 @@ class Forms:
             self._facts[i] = found
         return self._facts[i]
 
+    def _lead_words(self, i: int) -> list[tuple[int, str]]:
+        """The content words that start message i's sentences (`Roguelike deckbuilders are
+        popular`, `Team is me plus 4 engineers`), capitalized as written: no name by the fact
+        pattern, a stub lists them after its facts, in a share of the room those leave; none
+        for a tool result or a message with tool calls."""
+        found = self._leads.get(i)
+        message = self.messages[i]
+        if found is None and (message.get("tool_calls") or message.get("role") == "tool"):
+            # An agent's notes before a call start with `Now`, `Looking`, `Perfect`: not these.
+            found = self._leads[i] = []
+        if found is None:
+            text = self._fact_text(i)
+            known = self._shown_text() if self.shown else ""
+            words = dict.fromkeys(
+                w
+                for start, end in scan_spans(text, SCAN_CHARS, " \n")
+                for w in _LEAD_WORD.findall(text, start, end)
+                if len(w) >= _MIN_LEAD and w not in _STARTERS and w not in known
+            )
+            found = self._leads[i] = [(_LEAD_RANK, w) for w in words]
+        return found
+
     def _shown_text(self) -> str:
         if self._known is None:
             self._known = "\n".join(self._fact_text(i) for i in sorted(self.shown))
@@ -679,9 +729,11 @@ class Forms:
     def stub_sized(self, start: int, end: int, cap: int) -> Form | None:
         """The stub of input messages start .. end-1 listing up to `cap` characters of facts
         (the budget's slack filled)."""
-        return self._stub_form(start, end, cap, True)
+        return self._stub_form(start, end, cap, True, filled=True)
 
-    def _stub_form(self, start: int, end: int, cap: int, marked: bool) -> Form | None:
+    def _stub_form(
+        self, start: int, end: int, cap: int, marked: bool, filled: bool = False
+    ) -> Form | None:
         role = "user" if self.messages[start].get("role") == "user" else "assistant"
         body = ""
         if cap > 0:
@@ -689,6 +741,14 @@ class Forms:
             structural = structural_shapes([self._shape_counts(i) for i in read])
             groups = [self._candidates(i) for i in read]
             facts = pack_salient(groups, cap, structural, self._shapes)
+            room = min(cap - len(facts) - 2, cap // (_FILL_LEAD_SHARE if filled else _LEAD_SHARE))
+            if room > _MIN_LEAD:
+                listed = f", {facts}, "
+                leads = [
+                    [c for c in self._lead_words(i) if f", {c[1]}, " not in listed] for i in read
+                ]
+                more = pack_salient(leads, room, frozenset(), self._shapes)
+                facts = f"{facts}, {more}" if facts and more else facts or more
             body = f"facts: {facts}" if facts else ""
         verb = "dropped" if marked else None
         return self._accept(self.materialize(Draft(start, end, verb, body, role)))

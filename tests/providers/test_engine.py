@@ -506,3 +506,19 @@ def test_escaped_line_breaks_of_tool_call_arguments_make_no_facts() -> None:
     assert not any(f.startswith("nWait") for f in facts)
     message["tool_calls"][0]["function"]["arguments"] = json.dumps({"command": "a\\nb"})
     assert engine_forms.fact_text(message).endswith('{"command": "a\\\\nb"}')
+
+
+def test_a_stub_lists_the_content_words_that_start_sentences_after_its_facts() -> None:
+    # `Roguelike` starts a sentence, so no name rule finds it; `The` and `Now` start most.
+    messages = [system()]
+    kinds = ["Roguelike", "Platformer", "Soulslike", "Metroidvania", "Deckbuilder", "Shmup"]
+    for k, kind in enumerate(kinds):
+        messages.append(user(f"{kind} games. The end. Now " + words(60, kind.lower())))
+        messages.append(assistant("Sure. " + words(60, f"a{k}")))
+    messages.append(user("What kind of game was it?"))
+    limit = count_tokens(messages) // 3
+    result = compress(messages, limit)
+    assert check_result(messages, result, make_config(limit)) == []
+    stubs = [message_text(m) for m in result.messages if "dropped" in message_text(m)]
+    assert sum(kind in s for s in stubs for kind in kinds) >= 2
+    assert not any(", The" in s or ", Now" in s or ", Sure" in s for s in stubs)
