@@ -62,8 +62,10 @@ _SNIPPET = 60
 # blank), of at least _MIN_LEAD letters, that are not among the words most sentences start with:
 # a stub lists them after its facts, in at most 1/_LEAD_SHARE of its room (1/_FILL_LEAD_SHARE
 # of a stub filling the budget's slack, which no search prices).
+# (The place is checked behind the capital, so the search skips to capitals at C speed.)
 _LEAD_WORD = re.compile(
-    r"(?:^|(?<=[.!?] )|(?<=[.!?]  ))([A-Z][a-z]+(?:-[a-z]+)*)\b(?!['\u2019])", re.M
+    r"([A-Z](?:(?<=^[A-Z])|(?<=[.!?] [A-Z])|(?<=[.!?]  [A-Z]))[a-z]+(?:-[a-z]+)*)\b(?!['\u2019])",
+    re.M,
 )
 _MIN_LEAD = 3
 _LEAD_RANK = 4
@@ -237,6 +239,8 @@ class Forms:
     final ones): a stub does not list their facts again."""
     _known: str | None = None
     _leads: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    _shown: dict[str, bool] = field(default_factory=dict)
+    """Per fact, whether `_shown_text` holds it (facts repeat from message to message)."""
 
     def __post_init__(self) -> None:
         # A rewrite must save at least what a marker costs: smaller savings lose text for
@@ -622,8 +626,16 @@ class Forms:
         if i not in self._facts:
             found = candidates_of(self._analysis(self._fact_text(i)))
             if self.shown:
-                known = self._shown_text()
-                found = [c for c in found if c[1] not in known]
+                # `_is_shown` inlined: a long history has tens of thousands of candidates.
+                shown, text = self._shown, self._shown_text()
+                kept = []
+                for c in found:
+                    hit = shown.get(c[1])
+                    if hit is None:
+                        hit = shown[c[1]] = c[1] in text
+                    if not hit:
+                        kept.append(c)
+                found = kept
             self._facts[i] = found
         return self._facts[i]
 
@@ -650,6 +662,7 @@ class Forms:
         return found
 
     def _shown_text(self) -> str:
+        """The fact text of the messages every rung keeps as they are (joined once)."""
         if self._known is None:
             self._known = "\n".join(self._fact_text(i) for i in sorted(self.shown))
         return self._known
