@@ -259,13 +259,27 @@ static int append_substring(PyObject *out, PyObject *text, Py_ssize_t start, Py_
 
 /* A matcher: the end of the match at p (group 1 in [*g0, *g1)), or -1; it sees nothing from
    `end` on. */
+/* The one-byte characters each pattern's match can start with (filled at import). */
+static unsigned char grouped_starts[256], quoted_starts[256], name_starts[256];
+
+static void init_starts(void) {
+    for (int ch = 0; ch < 256; ch++) {
+        grouped_starts[ch] = (ch >= '0' && ch <= '9') || ch == '$' || ch == 0xA3;
+        quoted_starts[ch] = ch == '"';
+        name_starts[ch] = (ch >= 'A' && ch <= 'Z') || (ch >= 0xC0 && ch <= 0xDE);
+    }
+}
+
 typedef Py_ssize_t (*matcher)(int kind, const void *data, Py_ssize_t end, Py_ssize_t p,
                               Py_ssize_t *g0, Py_ssize_t *g1);
 
 /* findall(text, start, end) of a pattern that has a matcher: the non-overlapping matches
-   (or their group 1), left to right. */
+   (or their group 1), left to right; or with `spans`, the (start, end) of each whole match
+   (what finditer's matches' span() give). */
+/* `starts`: the one-byte characters a match can start with (one-byte texts, most of them, skip
+   the others in a tight loop; the matcher tests every position of wider texts itself). */
 static PyObject *findall_with(PyObject *const *args, Py_ssize_t nargs, const char *name,
-                              matcher match_at) {
+                              matcher match_at, const unsigned char *starts, int spans) {
     PyObject *text;
     Py_ssize_t start, end;
     if (parse_span(args, nargs, name, &text, &start, &end) < 0)
@@ -276,14 +290,28 @@ static PyObject *findall_with(PyObject *const *args, Py_ssize_t nargs, const cha
     if (out == NULL)
         return NULL;
     Py_ssize_t p = start;
+    const Py_UCS1 *bytes = kind == PyUnicode_1BYTE_KIND ? PyUnicode_1BYTE_DATA(text) : NULL;
     while (p < end) {
+        if (bytes != NULL) {
+            while (p < end && !starts[bytes[p]])
+                p++;
+            if (p == end)
+                break;
+        }
         Py_ssize_t g0 = p, g1 = p;
         Py_ssize_t r = match_at(kind, data, end, p, &g0, &g1);
         if (r < 0) {
             p++;
             continue;
         }
-        if (append_substring(out, text, g0, g1) < 0) {
+        int failed;
+        if (spans) {
+            PyObject *span = Py_BuildValue("(nn)", p, r);
+            failed = span == NULL ? -1 : PyList_Append(out, span);
+            Py_XDECREF(span);
+        } else
+            failed = append_substring(out, text, g0, g1);
+        if (failed < 0) {
             Py_DECREF(out);
             return NULL;
         }
@@ -303,10 +331,10 @@ static Py_ssize_t grouped_match(int kind, const void *data, Py_ssize_t end, Py_s
 
 static PyObject *grouped_amounts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    return findall_with(args, nargs, "grouped_amounts", grouped_match);
+    return findall_with(args, nargs, "grouped_amounts", grouped_match, grouped_starts, 0);
 }
 
-/* ---- Quoted phrases: facts._QUOTED_PHRASE.findall(text, start, end) ----
+/* ---- Quoted phrases: the spans of facts._QUOTED_PHRASE.finditer(text, start, end) ----
 
    ["“]([^"“”\n]{3,80})["”]: the run of allowed characters after an opening quote must be
    3 to 80 long and end at a closing quote (a longer run leaves an allowed character after any
@@ -337,9 +365,159 @@ static Py_ssize_t quoted_match(int kind, const void *data, Py_ssize_t end, Py_ss
     return q + 1;
 }
 
-static PyObject *quoted_phrases(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *quoted_spans(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    return findall_with(args, nargs, "quoted_phrases", quoted_match);
+    return findall_with(args, nargs, "quoted_spans", quoted_match, quoted_starts, 1);
+}
+
+/* ---- Names: facts._NAME.findall(text, start, end) ----
+
+   A capital after a lower-case letter, digit, `,` or `;` and a blank (maybe an opening quote
+   between), after a digit, a letter and a blank, or after a dash between blanks; the rest of
+   its word (lower-case letters and maybe inner capitalized parts, or capitals then lower-case
+   letters), hyphenated parts, a possessive `'s`, up to three more
+   capitalized words after blanks, and no word character, `-` or quoted word character right
+   after. This follows the regex's backtracking in its order (greedy parts longest first,
+   alternatives in turn), so the first end it accepts is the regex's; the parts only recurse
+   three words deep (repeated parts are walked without recursion, see `chain`). */
+
+static const char NAME[] =
+    "([A-Z\xc3\x80-\xc3\x9e](?:(?<=[a-z\xc3\x9f-\xc3\xbf\\d,;][ \\t][A-Z\xc3\x80-\xc3\x9e])"
+    "|(?<=[a-z\xc3\x9f-\xc3\xbf\\d,;][ \\t][\"'(\xe2\x80\x9c\xe2\x80\x98][A-Z\xc3\x80-\xc3\x9e])"
+    "|(?<=\\d[A-Za-z][ \\t][A-Z\xc3\x80-\xc3\x9e])"
+    "|(?<=[ \\t][\xe2\x80\x93\xe2\x80\x94][ \\t][A-Z\xc3\x80-\xc3\x9e]))"
+    "(?:[a-z\xc3\x9f-\xc3\xbf]+(?:[A-Z\xc3\x80-\xc3\x9e][a-z\xc3\x9f-\xc3\xbf]+)*"
+    "|[A-Z\xc3\x80-\xc3\x9e]+[a-z\xc3\x9f-\xc3\xbf]*)"
+    "(?:-[A-Za-z\xc3\x9f-\xc3\xbf]+)*(?:'s)?"
+    "(?:[ \\t]+(?:[A-Z\xc3\x80-\xc3\x9e][a-z\xc3\x9f-\xc3\xbf]+|[A-Z\xc3\x80-\xc3\x9e]{2,}"
+    "[a-z\xc3\x9f-\xc3\xbf]*)(?:-[A-Za-z\xc3\x9f-\xc3\xbf]+)*(?:'s)?){0,3})"
+    "(?![\\w-]|['\xe2\x80\x99]\\w)";
+
+static inline int is_low(Py_UCS4 c) { return (c >= 'a' && c <= 'z') || (c >= 0xDF && c <= 0xFF); }
+static inline int is_cap(Py_UCS4 c) { return (c >= 'A' && c <= 'Z') || (c >= 0xC0 && c <= 0xDE); }
+static inline int is_hyphen_letter(Py_UCS4 c) { return LETTER(c) || (c >= 0xDF && c <= 0xFF); }
+static inline int is_blank(Py_UCS4 c) { return c == ' ' || c == '\t'; }
+static inline int is_word(Py_UCS4 c) { return (flags(c) & WORD) || c == '_'; }
+static inline int is_after_word(Py_UCS4 c) {
+    return is_low(c) || (flags(c) & DIGIT) || c == ',' || c == ';';
+}
+
+typedef struct {
+    int kind;
+    const void *data;
+    Py_ssize_t end; /* nothing from here on is seen */
+} span;
+
+#define AT(s, i) PyUnicode_READ((s)->kind, (s)->data, (i))
+
+static Py_ssize_t run_of(const span *s, Py_ssize_t q, int (*is)(Py_UCS4)) {
+    Py_ssize_t r = q;
+    while (r < s->end && is(AT(s, r)))
+        r++;
+    return r - q;
+}
+
+static Py_ssize_t name_words(const span *s, Py_ssize_t q, int words);
+
+/* ('s)? at q, then the further words. */
+static Py_ssize_t possessive(const span *s, Py_ssize_t q, int words) {
+    if (q + 1 < s->end && AT(s, q) == '\'' && AT(s, q + 1) == 's') {
+        Py_ssize_t r = name_words(s, q + 2, words);
+        if (r >= 0)
+            return r;
+    }
+    return name_words(s, q, words);
+}
+
+typedef Py_ssize_t (*continuation)(const span *s, Py_ssize_t q, int words);
+
+static inline int is_dash(Py_UCS4 c) { return c == '-'; }
+
+/* (?:H B+)* at q (a head character, then the longest run of body characters; head and body
+   characters are disjoint), then `then`. The regex tries the most parts, each longest first:
+   its order of ends is the end of the whole chain, then every position back to q except
+   those right after a part's head (a part has a body character at least). */
+static Py_ssize_t chain(const span *s, Py_ssize_t q, int (*is_head)(Py_UCS4),
+                       int (*is_body)(Py_UCS4), continuation then, int words) {
+    Py_ssize_t e = q;
+    while (e + 1 < s->end && is_head(AT(s, e)) && is_body(AT(s, e + 1)))
+        e += 1 + run_of(s, e + 1, is_body);
+    Py_ssize_t r = then(s, e, words);
+    for (Py_ssize_t x = e - 1; r < 0 && x >= q; x--)
+        if (x == q || !is_head(AT(s, x - 1)))
+            r = then(s, x, words);
+    return r;
+}
+
+/* The hyphenated parts (?:-[A-Za-zß-ÿ]+)* at q, then the rest. */
+static Py_ssize_t hyphens(const span *s, Py_ssize_t q, int words) {
+    return chain(s, q, is_dash, is_hyphen_letter, possessive, words);
+}
+
+/* A word of a name at q ([A-ZÀ-Þ][a-zß-ÿ]+ or [A-ZÀ-Þ]{2,}[a-zß-ÿ]*), then the rest. */
+static Py_ssize_t name_word(const span *s, Py_ssize_t q, int words) {
+    if (q >= s->end || !is_cap(AT(s, q)))
+        return -1;
+    for (Py_ssize_t k = run_of(s, q + 1, is_low); k >= 1; k--) {
+        Py_ssize_t r = hyphens(s, q + 1 + k, words);
+        if (r >= 0)
+            return r;
+    }
+    for (Py_ssize_t i = run_of(s, q, is_cap); i >= 2; i--)
+        for (Py_ssize_t j = run_of(s, q + i, is_low); j >= 0; j--) {
+            Py_ssize_t r = hyphens(s, q + i + j, words);
+            if (r >= 0)
+                return r;
+        }
+    return -1;
+}
+
+/* Up to 3 - words more words after blanks at q; then the end must be followed by no word
+   character, `-` or quote before one. */
+static Py_ssize_t name_words(const span *s, Py_ssize_t q, int words) {
+    if (words < 3)
+        for (Py_ssize_t k = run_of(s, q, is_blank); k >= 1; k--) {
+            Py_ssize_t r = name_word(s, q + k, words + 1);
+            if (r >= 0)
+                return r;
+        }
+    if (q < s->end) {
+        Py_UCS4 c = AT(s, q);
+        if (is_word(c) || c == '-')
+            return -1;
+        if ((c == '\'' || c == 0x2019) && q + 1 < s->end && is_word(AT(s, q + 1)))
+            return -1;
+    }
+    return q;
+}
+
+static Py_ssize_t name_match(int kind, const void *data, Py_ssize_t end, Py_ssize_t p,
+                             Py_ssize_t *g0, Py_ssize_t *g1) {
+    span s = {kind, data, end};
+    if (!is_cap(AT(&s, p)) || p < 2)
+        return -1;
+    Py_UCS4 b1 = AT(&s, p - 1), b2 = AT(&s, p - 2), b3 = p >= 3 ? AT(&s, p - 3) : 0;
+    int quote = b1 == '"' || b1 == '\'' || b1 == '(' || b1 == 0x201C || b1 == 0x2018;
+    int first = (is_blank(b1) && is_after_word(b2)) ||
+                (p >= 3 && quote && is_blank(b2) && is_after_word(b3)) ||
+                (p >= 3 && is_blank(b1) && LETTER(b2) && (flags(b3) & DIGIT)) ||
+                (p >= 3 && is_blank(b1) && (b2 == 0x2013 || b2 == 0x2014) && is_blank(b3));
+    if (!first)
+        return -1;
+    Py_ssize_t r = -1;
+    for (Py_ssize_t k = run_of(&s, p + 1, is_low); r < 0 && k >= 1; k--)
+        r = chain(&s, p + 1 + k, is_cap, is_low, hyphens, 0); /* inner capitalized parts */
+    for (Py_ssize_t i = run_of(&s, p + 1, is_cap); r < 0 && i >= 1; i--)
+        for (Py_ssize_t j = run_of(&s, p + 1 + i, is_low); r < 0 && j >= 0; j--)
+            r = hyphens(&s, p + 1 + i + j, 0);
+    *g0 = p;
+    *g1 = r;
+    return r;
+}
+
+static PyObject *names(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    return findall_with(args, nargs, "names", name_match, name_starts, 0);
 }
 
 /* ---- Ranks: facts._rank(value) and the ranked distinct facts of facts._ranked_facts ---- */
@@ -869,8 +1047,11 @@ static PyMethodDef methods[] = {
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
     {"grouped_amounts", (PyCFunction)(void (*)(void))grouped_amounts, METH_FASTCALL,
      "grouped_amounts(text, start, end) -> list[str]: facts._GROUPED.findall(text, start, end)."},
-    {"quoted_phrases", (PyCFunction)(void (*)(void))quoted_phrases, METH_FASTCALL,
-     "quoted_phrases(text, start, end) -> list[str]: facts._QUOTED_PHRASE.findall(...)."},
+    {"quoted_spans", (PyCFunction)(void (*)(void))quoted_spans, METH_FASTCALL,
+     "quoted_spans(text, start, end) -> list[tuple[int, int]]: the spans of"
+     " facts._QUOTED_PHRASE.finditer(text, start, end)."},
+    {"names", (PyCFunction)(void (*)(void))names, METH_FASTCALL,
+     "names(text, start, end) -> list[str]: facts._NAME.findall(text, start, end)."},
     {"fact_rank", fact_rank, METH_O, "fact_rank(value) -> int: facts._rank(value)."},
     {"ranked", ranked, METH_O,
      "ranked(distinct) -> list[tuple[int, int, str]]: the ranked facts of facts._distinct."},
@@ -887,12 +1068,14 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__factscan(void) {
     init_table();
+    init_starts();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
     if (PyModule_AddStringConstant(m, "PATTERN", PATTERN) < 0 ||
         PyModule_AddStringConstant(m, "GROUPED", GROUPED) < 0 ||
         PyModule_AddStringConstant(m, "QUOTED", QUOTED) < 0 ||
+        PyModule_AddStringConstant(m, "NAME", NAME) < 0 ||
         PyModule_AddStringConstant(m, "PATHLIKE", PATHLIKE) < 0 ||
         PyModule_AddStringConstant(m, "PUNCT_EDGES", PUNCT_EDGES) < 0 ||
         PyModule_AddStringConstant(m, "DIGIT", DIGIT_PATTERN) < 0 ||

@@ -212,16 +212,26 @@ _GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.
 # At C speed where built (see _factscan.c; tests/providers/test_factscan.py checks that they
 # find the same and that they are in use).
 NATIVE_GROUPED = native("grouped_amounts", (_GROUPED.pattern, "GROUPED"))
-NATIVE_QUOTED = native("quoted_phrases", (_QUOTED_PHRASE.pattern, "QUOTED"))
+NATIVE_QUOTED = native("quoted_spans", (_QUOTED_PHRASE.pattern, "QUOTED"))
 _grouped_amounts = NATIVE_GROUPED or _GROUPED.findall
+NATIVE_NAMES = native("names", (_NAME.pattern, "NAME"))
+_names = NATIVE_NAMES or _NAME.findall
 
 
-def _quoted_word(text: str, match: re.Match[str]) -> bool:
-    """Whether a quoted single word stands in a sentence (`call her "spoiled."`): a word of
-    letters (maybe with a sentence mark), after a word and a blank, and no key (no `:` or `=`
-    after it), so the strings of code, commands and JSON are no facts."""
-    at, end = match.start(), match.end()
-    word = match.group(1).strip().rstrip(".,!?")
+def python_quoted_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Where `_QUOTED_PHRASE` matches in text[start:end] (the reference of the native one)."""
+    return [match.span() for match in _QUOTED_PHRASE.finditer(text, start, end)]
+
+
+_quoted_spans = NATIVE_QUOTED or python_quoted_spans
+
+
+def _quoted_word(text: str, at: int, end: int) -> bool:
+    """Whether a quoted single word (the `_QUOTED_PHRASE` match text[at:end]) stands in a
+    sentence (`call her "spoiled."`): a word of letters (maybe with a sentence mark), after a
+    word and a blank, and no key (no `:` or `=` after it), so the strings of code, commands
+    and JSON are no facts."""
+    word = text[at + 1 : end - 1].strip().rstrip(".,!?")
     return (
         _WORD.fullmatch(word) is not None
         and at >= 2
@@ -240,13 +250,13 @@ def name_matches(text: str) -> list[str]:
     commas = "," in text
     for start, end in scan_spans(text, SCAN_CHARS, " \n"):
         if quotes:
-            for match in _QUOTED_PHRASE.finditer(text, start, end):
-                phrase = match.group(1).strip()
-                if (" " in phrase and _LETTER.search(phrase)) or _quoted_word(text, match):
+            for at, stop in _quoted_spans(text, start, end):
+                phrase = text[at + 1 : stop - 1].strip()  # the quotes are one character each
+                if (" " in phrase and _LETTER.search(phrase)) or _quoted_word(text, at, stop):
                     found.append(phrase)
         if commas:
             found += _grouped_amounts(text, start, end)
-        for match in _NAME.findall(text, start, end):
+        for match in _names(text, start, end):
             # A possessive stays as written (`Jay Chou's`: it holds the name too; a list
             # that has both keeps the possessive, see `_without_contained`).
             words = match.split()

@@ -112,9 +112,11 @@ def test_native_grouped_amounts_are_the_pattern(case: tuple[str, int, int]) -> N
 def test_native_quoted_phrases_are_the_pattern(case: tuple[str, int, int]) -> None:
     _native()
     text, start, end = case
-    found = facts._QUOTED_PHRASE.findall(text, start, end)
-    assert _factscan.quoted_phrases(text, start, end) == found
-    assert _factscan.quoted_phrases(text) == facts._QUOTED_PHRASE.findall(text)
+    found = facts.python_quoted_spans(text, start, end)
+    assert _factscan.quoted_spans(text, start, end) == found
+    assert _factscan.quoted_spans(text) == facts.python_quoted_spans(text, 0, len(text))
+    # the group is what the spans leave without their quotes
+    assert [text[a + 1 : b - 1] for a, b in found] == facts._QUOTED_PHRASE.findall(text, start, end)
 
 
 _RANK_PIECES = [
@@ -154,7 +156,7 @@ def test_native_distinct_and_ranked_are_python(matches: list[str], flags: list[b
 def test_native_functions_are_in_use_and_check_their_arguments() -> None:
     _native()
     assert facts.NATIVE_GROUPED is _factscan.grouped_amounts
-    assert facts.NATIVE_QUOTED is _factscan.quoted_phrases
+    assert facts.NATIVE_QUOTED is _factscan.quoted_spans
     assert facts.NATIVE_RANKED is _factscan.ranked
     assert facts.NATIVE_QUOTE_INTO is _factscan.quote_into
     with pytest.raises(IndexError):
@@ -166,7 +168,7 @@ def test_native_functions_are_in_use_and_check_their_arguments() -> None:
     with pytest.raises(TypeError):
         _factscan.grouped_amounts("1,000", "x")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _factscan.quoted_phrases()  # type: ignore[call-arg]
+        _factscan.quoted_spans()  # type: ignore[call-arg]
     assert facts._ranked_facts("see `xy` and a_1 at 1,000 in \"the red door\"") == [
         (0, 0, "xy"), (0, 1, "a_1"), (2, 3, "000"), (1, 4, "the red door"), (2, 5, "1,000"),
     ]  # fmt: skip
@@ -217,3 +219,39 @@ def test_native_line_hits_on_any_text(text: str, cuts: list[tuple[int, int]]) ->
     native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
     assert native.scores == python.scores
     assert native.first_hit == python.first_hit
+
+
+_NAME_PIECES = [
+    "a ", "a", "z", "1", "5G", ",", ";", " ", "\t", "\n", "Ab", "AB", "Abc", "X", "x", "-", "-b",
+    "-B", "'s", "'", "\u2019", "\u00f7", "\u00d7", "ß", "À", "Þ", "é", "É", '"', "(", "\u201c",
+    "\u2018", "_", "I", "Mc", "Ñ", "ÿ", "Ā", "\u0663", "GPUs", "\u2013", "\u2014", "aB", "bCd",
+]  # fmt: skip
+
+
+@settings(max_examples=5000, deadline=None)
+@given(_span_text(_NAME_PIECES))
+def test_native_names_are_the_pattern(case: tuple[str, int, int]) -> None:
+    _native()
+    assert facts.NATIVE_NAMES is _factscan.names
+    text, start, end = case
+    assert _factscan.names(text) == facts._NAME.findall(text)
+    assert _factscan.names(text, start, end) == facts._NAME.findall(text, start, end)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=200))
+def test_native_spans_on_any_text(text: str) -> None:
+    _native()
+    for native, pattern in (
+        (_factscan.names, facts._NAME),
+        (_factscan.grouped_amounts, facts._GROUPED),
+    ):
+        assert native(text) == pattern.findall(text)
+    assert _factscan.quoted_spans(text) == facts.python_quoted_spans(text, 0, len(text))
+
+
+def test_native_names_of_long_hyphen_chains() -> None:
+    _native()
+    for tail in ("", "1", "\u00f7", " Abc", "'s Xy", "-"):
+        for text in ("a Ab" + "-cd" * 50_000 + tail, "a Ab" + "Cd" * 50_000 + tail):
+            assert _factscan.names(text) == facts._NAME.findall(text)  # no recursion per part
