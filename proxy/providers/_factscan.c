@@ -67,7 +67,13 @@ static inline unsigned flags(Py_UCS4 ch) {
 #define LETTER(ch) (LOWER(ch) || UPPER(ch))
 
 /* Whether one of the pattern's REQ alternatives matches at p (p < n). */
-static inline int req_at(int kind, const void *data, Py_ssize_t n, Py_ssize_t p, Py_UCS4 ch,
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+static ALWAYS_INLINE int req_at(int kind, const void *data, Py_ssize_t n, Py_ssize_t p, Py_UCS4 ch,
                          unsigned f) {
     if ((f & DIGIT) || ch == '_' || ch == '/' || ch == '@')
         return 1;
@@ -96,13 +102,9 @@ static inline int req_at(int kind, const void *data, Py_ssize_t n, Py_ssize_t p,
     return 0;
 }
 
-static PyObject *fact_matches(PyObject *module, PyObject *text) {
-    (void)module;
-    if (!PyUnicode_Check(text)) {
-        PyErr_SetString(PyExc_TypeError, "fact_matches() wants a str");
-        return NULL;
-    }
-    int kind = PyUnicode_KIND(text);
+/* The scan for one kind of str: called with a constant kind, so that the compiler reads the
+   characters of that width directly (PyUnicode_READ's switch folds away). */
+static ALWAYS_INLINE PyObject *scan_kind(PyObject *text, int kind) {
     const void *data = PyUnicode_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
     PyObject *out = PyList_New(0);
@@ -163,6 +165,22 @@ static PyObject *fact_matches(PyObject *module, PyObject *text) {
         }
     }
     return out;
+}
+
+static PyObject *fact_matches(PyObject *module, PyObject *text) {
+    (void)module;
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "fact_matches() wants a str");
+        return NULL;
+    }
+    switch (PyUnicode_KIND(text)) {
+    case PyUnicode_1BYTE_KIND:
+        return scan_kind(text, PyUnicode_1BYTE_KIND);
+    case PyUnicode_2BYTE_KIND:
+        return scan_kind(text, PyUnicode_2BYTE_KIND);
+    default:
+        return scan_kind(text, PyUnicode_4BYTE_KIND);
+    }
 }
 
 /* ---- Amounts with thousands separators: facts._GROUPED.findall(text, start, end) ----

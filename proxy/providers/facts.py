@@ -231,14 +231,11 @@ def _quoted_word(text: str, at: int, end: int) -> bool:
     sentence (`call her "spoiled."`): a word of letters (maybe with a sentence mark), after a
     word and a blank, and no key (no `:` or `=` after it), so the strings of code, commands
     and JSON are no facts."""
+    # The tests of the characters around it first: most quoted strings (code's) fail one.
+    if at < 2 or text[at - 1] != " " or not text[at - 2].isalpha():
+        return False
     word = text[at + 1 : end - 1].strip().rstrip(".,!?")
-    return (
-        _WORD.fullmatch(word) is not None
-        and at >= 2
-        and text[at - 1] == " "
-        and text[at - 2].isalpha()
-        and text[end : end + 1] not in (":", "=")
-    )
+    return _WORD.fullmatch(word) is not None and text[end : end + 1] not in (":", "=")
 
 
 def name_matches(text: str) -> list[str]:
