@@ -5,7 +5,17 @@ from __future__ import annotations
 from hypothesis import given
 
 from proxy.providers.base import Message
-from proxy.providers.engine_forms import FACTS, MASKED, SUMMARY, Form, Forms, FormSettings, _has_ref
+from proxy.providers.engine_forms import (
+    FACTS,
+    MASKED,
+    SUMMARY,
+    Form,
+    Forms,
+    FormSettings,
+    _has_ref,
+    fact_text,
+)
+from proxy.providers.facts import analyze, candidates_of
 from proxy.providers.units import message_text, split_units
 from tests.providers.test_properties import SETTINGS, conversations
 from tests.providers.tokens import count_message, make_config
@@ -63,3 +73,31 @@ def test_a_messages_rewritable_text_is_remembered_as_first_found(messages: list[
         expected = text if plain else None
         assert forms._summarizable(i) == expected
         assert forms._summarizable(i) == expected  # asked again: the remembered answer
+
+
+@SETTINGS
+@given(messages=conversations())
+def test_a_stubs_candidates_leave_out_what_the_kept_messages_say_as_an_uncached_filter_would(
+    messages: list[Message],
+) -> None:
+    forms = _forms(messages)
+    forms.shown = frozenset(range(0, len(messages), 3))
+    known = "\n".join(fact_text(messages[i]) for i in sorted(forms.shown))
+    for i in reversed(range(len(messages))):  # later messages first: their facts recur earlier
+        everything = candidates_of(analyze(fact_text(messages[i])))
+        assert forms._candidates(i) == [c for c in everything if c[1] not in known]
+
+
+def test_a_fact_said_by_a_kept_message_is_left_out_of_every_message_that_repeats_it() -> None:
+    path = "/srv/app/conf/cluster_7.yml"
+    messages: list[Message] = [
+        {"role": "system", "content": f"The deployment reads {path}."},
+        {"role": "user", "content": f"Open {path} and /srv/app/conf/worker_3.yml please."},
+        {"role": "assistant", "content": f"I opened {path}; port 8443 is set there."},
+    ]
+    forms = _forms(messages)
+    forms.shown = frozenset({0})
+    for i in (1, 2):
+        facts = [f for _rank, f in forms._candidates(i)]
+        assert path not in facts
+    assert "/srv/app/conf/worker_3.yml" in [f for _rank, f in forms._candidates(1)]
