@@ -1060,6 +1060,159 @@ done:
     return out;
 }
 
+/* ---- text_index / occurs: whether many strs occur in one text (`needle in text`) ----
+
+   A stub asks, for each of hundreds of candidate facts, whether the text of the messages every
+   rung keeps holds it. text_index(text) indexes that text once by its character pairs: for each
+   bucket of pairs, the positions (ascending) where such a pair starts. occurs(index, needle)
+   then reads the needle's pairs, takes the one whose bucket is smallest and compares the needle
+   only at the positions that bucket gives. A needle shorter than two characters, or one whose
+   smallest bucket would cost more than a plain search, is answered by PyUnicode_Find, as is
+   `in`. Answers are `needle in text`'s for any str kinds: a needle of a wider kind than the
+   text holds a character the text cannot hold (strs are canonical), so it does not occur. */
+
+static const char INDEX_CAPSULE[] = "proxy.providers._factscan.text_index";
+
+typedef struct {
+    PyObject *text;     /* a strong reference: the index reads its data */
+    Py_ssize_t mask;    /* buckets - 1 (a power of two) */
+    Py_ssize_t *start;  /* buckets + 1 offsets into pos */
+    Py_ssize_t *pos;    /* the starts of the text's pairs, grouped by bucket */
+} text_index_t;
+
+static inline Py_ssize_t pair_bucket(Py_UCS4 a, Py_UCS4 b, Py_ssize_t mask) {
+    return (Py_ssize_t)((a * 0x9E3779B1u) ^ (b * 0x85EBCA77u) ^ ((a ^ b) >> 7)) & mask;
+}
+
+static void index_release(text_index_t *ix) {
+    Py_XDECREF(ix->text);
+    PyMem_Free(ix->start);
+    PyMem_Free(ix->pos);
+    PyMem_Free(ix);
+}
+
+static void index_free(PyObject *capsule) {
+    text_index_t *ix = PyCapsule_GetPointer(capsule, INDEX_CAPSULE);
+    if (ix != NULL)
+        index_release(ix);
+}
+
+static PyObject *text_index(PyObject *module, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "text_index() argument must be str, not %.200s",
+                     Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t pairs = n > 1 ? n - 1 : 0;
+    Py_ssize_t buckets = 64;
+    while (buckets < pairs && buckets < ((Py_ssize_t)1 << 20))
+        buckets <<= 1;
+    text_index_t *ix = PyMem_Calloc(1, sizeof(text_index_t));
+    if (ix == NULL)
+        return PyErr_NoMemory();
+    ix->mask = buckets - 1;
+    ix->start = PyMem_Calloc((size_t)buckets + 1, sizeof(Py_ssize_t));
+    ix->pos = PyMem_Malloc((size_t)(pairs ? pairs : 1) * sizeof(Py_ssize_t));
+    if (ix->start == NULL || ix->pos == NULL) {
+        index_release(ix);
+        return PyErr_NoMemory();
+    }
+    int kind = PyUnicode_KIND(text);
+    const void *data = PyUnicode_DATA(text);
+    /* A counting sort: counts per bucket, their running sums, then each pair in order. */
+    for (Py_ssize_t p = 0; p < pairs; p++) {
+        Py_UCS4 a = PyUnicode_READ(kind, data, p), b = PyUnicode_READ(kind, data, p + 1);
+        ix->start[pair_bucket(a, b, ix->mask) + 1]++;
+    }
+    for (Py_ssize_t h = 0; h < buckets; h++)
+        ix->start[h + 1] += ix->start[h];
+    Py_ssize_t *fill = PyMem_Malloc((size_t)buckets * sizeof(Py_ssize_t));
+    if (fill == NULL) {
+        index_release(ix);
+        return PyErr_NoMemory();
+    }
+    memcpy(fill, ix->start, (size_t)buckets * sizeof(Py_ssize_t));
+    for (Py_ssize_t p = 0; p < pairs; p++) {
+        Py_UCS4 a = PyUnicode_READ(kind, data, p), b = PyUnicode_READ(kind, data, p + 1);
+        ix->pos[fill[pair_bucket(a, b, ix->mask)]++] = p;
+    }
+    PyMem_Free(fill);
+    Py_INCREF(text);
+    ix->text = text;
+    PyObject *capsule = PyCapsule_New(ix, INDEX_CAPSULE, index_free);
+    if (capsule == NULL)
+        index_release(ix);
+    return capsule;
+}
+
+/* Whether needle (of a kind no wider than the text's) is text[s : s + m]. */
+static inline int same_at(int kind, const void *data, Py_ssize_t s, int nkind,
+                          const void *ndata, Py_ssize_t m) {
+    if (kind == nkind)
+        return memcmp((const char *)data + s * kind, ndata, (size_t)(m * kind)) == 0;
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (PyUnicode_READ(kind, data, s + j) != PyUnicode_READ(nkind, ndata, j))
+            return 0;
+    return 1;
+}
+
+/* `needle in text` by str.find's search. */
+static PyObject *found_by_search(PyObject *text, PyObject *needle) {
+    Py_ssize_t at = PyUnicode_Find(text, needle, 0, PyUnicode_GET_LENGTH(text), 1);
+    return at == -2 ? NULL : PyBool_FromLong(at >= 0);
+}
+
+static PyObject *occurs(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "occurs() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    text_index_t *ix = PyCapsule_GetPointer(args[0], INDEX_CAPSULE);
+    if (ix == NULL)
+        return NULL;
+    PyObject *needle = args[1];
+    if (!PyUnicode_Check(needle)) {
+        PyErr_Format(PyExc_TypeError, "'in <string>' requires string as left operand, not %.100s",
+                     Py_TYPE(needle)->tp_name);
+        return NULL;
+    }
+    PyObject *text = ix->text;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), m = PyUnicode_GET_LENGTH(needle);
+    int kind = PyUnicode_KIND(text), nkind = PyUnicode_KIND(needle);
+    if (m > n || nkind > kind)
+        Py_RETURN_FALSE;
+    if (m < 2) {
+        return found_by_search(text, needle);
+    }
+    const void *data = PyUnicode_DATA(text), *ndata = PyUnicode_DATA(needle);
+    Py_ssize_t best = 0, best_count = PY_SSIZE_T_MAX, best_bucket = 0;
+    for (Py_ssize_t j = 0; j + 1 < m; j++) {
+        Py_ssize_t h = pair_bucket(PyUnicode_READ(nkind, ndata, j),
+                                   PyUnicode_READ(nkind, ndata, j + 1), ix->mask);
+        Py_ssize_t count = ix->start[h + 1] - ix->start[h];
+        if (count < best_count) {
+            best = j, best_count = count, best_bucket = h;
+            if (count == 0)
+                Py_RETURN_FALSE;
+        }
+    }
+    if (best_count > 8 && best_count > n / m) { /* comparing there costs more than a search */
+        return found_by_search(text, needle);
+    }
+    const Py_ssize_t *p = ix->pos + ix->start[best_bucket], *end = p + best_count;
+    for (; p < end; p++) {
+        Py_ssize_t s = *p - best;
+        if (s < 0)
+            continue;
+        if (s + m > n)
+            break; /* positions ascend */
+        if (same_at(kind, data, s, nkind, ndata, m))
+            Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -1077,6 +1230,10 @@ static PyMethodDef methods[] = {
      "quote_into(quoted, matches) -> None: facts._quote_into."},
     {"line_hits", (PyCFunction)(void (*)(void))line_hits, METH_FASTCALL,
      "line_hits(pieces, terms, weights) -> (scores, first_hit): relevance.line_hits's finds."},
+    {"text_index", text_index, METH_O,
+     "text_index(text) -> index: text indexed for occurs (the index holds the text)."},
+    {"occurs", (PyCFunction)(void (*)(void))occurs, METH_FASTCALL,
+     "occurs(index, needle) -> bool: needle in text, for the text of text_index(text)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from proxy.providers.base import CompressionConfig, Message
@@ -27,6 +27,7 @@ from proxy.providers.facts import (
     analyze,
     candidates_of,
     facts_within,
+    occurs_in,
     pack_salient,
     parse_json,
     scan_spans,
@@ -238,6 +239,7 @@ class Forms:
     """Messages every rung keeps as they are (system/developer, the last user message, the
     final ones): a stub does not list their facts again."""
     _known: str | None = None
+    _known_test: Callable[[str], bool] | None = None
     _leads: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     _shown: dict[str, bool] = field(default_factory=dict)
     """Per fact, whether `_shown_text` holds it (facts repeat from message to message)."""
@@ -627,12 +629,12 @@ class Forms:
             found = candidates_of(self._analysis(self._fact_text(i)))
             if self.shown:
                 # `_is_shown` inlined: a long history has tens of thousands of candidates.
-                shown, text = self._shown, self._shown_text()
+                shown, occurs = self._shown, self._shown_test()
                 kept = []
                 for c in found:
                     hit = shown.get(c[1])
                     if hit is None:
-                        hit = shown[c[1]] = c[1] in text
+                        hit = shown[c[1]] = occurs(c[1])
                     if not hit:
                         kept.append(c)
                 found = kept
@@ -651,12 +653,12 @@ class Forms:
             found = self._leads[i] = []
         if found is None:
             text = self._fact_text(i)
-            known = self._shown_text() if self.shown else ""
+            known = self._shown_test() if self.shown else "".__contains__
             words = dict.fromkeys(
                 w
                 for start, end in scan_spans(text, SCAN_CHARS, " \n")
                 for w in _LEAD_WORD.findall(text, start, end)
-                if len(w) >= _MIN_LEAD and w not in _STARTERS and w not in known
+                if len(w) >= _MIN_LEAD and w not in _STARTERS and not known(w)
             )
             found = self._leads[i] = [(_LEAD_RANK, w) for w in words]
         return found
@@ -666,6 +668,12 @@ class Forms:
         if self._known is None:
             self._known = "\n".join(self._fact_text(i) for i in sorted(self.shown))
         return self._known
+
+    def _shown_test(self) -> Callable[[str], bool]:
+        """Whether a str occurs in `_shown_text` (`in`, with the text indexed once)."""
+        if self._known_test is None:
+            self._known_test = occurs_in(self._shown_text())
+        return self._known_test
 
     def _stub_read(self, start: int, end: int, cap: int) -> list[int]:
         """The messages of start .. end-1 whose fact candidates a stub chooses from, in order:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
@@ -41,6 +41,21 @@ def native(name: str, *specs: tuple[str, str]) -> Any:
     if _factscan is None or not all(getattr(_factscan, c, None) == p for p, c in specs):
         return None
     return getattr(_factscan, name, None)
+
+
+# `needle in text` for many needles at C speed: the text indexed once by its character pairs
+# (tests/providers/test_factscan.py: the same answers as `in`, for any str kinds).
+NATIVE_TEXT_INDEX = native("text_index")
+NATIVE_OCCURS = native("occurs")
+
+
+def occurs_in(text: str) -> Callable[[str], bool]:
+    """Whether a str occurs in text (`text.__contains__`, its Python reference), for asking
+    of many strs: a stub's hundreds of candidate facts, against the text every rung keeps."""
+    if NATIVE_TEXT_INDEX is None or NATIVE_OCCURS is None:
+        return text.__contains__
+    found: Callable[[str], bool] = partial(NATIVE_OCCURS, NATIVE_TEXT_INDEX(text))
+    return found
 
 
 _PUNCT_EDGES = ".:,-+%~"

@@ -255,3 +255,79 @@ def test_native_names_of_long_hyphen_chains() -> None:
     for tail in ("", "1", "\u00f7", " Abc", "'s Xy", "-"):
         for text in ("a Ab" + "-cd" * 50_000 + tail, "a Ab" + "Cd" * 50_000 + tail):
             assert _factscan.names(text) == facts._NAME.findall(text)  # no recursion per part
+
+
+# Widths 1, 2 and 4 (and repeats, so that some needles' rarest pair is common and the search
+# falls back to str.find): `occurs` must answer `in` for every mix of str kinds.
+_OCCUR_PIECES = [
+    "a", "b", "ab", "aab", "ba", "é", "ÿ", "\x00", "Ā", "€", "\uffff", "\U0001f600", "\U0001d7d8",
+    "\U0010ffff", "\n", " ", "aé", "a€", "a\U0001f600",
+]  # fmt: skip
+
+
+def _occur_texts(max_size: int) -> st.SearchStrategy[str]:
+    return st.lists(st.sampled_from(_OCCUR_PIECES), max_size=max_size).map("".join)
+
+
+@st.composite
+def _text_and_needles(draw: st.DrawFn) -> tuple[str, list[str]]:
+    text = draw(_occur_texts(80) | st.text(max_size=120))
+    cuts = draw(st.lists(st.tuples(st.integers(-5, 125), st.integers(-5, 125)), max_size=20))
+    needles = [text[a:b] for a, b in cuts]  # slices of it: many occur
+    needles += draw(st.lists(_occur_texts(8) | st.text(max_size=6), max_size=20))
+    needles.append(text + draw(st.sampled_from(["", "a", "\U0001f600"])))  # as long or longer
+    return text, needles
+
+
+@settings(max_examples=3000, deadline=None)
+@given(_text_and_needles())
+def test_native_occurs_is_in(case: tuple[str, list[str]]) -> None:
+    _native()
+    text, needles = case
+    occurs = facts.occurs_in(text)
+    index = _factscan.text_index(text)
+    for needle in needles:
+        assert occurs(needle) is (needle in text), (text, needle)
+        assert _factscan.occurs(index, needle) is (needle in text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=300), st.lists(st.text(max_size=10), max_size=30))
+def test_native_occurs_on_any_text(text: str, needles: list[str]) -> None:
+    _native()
+    occurs = facts.occurs_in(text)
+    for needle in [*needles, "", text, text[1:], text[:-1], text[1:-1], text + "x"]:
+        assert occurs(needle) is (needle in text)
+
+
+def test_native_occurs_of_long_repeats_and_bad_arguments() -> None:
+    _native()
+    assert facts.NATIVE_TEXT_INDEX is _factscan.text_index
+    assert facts.NATIVE_OCCURS is _factscan.occurs
+    for text in ("a" * 5000 + "b", "ab" * 3000 + "\U0001f600", "é" * 4000 + "a", ""):
+        occurs = facts.occurs_in(text)
+        for needle in ("a" * 40 + "b", "a" * 5001, "ab" * 60, "b", "ba", "éa", "\U0001f600", ""):
+            assert occurs(needle) is (needle in text)
+    occurs = facts.occurs_in("some text")
+
+    class Sub(str):
+        pass
+
+    assert occurs(Sub("me te"))
+    assert not occurs(Sub("met"))
+    with pytest.raises(TypeError):
+        occurs(1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _factscan.text_index(b"x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="PyCapsule"):
+        _factscan.occurs("not an index", "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _factscan.occurs(_factscan.text_index("x"))  # type: ignore[call-arg]
+
+
+def test_python_occurs_is_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(facts, "NATIVE_TEXT_INDEX", None)  # as if built without a compiler
+    occurs = facts.occurs_in("some text")
+    assert occurs("me te")
+    assert occurs("")
+    assert not occurs("met")
