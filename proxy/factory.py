@@ -6,7 +6,7 @@ import os
 
 from proxy.app import CompactdApp, create_app
 from proxy.config import load_settings
-from proxy.logs import configure_logging
+from proxy.logs import configure_logging, mute_uvicorn_access
 
 
 def app_from_env() -> CompactdApp:
@@ -15,4 +15,5 @@ def app_from_env() -> CompactdApp:
     settings = load_settings(path)
     # Workers are fresh processes: their logging must be JSON and redacting too.
     configure_logging(settings.server.log_level)
+    mute_uvicorn_access()  # the CLI runs uvicorn with access_log=False; keep it so
     return create_app(settings)

@@ -189,6 +189,19 @@ def configure_logging(level: str = "info", stream: TextIO | None = None) -> None
                     other.addFilter(redacting)
 
 
+def mute_uvicorn_access() -> None:
+    """Turn uvicorn's own per-request line off again, as `access_log=False` asks.
+
+    uvicorn does this (no handlers, no propagation) before it loads the app; a worker then
+    builds the app through the factory, whose `configure_logging` adopts `uvicorn.access` into
+    the root handler again. Every request of every worker would then write a second line,
+    `uvicorn.access`, besides ours (measured: ~13 % more CPU per request with two workers)."""
+    access = logging.getLogger("uvicorn.access")
+    for own in list(access.handlers):
+        access.removeHandler(own)
+    access.propagate = False
+
+
 def request_log(
     *,
     request_id: str,

@@ -251,6 +251,19 @@ def test_workers_adds_a_multi_worker_copy_of_each_chosen_naive_target_as_the_con
     assert [t.name for t in run.choose_targets("compactd-aiohttp", "1", [])] == ["compactd-aiohttp"]
 
 
+def test_a_variant_runs_with_each_worker_count_too(tmp_path: Path) -> None:
+    import run
+
+    chosen = run.choose_targets("compactd-aiohttp", "1,2", [f"compactd-x={tmp_path}"])
+    got = [(t.name, t.pythonpath, t.workers) for t in chosen]
+    assert got == [
+        ("compactd-aiohttp", "", 1),
+        ("compactd-aiohttp-w2", "", 2),
+        ("compactd-x", str(tmp_path.resolve()), 1),
+        ("compactd-x-w2", str(tmp_path.resolve()), 2),
+    ]
+
+
 def test_a_multi_worker_naive_target_runs_its_workers_on_every_core(tmp_path: Path) -> None:
     import run
 

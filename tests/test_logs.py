@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
+import uvicorn
 
+from proxy.factory import app_from_env
 from proxy.logs import (
     ADOPTED_LOGGERS,
     REQUEST_LOGGER,
@@ -204,3 +207,19 @@ def test_handler_added_after_configuration_sees_masked_message(out: io.StringIO)
     logging.getLogger("compactd").warning("calling with ?key=%s", GEMINI_KEY)
     assert GEMINI_KEY not in late.getvalue()
     assert "?key=***" in late.getvalue()
+
+
+def test_a_worker_the_factory_builds_writes_no_uvicorn_access_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`serve --workers N`: uvicorn mutes its access logger (`access_log=False`) before each
+    worker loads the app; building the app must not adopt it again, or every request of every
+    worker would write a second line."""
+    monkeypatch.delenv("COMPACTD_CONFIG_FILE", raising=False)
+    monkeypatch.setenv("COMPACTD_DATA_DIR", str(tmp_path))
+    uvicorn.Config(
+        "proxy.factory:app_from_env", access_log=False, log_config=None
+    ).configure_logging()
+    app_from_env()
+    assert not logging.getLogger("uvicorn.access").hasHandlers()
+    assert logging.getLogger(REQUEST_LOGGER).hasHandlers()  # our own line still goes out

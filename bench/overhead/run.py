@@ -83,15 +83,18 @@ def scenarios(seconds: float, requests: int) -> list[Scenario]:
 def choose_targets(only: str, workers: str, variants: list[str]) -> list[Target]:
     """The targets of a run: those named in `only` (all when empty); for each worker count
     above one in `workers`, compactd-aiohttp with that many workers and, as the control, the
-    same count of each chosen naive pass-through; then each `NAME=DIR` variant."""
+    same count of each chosen naive pass-through; then each `NAME=DIR` variant, with the same
+    multi-worker copies (an A/B of what a change does to two workers)."""
     chosen = [t for t in TARGETS if not only or t.name in only.split(",")]
     naive = [t for t in chosen if t.kind == "naive"]
     for n in (int(w) for w in workers.split(",") if w.strip() and int(w) > 1):
         chosen.append(Target(f"compactd-aiohttp-w{n}", "compactd", "aiohttp", workers=n))
         chosen += [dataclasses.replace(t, name=f"{t.name}-w{n}", workers=n) for t in naive]
+    counts = [int(w) for w in workers.split(",") if w.strip() and int(w) > 1]
     for variant in variants:
         name, _, path = variant.partition("=")
-        chosen.append(Target(name, "compactd", "aiohttp", str(Path(path).resolve())))
+        v = Target(name, "compactd", "aiohttp", str(Path(path).resolve()))
+        chosen += [v, *(dataclasses.replace(v, name=f"{name}-w{n}", workers=n) for n in counts)]
     return chosen
 
 
