@@ -1073,11 +1073,13 @@ done:
 
 static const char INDEX_CAPSULE[] = "proxy.providers._factscan.text_index";
 
+typedef uint32_t ix_pos; /* a text of 2**32 characters or more is not indexed (searched) */
+
 typedef struct {
-    PyObject *text;     /* a strong reference: the index reads its data */
-    Py_ssize_t mask;    /* buckets - 1 (a power of two) */
-    Py_ssize_t *start;  /* buckets + 1 offsets into pos */
-    Py_ssize_t *pos;    /* the starts of the text's pairs, grouped by bucket */
+    PyObject *text;  /* a strong reference: the index reads its data */
+    Py_ssize_t mask; /* buckets - 1 (a power of two) */
+    ix_pos *start;   /* buckets + 1 offsets into pos; NULL: not indexed */
+    ix_pos *pos;     /* the starts of the text's pairs, grouped by bucket, ascending in each */
 } text_index_t;
 
 static inline Py_ssize_t pair_bucket(Py_UCS4 a, Py_UCS4 b, Py_ssize_t mask) {
@@ -1097,49 +1099,59 @@ static void index_free(PyObject *capsule) {
         index_release(ix);
 }
 
-static PyObject *text_index(PyObject *module, PyObject *text) {
-    if (!PyUnicode_Check(text)) {
-        PyErr_Format(PyExc_TypeError, "text_index() argument must be str, not %.200s",
-                     Py_TYPE(text)->tp_name);
-        return NULL;
-    }
-    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    Py_ssize_t pairs = n > 1 ? n - 1 : 0;
-    Py_ssize_t buckets = 64;
-    while (buckets < pairs && buckets < ((Py_ssize_t)1 << 20))
-        buckets <<= 1;
-    text_index_t *ix = PyMem_Calloc(1, sizeof(text_index_t));
-    if (ix == NULL)
-        return PyErr_NoMemory();
-    ix->mask = buckets - 1;
-    ix->start = PyMem_Calloc((size_t)buckets + 1, sizeof(Py_ssize_t));
-    ix->pos = PyMem_Malloc((size_t)(pairs ? pairs : 1) * sizeof(Py_ssize_t));
-    if (ix->start == NULL || ix->pos == NULL) {
-        index_release(ix);
-        return PyErr_NoMemory();
-    }
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
-    /* A counting sort: counts per bucket, their running sums, then each pair in order. */
+/* A counting sort of the text's pairs into buckets (touches only the immutable text and the
+   index's own memory: run without the GIL for a long text). */
+static void sort_pairs(text_index_t *ix, ix_pos *fill, Py_ssize_t buckets, Py_ssize_t pairs) {
+    int kind = PyUnicode_KIND(ix->text);
+    const void *data = PyUnicode_DATA(ix->text);
     for (Py_ssize_t p = 0; p < pairs; p++) {
         Py_UCS4 a = PyUnicode_READ(kind, data, p), b = PyUnicode_READ(kind, data, p + 1);
         ix->start[pair_bucket(a, b, ix->mask) + 1]++;
     }
     for (Py_ssize_t h = 0; h < buckets; h++)
         ix->start[h + 1] += ix->start[h];
-    Py_ssize_t *fill = PyMem_Malloc((size_t)buckets * sizeof(Py_ssize_t));
-    if (fill == NULL) {
-        index_release(ix);
-        return PyErr_NoMemory();
-    }
-    memcpy(fill, ix->start, (size_t)buckets * sizeof(Py_ssize_t));
+    memcpy(fill, ix->start, (size_t)buckets * sizeof(ix_pos));
     for (Py_ssize_t p = 0; p < pairs; p++) {
         Py_UCS4 a = PyUnicode_READ(kind, data, p), b = PyUnicode_READ(kind, data, p + 1);
-        ix->pos[fill[pair_bucket(a, b, ix->mask)]++] = p;
+        ix->pos[fill[pair_bucket(a, b, ix->mask)]++] = (ix_pos)p;
     }
-    PyMem_Free(fill);
+}
+
+static PyObject *text_index(PyObject *module, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_Format(PyExc_TypeError, "text_index() argument must be str, not %.200s",
+                     Py_TYPE(text)->tp_name);
+        return NULL;
+    }
+    text_index_t *ix = PyMem_Calloc(1, sizeof(text_index_t));
+    if (ix == NULL)
+        return PyErr_NoMemory();
     Py_INCREF(text);
     ix->text = text;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    Py_ssize_t pairs = n > 1 ? n - 1 : 0;
+    Py_ssize_t buckets = 64; /* about two pairs a bucket, at most 65536 buckets */
+    while (buckets * 2 < pairs && buckets < ((Py_ssize_t)1 << 16))
+        buckets <<= 1;
+    ix->mask = buckets - 1;
+    if ((uint64_t)n < ((uint64_t)1 << 32)) {
+        ix->start = PyMem_Calloc((size_t)buckets + 1, sizeof(ix_pos));
+        ix->pos = PyMem_Malloc((size_t)(pairs ? pairs : 1) * sizeof(ix_pos));
+        ix_pos *fill = PyMem_Malloc((size_t)buckets * sizeof(ix_pos));
+        if (ix->start == NULL || ix->pos == NULL || fill == NULL) {
+            PyMem_Free(fill);
+            index_release(ix);
+            return PyErr_NoMemory();
+        }
+        if (pairs >= (1 << 16)) {
+            Py_BEGIN_ALLOW_THREADS
+            sort_pairs(ix, fill, buckets, pairs);
+            Py_END_ALLOW_THREADS
+        } else {
+            sort_pairs(ix, fill, buckets, pairs);
+        }
+        PyMem_Free(fill);
+    }
     PyObject *capsule = PyCapsule_New(ix, INDEX_CAPSULE, index_free);
     if (capsule == NULL)
         index_release(ix);
@@ -1182,7 +1194,7 @@ static PyObject *occurs(PyObject *module, PyObject *const *args, Py_ssize_t narg
     int kind = PyUnicode_KIND(text), nkind = PyUnicode_KIND(needle);
     if (m > n || nkind > kind)
         Py_RETURN_FALSE;
-    if (m < 2) {
+    if (m < 2 || ix->start == NULL) {
         return found_by_search(text, needle);
     }
     const void *data = PyUnicode_DATA(text), *ndata = PyUnicode_DATA(needle);
@@ -1200,9 +1212,9 @@ static PyObject *occurs(PyObject *module, PyObject *const *args, Py_ssize_t narg
     if (best_count > 8 && best_count > n / m) { /* comparing there costs more than a search */
         return found_by_search(text, needle);
     }
-    const Py_ssize_t *p = ix->pos + ix->start[best_bucket], *end = p + best_count;
+    const ix_pos *p = ix->pos + ix->start[best_bucket], *end = p + best_count;
     for (; p < end; p++) {
-        Py_ssize_t s = *p - best;
+        Py_ssize_t s = (Py_ssize_t)*p - best;
         if (s < 0)
             continue;
         if (s + m > n)

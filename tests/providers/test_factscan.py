@@ -304,9 +304,12 @@ def test_native_occurs_of_long_repeats_and_bad_arguments() -> None:
     _native()
     assert facts.NATIVE_TEXT_INDEX is _factscan.text_index
     assert facts.NATIVE_OCCURS is _factscan.occurs
-    for text in ("a" * 5000 + "b", "ab" * 3000 + "\U0001f600", "é" * 4000 + "a", ""):
+    long = "".join(f"line {i}: é\U0001f600 x_{i * 7}\n" for i in range(5000))  # indexed sans GIL
+    for text in ("a" * 5000 + "b", "ab" * 3000 + "\U0001f600", "é" * 4000 + "a", "", long):
         occurs = facts.occurs_in(text)
         for needle in ("a" * 40 + "b", "a" * 5001, "ab" * 60, "b", "ba", "éa", "\U0001f600", ""):
+            assert occurs(needle) is (needle in text)
+        for needle in ("x_34993\n", "x_34994", "4999: é\U0001f600", "\nline 0", long[-30:]):
             assert occurs(needle) is (needle in text)
     occurs = facts.occurs_in("some text")
 
