@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
-from bench.session import AIDER, Corpus, Session, load_corpora, replay, with_budgets
+from bench.session import Corpus, Session, replay
 from bench.session_replay import TimedStore, TurnLog, message_spans
 from proxy.store.sqlite import SqliteStore
 
@@ -83,10 +81,24 @@ async def test_replay_compacts_and_keeps_the_prefix_between_compactions() -> Non
     assert {op["op"] for op in ops} >= {"find_checkpoint", "save_compaction"}
 
 
-@pytest.mark.corpus
-async def test_tokens_after_header_matches_the_forwarded_body_on_a_real_aider_session() -> None:
-    assert AIDER.exists(), f"corpus missing: {AIDER}"
-    corpus = with_budgets(load_corpora(5, 4), 0.4, 0, "compressible")[1]
-    corpus.sessions = [s for s in corpus.sessions if s.id == "aider-0011"]
-    row, _ = await replay(corpus, "sqlite", "corpus", False, print)
+def _console_session() -> Session:
+    """An aider-like session (console output sent as user messages, fenced code, edits)."""
+    messages: list[dict[str, object]] = [{"role": "system", "content": "Act as a coder."}]
+    for i in range(10):
+        console = "\n".join(
+            f"src/app_{i}.py:{n}: E501 line too long ({80 + n} > 79)" for n in range(30)
+        )
+        messages.append({"role": "user", "content": f"I ran `ruff check`:\n```\n{console}\n```"})
+        code = "\n".join(f"    value_{n} = compute({n}, {i})" for n in range(25))
+        messages.append(
+            {"role": "assistant", "content": f"src/app_{i}.py\n```python\ndef f():\n{code}\n```"}
+        )
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    return Session("console", "c0", messages, None, turns, budget=1500)
+
+
+async def test_tokens_after_header_matches_the_forwarded_body_of_a_console_session() -> None:
+    row, _ = await replay(Corpus("console", [_console_session()]), "sqlite", "corpus", False, print)
+    assert row["errors"] == 0
+    assert row["actions"].get("compacted", 0) >= 1
     assert row["miscounted_at"] == []
