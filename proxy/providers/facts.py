@@ -31,7 +31,6 @@ try:
     from proxy.providers import _factscan
 except ImportError:  # built without a compiler: the pure-Python scan
     _factscan = None  # type: ignore[assignment]
-NATIVE_SCAN = _factscan.fact_matches if _factscan and _FACT.pattern == _factscan.PATTERN else None
 
 
 def native(name: str, *specs: tuple[str, str]) -> Any:
@@ -41,6 +40,9 @@ def native(name: str, *specs: tuple[str, str]) -> Any:
     if _factscan is None or not all(getattr(_factscan, c, None) == p for p, c in specs):
         return None
     return getattr(_factscan, name, None)
+
+
+NATIVE_SCAN: Callable[[str], list[str]] | None = native("fact_matches", (_FACT.pattern, "PATTERN"))
 
 
 # `needle in text` for many needles at C speed: the text indexed once by its character pairs
