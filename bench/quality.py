@@ -335,6 +335,67 @@ def can_fit(case: Case, count: Callable[[Sequence[Message]], int], budget: int) 
     return count(kept) + marker <= budget
 
 
+@dataclass
+class Bound:
+    """What keeping whole messages verbatim could keep of one case's probes at one budget."""
+
+    greedy: int
+    """Probes kept by a greedy pick (most new probes per token first): reachable."""
+    most: int
+    """An upper bound for any verbatim pick (fractional knapsack, overlaps counted twice)."""
+
+
+def verbatim_bound(
+    case: Case,
+    count: Callable[[Sequence[Message]], int],
+    count_message: Callable[..., int],
+    budget: int,
+) -> Bound:
+    """A feasibility bound, not a provider: it knows the probes, which no compaction does.
+
+    The units holding a hard-protected message stay whole, plus one reference marker if anything
+    goes; every other unit (a user message, or an assistant message with its tool results) is
+    kept verbatim or dropped. `greedy` keeps, while they fit, the units with the most probes not
+    yet kept per token; `most` is the fractional-knapsack optimum of probes per unit, which no
+    whole-unit pick can beat. A compaction that condenses (a facts line, a head-and-tail cut) can
+    keep more than `most`: this bounds keeping messages, not compaction."""
+    facts = set(case.facts)
+    keep = hard_protected(case.messages)
+    base: list[Message] = []
+    items: list[tuple[int, set[str]]] = []
+    for unit in split_units(case.messages):
+        run = [case.messages[i] for i in unit.indices()]
+        if any(i in keep for i in unit.indices()):
+            base += run
+            continue
+        text = searchable(run)
+        items.append((sum(count_message(m) for m in run), {f for f in facts if f in text}))
+    room = budget - count(base) - (MARKER_TOKENS if items else 0)
+    if room < 0:
+        return Bound(0, 0)
+    kept: set[str] = set()
+    left, pool = room, [it for it in items if it[1]]
+    while pool:
+        best = max(
+            (it for it in pool if it[0] <= left and it[1] - kept),
+            key=lambda it: len(it[1] - kept) / max(it[0], 1),
+            default=None,
+        )
+        if best is None:
+            break
+        kept |= best[1]
+        left -= best[0]
+        pool.remove(best)
+    most, left_f = 0.0, float(room)
+    for cost, found in sorted(items, key=lambda it: -len(it[1]) / max(it[0], 1)):
+        if not found or left_f <= 0:
+            break
+        take = min(1.0, left_f / max(cost, 1))
+        most += take * len(found)
+        left_f -= take * cost
+    return Bound(len(kept), min(len(facts), int(most)))
+
+
 def valid(
     case: Case, result: CompactionResult, config: CompressionConfig, baseline: bool
 ) -> list[str]:
@@ -418,6 +479,40 @@ def table(rows: dict[tuple[str, float, str], Row]) -> str:
         lines.append(
             f"| {corpus} | {fraction:.0%} | {name} | {used} | {fit} | {pct(r.valid)} "
             f"| {dev} | {held} | {ms[len(ms) // 2]:.2f} | {ms[int(len(ms) * 0.95)]:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def bound_table(cases: list[Case], api: str = "chat") -> str:
+    """Per corpus, budget and split: probes, and how many of them keeping whole messages
+    verbatim could keep (`verbatim_bound`: reachable greedy pick, upper bound). A bound that
+    knows the probes, printed apart from the providers so it is never read as one."""
+    counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
+    per_message = quality_apis.counting(api, counter)
+    sums: dict[tuple[str, float, str], list[int]] = {}
+    for case in cases:
+
+        def count(ms: Sequence[Message], case: Case = case) -> int:
+            return per_message.count_messages(list(ms)) + counter.count_tools({"tools": case.tools})
+
+        total = count(case.messages)
+        for fraction in BUDGETS:
+            b = verbatim_bound(case, count, per_message.count_message, int(total * fraction))
+            acc = sums.setdefault((case.corpus, fraction, case.split), [0, 0, 0])
+            acc[0] += len(case.facts)
+            acc[1] += b.greedy
+            acc[2] += b.most
+    lines = [
+        "Feasibility bound (not a provider; it knows the probes): whole messages kept verbatim",
+        "| corpus | budget | split | probes | greedy pick keeps | no verbatim pick keeps more |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for (corpus, fraction, split), (n, greedy, most) in sorted(
+        sums.items(), key=lambda kv: (CORPUS_NAMES.index(kv[0][0]), -kv[0][1], kv[0][2])
+    ):
+        lines.append(
+            f"| {corpus} | {fraction:.0%} | {split} | {n} | {greedy} ({share(greedy, n)}) "
+            f"| {most} ({share(most, n)}) |"
         )
     return "\n".join(lines)
 
@@ -602,6 +697,9 @@ def main() -> None:
     parser.add_argument("--big-only", action="store_true", help="only the 100k-token timing")
     parser.add_argument("--no-big", action="store_true", help="skip the 100k-token timing")
     parser.add_argument(
+        "--bound", action="store_true", help="also print the verbatim feasibility bound"
+    )
+    parser.add_argument(
         "--api", choices=("chat", "responses", "messages"), default="chat", help="request shape"
     )
     args = parser.parse_args()
@@ -614,6 +712,9 @@ def main() -> None:
     rows = asyncio.run(run(cases, provs, args.api))
     print(table(rows))
     print()
+    if args.bound:
+        print(bound_table(cases, args.api))
+        print()
     for (corpus, fraction, name), r in rows.items():
         for p in r.problems[:3]:
             print(f"invalid {corpus} {fraction:.0%} {name}: {p}")

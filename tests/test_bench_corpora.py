@@ -5,7 +5,16 @@ from __future__ import annotations
 import json
 
 from bench.corpora import agent_messages, patch_answers, split_of
-from bench.quality import Case, answer_items, can_fit, probes, specific_items
+from bench.quality import (
+    MARKER_TOKENS,
+    Bound,
+    Case,
+    answer_items,
+    can_fit,
+    probes,
+    specific_items,
+    verbatim_bound,
+)
 from proxy.providers.validate import pairing_problems
 
 PATCH = """diff --git a/pkg/mod.py b/pkg/mod.py
@@ -121,3 +130,31 @@ def test_a_feasible_request_has_room_for_the_calls_its_final_results_answer() ->
     # The call stays (its result may only be cut), the text of its message need not.
     assert not can_fit(case, count, calls)
     assert can_fit(case, count, calls + 40)
+
+
+def test_the_verbatim_bound_keeps_the_densest_messages_and_bounds_every_whole_pick() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "Alice lives in Oslo " + "pad " * 40},
+        {"role": "assistant", "content": "Noted Alice."},
+        {"role": "user", "content": "Bob moved " + "pad " * 200},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "where does she live?"},
+    ]
+    case = Case("t", "id", messages, None, ["Alice", "Oslo", "Bob"])
+
+    def one(m: object) -> int:
+        return len(json.dumps(m)) // 4
+
+    def count(ms: object) -> int:
+        return sum(one(m) for m in ms)  # type: ignore[attr-defined]
+
+    base = count([messages[0], messages[5]]) + MARKER_TOKENS
+    # Room for the short message naming Alice and the 40-pad one holding Alice and Oslo: the
+    # pick keeps both names; the bound counts Alice twice (it never says less than a pick).
+    bound = verbatim_bound(case, count, one, base + one(messages[1]) + one(messages[2]))
+    assert (bound.greedy, bound.most) == (2, 3)
+    # Nothing fits besides what must stay: nothing is kept, and no pick could keep any.
+    assert verbatim_bound(case, count, one, base - 1) == Bound(0, 0)
+    everything = verbatim_bound(case, count, one, count(messages) + MARKER_TOKENS)
+    assert (everything.greedy, everything.most) == (3, 3)
