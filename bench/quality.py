@@ -353,47 +353,68 @@ def verbatim_bound(
 ) -> Bound:
     """A feasibility bound, not a provider: it knows the probes, which no compaction does.
 
-    The units holding a hard-protected message stay whole, plus one reference marker if anything
-    goes; every other unit (a user message, or an assistant message with its tool results) is
-    kept verbatim or dropped. `greedy` keeps, while they fit, the units with the most probes not
-    yet kept per token; `most` is the fractional-knapsack optimum of probes per unit, which no
+    The units holding a hard-protected message stay whole; every other unit (a user message, or
+    an assistant message with its tool results) is kept verbatim or dropped, each run of dropped
+    units leaving one reference marker (MARKER_TOKENS). `greedy` keeps, while they fit, the units
+    with the most probes not yet kept per token (markers included): a pick that exists. `most`
+    is the fractional-knapsack optimum of probes per unit with one marker in all, which no
     whole-unit pick can beat. A compaction that condenses (a facts line, a head-and-tail cut) can
     keep more than `most`: this bounds keeping messages, not compaction."""
     facts = set(case.facts)
+    if count(case.messages) <= budget:
+        return Bound(len(facts), len(facts))
     keep = hard_protected(case.messages)
     base: list[Message] = []
-    items: list[tuple[int, set[str]]] = []
+    # Per unit: its tokens and probes, None for a unit that stays.
+    items: list[tuple[int, set[str]] | None] = []
     for unit in split_units(case.messages):
         run = [case.messages[i] for i in unit.indices()]
         if any(i in keep for i in unit.indices()):
             base += run
+            items.append(None)
             continue
         text = searchable(run)
         items.append((sum(count_message(m) for m in run), {f for f in facts if f in text}))
-    room = budget - count(base) - (MARKER_TOKENS if items else 0)
-    if room < 0:
+    dropped = [it is not None for it in items]
+    runs = sum(1 for u, d in enumerate(dropped) if d and (u == 0 or not dropped[u - 1]))
+    room = budget - count(base)
+    left = room - MARKER_TOKENS * runs
+    if left < 0:
         return Bound(0, 0)
+
+    def markers(u: int) -> int:
+        """How many more markers keeping dropped unit u leaves (a run split, shortened or gone)."""
+        before = u > 0 and dropped[u - 1]
+        after = u + 1 < len(dropped) and dropped[u + 1]
+        return MARKER_TOKENS * (int(before and after) - int(not before and not after))
+
     kept: set[str] = set()
-    left, pool = room, [it for it in items if it[1]]
-    while pool:
-        best = max(
-            (it for it in pool if it[0] <= left and it[1] - kept),
-            key=lambda it: len(it[1] - kept) / max(it[0], 1),
-            default=None,
-        )
-        if best is None:
+    while True:
+        best, best_gain = -1, 0.0
+        for u, it in enumerate(items):
+            if it is None or not dropped[u] or not it[1] - kept:
+                continue
+            cost = it[0] + markers(u)
+            gain = len(it[1] - kept) / max(cost, 1)
+            if cost <= left and gain > best_gain:
+                best, best_gain = u, gain
+        if best < 0:
             break
-        kept |= best[1]
-        left -= best[0]
-        pool.remove(best)
-    most, left_f = 0.0, float(room)
-    for cost, found in sorted(items, key=lambda it: -len(it[1]) / max(it[0], 1)):
-        if not found or left_f <= 0:
+        found = items[best]
+        assert found is not None
+        left -= found[0] + markers(best)
+        dropped[best] = False
+        kept |= found[1]
+    most, left_f = 0.0, float(room - MARKER_TOKENS)
+    useful = [it for it in items if it and it[1]]
+    useful.sort(key=lambda it: -len(it[1]) / max(it[0], 1))
+    for cost, found in useful:
+        if left_f <= 0:
             break
         take = min(1.0, left_f / max(cost, 1))
         most += take * len(found)
         left_f -= take * cost
-    return Bound(len(kept), min(len(facts), int(most)))
+    return Bound(len(kept), max(len(kept), min(len(facts), int(most))))
 
 
 def valid(

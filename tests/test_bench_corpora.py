@@ -154,6 +154,8 @@ def test_the_verbatim_bound_keeps_the_densest_messages_and_bounds_every_whole_pi
     # pick keeps both names; the bound counts Alice twice (it never says less than a pick).
     bound = verbatim_bound(case, count, one, base + one(messages[1]) + one(messages[2]))
     assert (bound.greedy, bound.most) == (2, 3)
+    # The short message alone would split the dropped run in two: its second marker does not fit.
+    assert verbatim_bound(case, count, one, base + one(messages[2])).greedy == 0
     # Nothing fits besides what must stay: nothing is kept, and no pick could keep any.
     assert verbatim_bound(case, count, one, base - 1) == Bound(0, 0)
     everything = verbatim_bound(case, count, one, count(messages) + MARKER_TOKENS)
