@@ -34,7 +34,13 @@ http {{
     client_body_buffer_size 1m;
     keepalive_requests 10000000;
     keepalive_timeout 300s;
-    sendfile on;
+    # Two fixed files of a few KB: sendfile would send each head and body as two segments
+    # (two wake-ups of the proxy reading them) and every request would open, stat and close
+    # the file twice (the internal redirect); held open and copied, nginx costs ~14 µs of CPU
+    # a request instead of ~30 (wrk straight at it), CPU taken from the core it shares.
+    sendfile off;
+    open_file_cache max=16 inactive=3600s;
+    open_file_cache_valid 3600s;
     tcp_nodelay on;
     etag off;
     server {{
