@@ -8,6 +8,10 @@ counts the bytes and headers of each request head as they arrive and answers an 
 `server.max_headers`). `head_too_large` checks the same limits in the app, for servers other
 than ours.
 
+Each response's head (status line and headers) is held until the body's first bytes are written,
+or the event loop's next turn (`HeadWithBody`): uvicorn writes the two separately, which made two
+sends and two TCP segments of every small answer, and woke the client twice to read one.
+
 `websocket_protocol` is the WebSocket protocol handed to uvicorn: its real implementation (what
 uvicorn's `ws="auto"` picks) is imported when a connection first upgrades, not at start-up, so
 a worker that never relays a WebSocket does not hold the `websockets` package (~2.5 MB).
@@ -82,6 +86,60 @@ class _HeadTooLargeError(Exception):
     """Raised from a parser callback to stop parsing a request head over the limits."""
 
 
+class HeadWithBody:
+    """The transport one request's response is written to: its first write (the response head)
+    is held until the next (the body's first bytes) and both go out in one send, or until the
+    event loop's next turn when no body follows at once (a stream waiting for its first event),
+    so no byte is held longer than the step of the task that wrote it. Everything else is the
+    connection's transport's."""
+
+    __slots__ = ("_handle", "_held", "_loop", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._handle: asyncio.Handle | None = None
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        """Hold the first write; send the held bytes and `data` together with the next."""
+        if not self._started:
+            self._started = True
+            self._held = data
+            self._handle = self._loop.call_soon(self.flush)
+            return
+        if self._held is None:
+            self._transport.write(data)
+            return
+        held, self._held = self._held, None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._transport.writelines((held, data))  # one writev, no copy of a large body
+
+    def flush(self) -> None:
+        """Send the held bytes now (the loop's next turn, or before the connection closes)."""
+        held, self._held = self._held, None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        """Close the connection after what is held."""
+        self.flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        """Whether the connection is closing."""
+        return self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, refusing request heads over `limits` while they arrive.
 
@@ -131,7 +189,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._refused = True
             raise _HeadTooLargeError  # the parser stops; uvicorn calls send_400_response
         self._in_head, self._fed = False, 0
+        cycle = self.cycle
         super().on_headers_complete()
+        if self.cycle is not cycle:  # a request for the app (not an upgrade): its response
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
