@@ -277,7 +277,8 @@ async def main_async(args: argparse.Namespace) -> int:
     print(f"Load generator: {gen}.\n")
     print(target_checks(results))
     if any(t.workers > 1 for t in chosen):
-        for base in ("compactd-aiohttp", *(t.name for t in naive)):
+        variants = [t.name for t in chosen if t.pythonpath and t.workers == 1]
+        for base in ("compactd-aiohttp", *variants, *(t.name for t in naive)):
             if table := workers_table(results, base):
                 print(f"Workers, {base}:\n\n{table}")
     for name, seen in probes.items():
