@@ -301,3 +301,17 @@ def test_cpu_scaling_control_reports_cpu_per_unit_alone_and_both_busy() -> None:
     row = cpuscale.summarise("json", [(1000, 2.0)] * 4, [(900, 2.0)] * 8, 2.0)
     assert row.startswith("| json | 2000.00 (2000.00) | 2222.22 (2222.22) | +11.1 % |")
     assert row.endswith("| 500 | 900 | 1.80x |")
+
+
+def test_a_run_waits_for_the_machine_to_be_quiet_but_not_longer_than_its_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import run
+
+    busy = iter([0.0, 0.5, 0.5, 1.0, 1.0, 1.01])  # 1 core busy, 1 core, then 0.02 cores
+    monkeypatch.setattr(run, "machine_busy_seconds", lambda: next(busy))
+    waited = asyncio.run(run.wait_quiet(0.2, budget=60, window=0.5))
+    assert 1.0 <= waited < 60
+    always = iter(float(i) for i in range(100))  # 2 cores busy throughout
+    monkeypatch.setattr(run, "machine_busy_seconds", lambda: next(always))
+    assert asyncio.run(run.wait_quiet(0.2, budget=0.2, window=0.1)) >= 0.2

@@ -33,6 +33,7 @@ from procs import (
     cores,
     cpu_seconds,
     free_port,
+    machine_busy_seconds,
     niced,
     set_autogroup_nice,
 )
@@ -152,6 +153,22 @@ WRK_SCENARIOS = "bcd"
 latency at concurrency 1, stays with the aiohttp load generator (wrk has no request budget)."""
 
 
+async def wait_quiet(cores: float, budget: float, window: float = 0.5) -> float:
+    """Wait until other work takes under `cores` cores over `window` seconds (the bench's own
+    servers are idle between runs), at most `budget` seconds; the seconds waited.
+
+    On a shared machine another session's busy process on the second core raised a single
+    worker's CPU per request by up to 70 % (0.52 -> 0.88 ms; two workers keep both cores and
+    push it aside), so a run next to one measures that process more than the target."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        busy0 = machine_busy_seconds()
+        await asyncio.sleep(window)
+        if (machine_busy_seconds() - busy0) / window < cores or loop.time() - start >= budget:
+            return loop.time() - start
+
+
 async def interleaved(
     live: dict[str, tuple[str, list[int]]],
     scs: list[Scenario],
@@ -161,11 +178,13 @@ async def interleaved(
     upstream: list[int] | None = None,
     loadgen: str = "aiohttp",
     batch: bool = False,
+    quiet: tuple[float, float] = (0.0, 0.0),
 ) -> dict[str, dict[str, Result]]:
     """Run every scenario against every target, target after target, for `rounds` rounds.
 
     Interleaving spreads other work on a shared machine over all targets alike instead of
     favouring whichever target happened to run in a quiet minute; the start rotates per round.
+    With `quiet` (cores, seconds) each run first waits for the machine to be that quiet.
     """
     names = list(live)
     out: dict[str, dict[str, Result]] = {n: {} for n in names}
@@ -178,8 +197,12 @@ async def interleaved(
             for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
                 url, pids = live[name]
                 cpu = functools.partial(total_cpu, pids) if pids else None
+                waited = await wait_quiet(*quiet) if quiet[0] else 0.0
                 res = await run(url, sc, expected, ref, cpu, up)
-                print(f"   round {rnd + 1} ({sc.name}) {name}: {describe(res)}", file=sys.stderr)
+                note = f" (waited {waited:.0f} s for quiet)" if waited >= 1 else ""
+                print(
+                    f"   round {rnd + 1} ({sc.name}) {name}: {describe(res)}{note}", file=sys.stderr
+                )
                 prev = out[name].get(sc.name)
                 out[name][sc.name] = prev.merged(res) if prev else res
         load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -263,7 +286,10 @@ async def main_async(args: argparse.Namespace) -> int:
             if t.kind == "compactd":
                 got = await probe(live[t.name][0], large_body())
                 probes[t.name] = ", ".join(f"{k}: {v}" for k, v in sorted(got.items()))
-        measured = await interleaved(live, scs, args.rounds, expected, ref, up.pids(), args.loadgen)
+        quiet = (args.quiet, args.quiet_wait)
+        measured = await interleaved(
+            live, scs, args.rounds, expected, ref, up.pids(), args.loadgen, args.batch, quiet
+        )
         results = {t.name: measured.get(t.name) or results.get(t.name, "") for t in chosen}
         if args.profile:
             for name, server in servers.items():
@@ -339,6 +365,16 @@ def main() -> int:
         help="run nginx and wrk SCHED_BATCH: they never preempt a proxy worker on their core",
     )
     parser.add_argument("--nice", type=int, default=0, help="scheduling priority (root: <0)")
+    parser.add_argument(
+        "--quiet",
+        type=float,
+        default=0.0,
+        metavar="CORES",
+        help="before each run wait until other work takes under CORES cores (e.g. 0.2)",
+    )
+    parser.add_argument(
+        "--quiet-wait", type=float, default=60.0, help="most seconds each run waits for --quiet"
+    )
     parser.add_argument("--profile", default="", help="directory for py-spy profiles")
     parser.add_argument("--json", default="", help="also write raw figures to this file")
     args = parser.parse_args()
