@@ -1225,6 +1225,258 @@ static PyObject *occurs(PyObject *module, PyObject *const *args, Py_ssize_t narg
     Py_RETURN_FALSE;
 }
 
+/* salient(groups, max_chars, structural, shapes, fact_shape) -> str: facts.pack_salient once
+   `structural` is known: the unique facts of the groups of (rank, fact) pairs ranked (at most
+   STRUCTURAL_KEEP of each structural shape, at STRUCTURAL_RANK; within a rank, what more of
+   the groups mention first), packed into max_chars like facts.pack_ranked, the facts a longer
+   chosen one contains left out (facts._without_contained), joined by ", ". `shapes` memoizes
+   `fact_shape` (called only when `structural` is not empty), as the Python version does. */
+static const char SALIENT[] = "9,2,3"; /* _STRUCTURAL_RANK, _STRUCTURAL_KEEP, _MENTION_TIERS */
+enum { STRUCTURAL_RANK = 9, STRUCTURAL_KEEP = 2, MENTION_TIERS = 3 };
+
+typedef struct {
+    PyObject *fact; /* borrowed from the groups, which the call holds */
+    long long rank;
+    Py_ssize_t pos;
+    Py_ssize_t mentions;
+} salient_entry;
+
+static salient_entry *salient_entries; /* sorted by salient_order */
+
+static int salient_order(const void *a, const void *b) {
+    const salient_entry *x = &salient_entries[*(const Py_ssize_t *)a];
+    const salient_entry *y = &salient_entries[*(const Py_ssize_t *)b];
+    if (x->rank != y->rank)
+        return x->rank < y->rank ? -1 : 1;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+static int by_position(const void *a, const void *b) {
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int ends_with(PyObject *s, const char *tail) {
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s), k = (Py_ssize_t)strlen(tail);
+    if (n < k)
+        return 0;
+    for (Py_ssize_t j = 0; j < k; j++)
+        if (PyUnicode_READ_CHAR(s, n - k + j) != (Py_UCS4)(unsigned char)tail[j])
+            return 0;
+    return 1;
+}
+
+/* facts._without_contained of `facts` (a list of str): a new list. */
+static PyObject *without_contained(PyObject *facts) {
+    Py_ssize_t n = PyList_GET_SIZE(facts);
+    PyObject *owners = PySet_New(NULL), *longer = PyList_New(0), *out = NULL;
+    if (owners == NULL || longer == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyList_GET_ITEM(facts, i);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(f);
+        if ((PyUnicode_FindChar(f, ' ', 0, len, 1) >= 0 ||
+             PyUnicode_FindChar(f, ',', 0, len, 1) >= 0) &&
+            PyList_Append(longer, f) < 0)
+            goto done;
+        for (int cut = 2; cut >= 1; cut--) {
+            int owner = cut == 2 ? ends_with(f, "'s") || ends_with(f, "es")
+                                 : (ends_with(f, "s") || ends_with(f, "?")) && len > 2;
+            if (!owner)
+                continue;
+            PyObject *stem = PyUnicode_Substring(f, 0, len - cut);
+            int failed = stem == NULL || PySet_Add(owners, stem) < 0;
+            Py_XDECREF(stem);
+            if (failed)
+                goto done;
+        }
+    }
+    if (PyList_GET_SIZE(longer) == 0 && PySet_GET_SIZE(owners) == 0) {
+        out = PyList_GetSlice(facts, 0, n);
+        goto done;
+    }
+    out = PyList_New(0);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyList_GET_ITEM(facts, i);
+        int drop = PySet_Contains(owners, f);
+        for (Py_ssize_t j = 0; drop == 0 && j < PyList_GET_SIZE(longer); j++) {
+            PyObject *g = PyList_GET_ITEM(longer, j);
+            int same = PyUnicode_Compare(f, g);
+            if (same == -1 && PyErr_Occurred())
+                drop = -1;
+            else if (same != 0)
+                drop = PyUnicode_Contains(g, f);
+        }
+        if (drop < 0 || (drop == 0 && PyList_Append(out, f) < 0)) {
+            Py_CLEAR(out);
+            goto done;
+        }
+    }
+done:
+    Py_XDECREF(owners);
+    Py_XDECREF(longer);
+    return out;
+}
+
+static PyObject *salient(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 5 || !PyDict_CheckExact(args[3]) || !PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "salient() wants groups, max_chars, structural, shapes, fact_shape");
+        return NULL;
+    }
+    Py_ssize_t max_chars = PyLong_AsSsize_t(args[1]);
+    if (max_chars == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *structural = args[2], *shapes = args[3], *shape_of = args[4];
+    int any_structural = PyObject_IsTrue(structural);
+    if (any_structural < 0)
+        return NULL;
+    PyObject *groups = PySequence_Fast(args[0], "salient() wants a sequence of groups");
+    if (groups == NULL)
+        return NULL;
+    PyObject *index = PyDict_New(), *kept = PyDict_New(), *held = PyList_New(0);
+    PyObject *chosen = NULL, *result = NULL;
+    salient_entry *entries = NULL;
+    Py_ssize_t *order = NULL, count = 0, size = 0, pos = 0;
+    if (index == NULL || kept == NULL || held == NULL)
+        goto fail;
+    for (Py_ssize_t g = 0; g < PySequence_Fast_GET_SIZE(groups); g++) {
+        PyObject *group = PySequence_Fast(PySequence_Fast_GET_ITEM(groups, g),
+                                          "salient() wants sequences of (rank, fact)");
+        if (group == NULL || PyList_Append(held, group) < 0) {
+            Py_XDECREF(group);
+            goto fail;
+        }
+        Py_DECREF(group); /* `held` keeps it (and its items) alive */
+        for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(group); k++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(group, k);
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+                !PyLong_Check(PyTuple_GET_ITEM(item, 0)) ||
+                !PyUnicode_Check(PyTuple_GET_ITEM(item, 1))) {
+                PyErr_SetString(PyExc_TypeError, "salient() wants (int, str) pairs");
+                goto fail;
+            }
+            PyObject *fact = PyTuple_GET_ITEM(item, 1);
+            pos++;
+            PyObject *at = PyDict_GetItemWithError(index, fact);
+            if (at != NULL) {
+                entries[PyLong_AsSsize_t(at)].mentions++;
+                continue;
+            }
+            if (PyErr_Occurred())
+                goto fail;
+            long long rank = PyLong_AsLongLong(PyTuple_GET_ITEM(item, 0));
+            if (rank == -1 && PyErr_Occurred())
+                goto fail;
+            if (any_structural) {
+                PyObject *shape = PyDict_GetItemWithError(shapes, fact);
+                if (shape == NULL) {
+                    if (PyErr_Occurred())
+                        goto fail;
+                    shape = PyObject_CallOneArg(shape_of, fact);
+                    if (shape == NULL)
+                        goto fail;
+                    int failed = PyDict_SetItem(shapes, fact, shape);
+                    Py_DECREF(shape);
+                    if (failed < 0)
+                        goto fail;
+                    shape = PyDict_GetItemWithError(shapes, fact);
+                    if (shape == NULL)
+                        goto fail;
+                }
+                Py_INCREF(shape);
+                int is = PySequence_Contains(structural, shape);
+                if (is > 0) {
+                    PyObject *had = PyDict_GetItemWithError(kept, shape);
+                    Py_ssize_t times = had == NULL ? 0 : PyLong_AsSsize_t(had);
+                    PyObject *now = NULL;
+                    if ((had == NULL && PyErr_Occurred()) || times == -1 ||
+                        times >= STRUCTURAL_KEEP || (now = PyLong_FromSsize_t(times + 1)) == NULL ||
+                        PyDict_SetItem(kept, shape, now) < 0) {
+                        Py_XDECREF(now);
+                        Py_DECREF(shape);
+                        if (PyErr_Occurred())
+                            goto fail;
+                        continue; /* enough of this shape listed */
+                    }
+                    Py_DECREF(now);
+                    rank = STRUCTURAL_RANK;
+                }
+                Py_DECREF(shape);
+                if (is < 0)
+                    goto fail;
+            }
+            if (count == size) {
+                size = size ? 2 * size : 64;
+                salient_entry *grown = PyMem_Realloc(entries, (size_t)size * sizeof *entries);
+                if (grown == NULL) {
+                    PyErr_NoMemory();
+                    goto fail;
+                }
+                entries = grown;
+            }
+            PyObject *number = PyLong_FromSsize_t(count);
+            int failed = number == NULL || PyDict_SetItem(index, fact, number) < 0;
+            Py_XDECREF(number);
+            if (failed)
+                goto fail;
+            entries[count++] = (salient_entry){fact, rank, pos, 1};
+        }
+    }
+    order = PyMem_Malloc((size_t)(count ? count : 1) * sizeof *order);
+    if (order == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        salient_entry *e = &entries[i];
+        Py_ssize_t m = e->mentions < MENTION_TIERS ? e->mentions : MENTION_TIERS;
+        e->rank = e->rank * MENTION_TIERS + MENTION_TIERS - m;
+        order[i] = i;
+    }
+    salient_entries = entries; /* the GIL is held: no other call sorts meanwhile */
+    qsort(order, (size_t)count, sizeof *order, salient_order);
+    /* facts.pack_ranked with sep ", " */
+    Py_ssize_t used = 0, floor = max_chars - 2, taken = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (used > floor)
+            break;
+        Py_ssize_t cost = PyUnicode_GET_LENGTH(entries[order[i]].fact) + 2;
+        if (used + cost > max_chars)
+            continue;
+        order[taken++] = order[i]; /* entries are numbered in position order */
+        used += cost;
+    }
+    qsort(order, (size_t)taken, sizeof *order, by_position);
+    chosen = PyList_New(taken);
+    if (chosen == NULL)
+        goto fail;
+    for (Py_ssize_t i = 0; i < taken; i++) {
+        PyObject *fact = entries[order[i]].fact;
+        Py_INCREF(fact);
+        PyList_SET_ITEM(chosen, i, fact);
+    }
+    PyObject *listed = without_contained(chosen);
+    if (listed != NULL) {
+        PyObject *sep = PyUnicode_FromString(", ");
+        result = sep == NULL ? NULL : PyUnicode_Join(sep, listed);
+        Py_XDECREF(sep);
+        Py_DECREF(listed);
+    }
+fail:
+    Py_XDECREF(chosen);
+    PyMem_Free(order);
+    PyMem_Free(entries);
+    Py_XDECREF(index);
+    Py_XDECREF(kept);
+    Py_XDECREF(held);
+    Py_DECREF(groups);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -1246,6 +1498,8 @@ static PyMethodDef methods[] = {
      "text_index(text) -> index: text indexed for occurs (the index holds the text)."},
     {"occurs", (PyCFunction)(void (*)(void))occurs, METH_FASTCALL,
      "occurs(index, needle) -> bool: needle in text, for the text of text_index(text)."},
+    {"salient", (PyCFunction)(void (*)(void))salient, METH_FASTCALL,
+     "salient(groups, max_chars, structural, shapes, fact_shape) -> str: facts.pack_salient."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1267,7 +1521,8 @@ PyMODINIT_FUNC PyInit__factscan(void) {
         PyModule_AddStringConstant(m, "PUNCT_EDGES", PUNCT_EDGES) < 0 ||
         PyModule_AddStringConstant(m, "DIGIT", DIGIT_PATTERN) < 0 ||
         PyModule_AddStringConstant(m, "LETTER", LETTER) < 0 ||
-        PyModule_AddStringConstant(m, "MIN_FACT_LEN", MIN_FACT_LEN) < 0) {
+        PyModule_AddStringConstant(m, "MIN_FACT_LEN", MIN_FACT_LEN) < 0 ||
+        PyModule_AddStringConstant(m, "SALIENT", SALIENT) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -705,6 +705,26 @@ def pack_salient(
     memo: dict[str, str] = {} if shapes is None else shapes
     if structural is None:
         structural = structural_shapes([shape_counts(group, memo) for group in groups])
+    if NATIVE_SALIENT is not None:
+        found: str = NATIVE_SALIENT(groups, max_chars, structural, memo, fact_shape)
+        return found
+    return python_salient(groups, max_chars, structural, memo)
+
+
+# `python_salient` at C speed (a stub packs hundreds of candidates), where built.
+NATIVE_SALIENT = native(
+    "salient", (f"{_STRUCTURAL_RANK},{_STRUCTURAL_KEEP},{_MENTION_TIERS}", "SALIENT")
+)
+
+
+def python_salient(
+    groups: Sequence[Sequence[tuple[int, str]]],
+    max_chars: int,
+    structural: frozenset[str],
+    memo: dict[str, str],
+) -> str:
+    """`pack_salient` once `structural` is known, in Python (the reference of the native one);
+    `memo` memoizes `fact_shape`."""
     unique: dict[str, tuple[int, int, str]] = {}
     kept_structural: dict[str, int] = {}
     mentions: dict[str, int] = {}

@@ -334,3 +334,54 @@ def test_python_occurs_is_in(monkeypatch: pytest.MonkeyPatch) -> None:
     assert occurs("me te")
     assert occurs("")
     assert not occurs("met")
+
+
+# Facts a stub packs: repeats, plurals and possessives of each other, ones that hold another
+# (`a b` holds `a`), structural-looking tags (`D1:2`), wide characters.
+_SALIENT_FACTS = [
+    "ab", "abs", "ab?", "ab's", "abes", "a b", "b", "a,b", "D1:1", "D1:2", "D2:10", "d3:4", "x_1",
+    "é9", "s", "es", "'s", "Σ1", "\U0001d7d81", "ab ab", "b,ab", "GPU", "GPUs",
+]  # fmt: skip
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 9), st.sampled_from(_SALIENT_FACTS)), max_size=12),
+        max_size=6,
+    ),
+    st.integers(-3, 60),
+    st.booleans(),
+)
+def test_native_salient_is_python(
+    groups: list[list[tuple[int, str]]], max_chars: int, shaped: bool
+) -> None:
+    _native()
+    assert facts.NATIVE_SALIENT is _factscan.salient
+    memo: dict[str, str] = {}
+    structural = (
+        facts.structural_shapes([facts.shape_counts(g, memo) for g in groups])
+        if not shaped
+        else frozenset({"d0:0", "é0"})  # tags that occur (at most two of each listed)
+    )
+    native_memo, python_memo = dict(memo), dict(memo)
+    native = _factscan.salient(groups, max_chars, structural, native_memo, facts.fact_shape)
+    assert native == facts.python_salient(groups, max_chars, structural, python_memo)
+    assert native_memo == python_memo
+    assert facts.pack_salient(groups, max_chars, structural) == native
+
+
+def test_native_salient_checks_its_arguments() -> None:
+    _native()
+    with pytest.raises(TypeError):
+        _factscan.salient([[(0, 1)]], 10, frozenset(), {}, facts.fact_shape)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _factscan.salient([[("0", "ab")]], 10, frozenset(), {}, facts.fact_shape)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _factscan.salient([[(0, "ab")]], "10", frozenset(), {}, facts.fact_shape)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _factscan.salient(1, 10, frozenset(), {}, facts.fact_shape)  # type: ignore[arg-type]
+    with pytest.raises(ZeroDivisionError):  # what fact_shape raises comes through
+        _factscan.salient([[(0, "D1:1")]], 10, frozenset({"d0:0"}), {}, lambda f: 1 / 0)
+    held = [[(1, "b"), (1, "a b"), (0, "GPUs")], [(1, "b"), (0, "GPU")]]
+    assert _factscan.salient(held, 99, frozenset(), {}, str) == "a b, GPUs"
