@@ -1477,6 +1477,112 @@ fail:
     return result;
 }
 
+/* term_set(text) -> (set, int): the set of relevance.terms(text) and how many there are, for
+   an ASCII text (the terms added in order, as set() adds a list's items: the same set); None
+   for any other text (relevance.py then splits it itself). TERM_SEPARATORS is the separator
+   characters relevance.py blanks; ASCII whitespace (str.split's) separates terms too. */
+static const char TERM_SEPARATORS[] = "\t\n\r\"'`()[]{}<>,;:=|!?*#&^%$+~\\/.@";
+static unsigned char term_char[128];
+
+static void init_terms(void) {
+    for (int ch = 0; ch < 128; ch++)
+        term_char[ch] = !(ch && strchr(TERM_SEPARATORS, ch)) && !Py_UNICODE_ISSPACE(ch);
+}
+
+static PyObject *term_set(PyObject *module, PyObject *text) {
+    (void)module;
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "term_set() wants a str");
+        return NULL;
+    }
+    if (!PyUnicode_IS_ASCII(text))
+        Py_RETURN_NONE;
+    const unsigned char *data = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), count = 0;
+    PyObject *found = PySet_New(NULL);
+    if (found == NULL)
+        return NULL;
+    for (Py_ssize_t at = 0; at < n;) {
+        if (!term_char[data[at]]) {
+            at++;
+            continue;
+        }
+        Py_ssize_t end = at;
+        while (end < n && term_char[data[end]])
+            end++;
+        PyObject *term = PyUnicode_New(end - at, 127);
+        if (term == NULL) {
+            Py_DECREF(found);
+            return NULL;
+        }
+        Py_UCS1 *out = PyUnicode_1BYTE_DATA(term);
+        for (Py_ssize_t k = at; k < end; k++) {
+            unsigned char ch = data[k];
+            out[k - at] = ch >= 'A' && ch <= 'Z' ? (Py_UCS1)(ch + 32) : ch;
+        }
+        int failed = PySet_Add(found, term);
+        Py_DECREF(term);
+        if (failed < 0) {
+            Py_DECREF(found);
+            return NULL;
+        }
+        count++;
+        at = end;
+    }
+    return Py_BuildValue("(Nn)", found, count);
+}
+
+/* plain(value) -> bool: canonical._plain (whether orjson writes `value` as canonical_json
+   does: str, bool, None, ints of at most 64 bits, lists and str-keyed dicts of those; exact
+   types only). */
+static int is_plain(PyObject *value) {
+    if (PyUnicode_CheckExact(value) || PyBool_Check(value) || value == Py_None)
+        return 1;
+    if (PyLong_CheckExact(value)) {
+        int overflow;
+        long long small = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (small == -1 && PyErr_Occurred())
+            return -1;
+        if (overflow == 0)
+            return 1;
+        if (overflow < 0)
+            return 0; /* below -2**63 */
+        (void)PyLong_AsUnsignedLongLong(value);
+        if (PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+                return -1;
+            PyErr_Clear();
+            return 0;
+        }
+        return 1;
+    }
+    int dict = PyDict_CheckExact(value);
+    if (!dict && !PyList_CheckExact(value))
+        return 0;
+    if (Py_EnterRecursiveCall(" in plain()"))
+        return -1;
+    int found = 1;
+    if (dict) {
+        Py_ssize_t at = 0;
+        PyObject *key, *item;
+        while (found == 1 && PyDict_Next(value, &at, &key, &item))
+            found = PyUnicode_CheckExact(key) ? is_plain(item) : 0;
+    } else {
+        for (Py_ssize_t i = 0; found == 1 && i < PyList_GET_SIZE(value); i++)
+            found = is_plain(PyList_GET_ITEM(value, i));
+    }
+    Py_LeaveRecursiveCall();
+    return found;
+}
+
+static PyObject *plain(PyObject *module, PyObject *value) {
+    (void)module;
+    int found = is_plain(value);
+    if (found < 0)
+        return NULL;
+    return PyBool_FromLong(found);
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -1500,6 +1606,11 @@ static PyMethodDef methods[] = {
      "occurs(index, needle) -> bool: needle in text, for the text of text_index(text)."},
     {"salient", (PyCFunction)(void (*)(void))salient, METH_FASTCALL,
      "salient(groups, max_chars, structural, shapes, fact_shape) -> str: facts.pack_salient."},
+    {"term_set", term_set, METH_O,
+     "term_set(text) -> (set[str], int) | None: set(relevance.terms(text)) and len of it, for"
+     " an ASCII text."},
+    {"plain", plain, METH_O,
+     "plain(value) -> bool: canonical._plain(value) (orjson writes it as canonical_json)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1510,6 +1621,7 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__factscan(void) {
     init_table();
     init_starts();
+    init_terms();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
@@ -1522,7 +1634,8 @@ PyMODINIT_FUNC PyInit__factscan(void) {
         PyModule_AddStringConstant(m, "DIGIT", DIGIT_PATTERN) < 0 ||
         PyModule_AddStringConstant(m, "LETTER", LETTER) < 0 ||
         PyModule_AddStringConstant(m, "MIN_FACT_LEN", MIN_FACT_LEN) < 0 ||
-        PyModule_AddStringConstant(m, "SALIENT", SALIENT) < 0) {
+        PyModule_AddStringConstant(m, "SALIENT", SALIENT) < 0 ||
+        PyModule_AddStringConstant(m, "TERM_SEPARATORS", TERM_SEPARATORS) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from proxy.providers.base import Message
 from proxy.providers.engine_forms import DROPPED, FACTS, MASKED, SUMMARY
-from proxy.providers.relevance import Relevance, terms
+from proxy.providers.relevance import Relevance, term_set, terms
 from proxy.providers.units import Unit
 
 # What relevance adds to a tool result's key at most (age adds at most 1): a relevant output
@@ -85,8 +85,7 @@ def keep_keys(
     older = [i for i, m in enumerate(messages) if m.get("role") == "tool" and i not in recent]
     if not older:
         return keys, {}
-    found = [terms(texts[i]) for i in older]
-    documents = [(set(t), len(t)) for t in found]
+    documents = [term_set(texts[i]) for i in older]
     wanted: set[str] = set()
     for i in query:
         wanted.update(terms(texts[i]))
@@ -99,7 +98,7 @@ def keep_keys(
     for d, i in enumerate(older):
         j = reaction.get(i)
         if j is not None and j not in reacted:
-            reacted[j] = set(terms(texts[j]))
+            reacted[j] = term_set(texts[j])[0]
         shared = documents[d][0] & reacted[j] if j is not None else set()
         if taken is not None:
             taken[i] = shared

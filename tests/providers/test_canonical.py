@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.providers import canonical
 from proxy.providers.base import canonical_json, compute_source_digest, make_ref_id
 from proxy.providers.canonical import canonical_bytes, ref_id, source_digest
 
@@ -55,3 +58,47 @@ def test_floats_and_big_integers_go_to_the_standard_library() -> None:
     # orjson writes 1e16 where json writes 1e+16, and refuses integers beyond 64 bits.
     for value in ({"x": 1e16}, {"x": [1e-7]}, {"x": 2**80}, {1: "non-string key"}):
         assert canonical_bytes(value) == canonical_json(value)
+
+
+class _Text(str):
+    pass
+
+
+class _Number(int):
+    pass
+
+
+# What `_plain` tells apart: exact types only (a str or int subclass, a tuple, a float are not
+# plain), ints at the 64-bit edges, non-string keys.
+_EDGES = st.sampled_from(
+    [2**63 - 1, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64, 0, -1, 1.5, True, _Text("a"),
+     _Number(1), (1,), b"x", "é"]
+)  # fmt: skip
+_ANY = st.recursive(
+    _SCALARS | _EDGES,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=2) | st.integers(0, 3) | st.none(), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_ANY)
+def test_native_plain_is_python_plain(value: Any) -> None:
+    if canonical._NATIVE_PLAIN is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail("the native fact scan was not built (a C compiler is needed)")
+        pytest.skip("the native fact scan was not built (no C compiler)")
+    assert canonical._is_plain is canonical._NATIVE_PLAIN
+    assert canonical._NATIVE_PLAIN(value) is canonical._plain(value)
+
+
+def test_native_plain_of_deep_nesting_raises_as_python_does() -> None:
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    for plain in (canonical._plain, canonical._is_plain):
+        with pytest.raises(RecursionError):
+            plain(deep)

@@ -385,3 +385,33 @@ def test_native_salient_checks_its_arguments() -> None:
         _factscan.salient([[(0, "D1:1")]], 10, frozenset({"d0:0"}), {}, lambda f: 1 / 0)
     held = [[(1, "b"), (1, "a b"), (0, "GPUs")], [(1, "b"), (0, "GPU")]]
     assert _factscan.salient(held, 99, frozenset(), {}, str) == "a b, GPUs"
+
+
+_TERM_PIECES = [
+    "a", "Z", "ab", "Foo", "x_1", "9", "-", "_", " ", "\n", "\t", "\x0b", "\x0c", "\r", "\x1c",
+    "\x1f", "\x00", "\x7f", ".", "/", "@", "::", "(", ")", "\\", "'", '"', "`", "=", "#", "é", "\x85",
+]  # fmt: skip
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(_TERM_PIECES), max_size=80).map("".join))
+def test_native_term_set_is_python(text: str) -> None:
+    _native()
+    assert relevance.NATIVE_TERM_SET is _factscan.term_set
+    native = _factscan.term_set(text)
+    if not text.isascii():
+        assert native is None
+        return
+    python = relevance.python_term_set(text)
+    assert native == python
+    assert list(native[0]) == list(python[0])  # the same set: its iteration order too
+    assert relevance.term_set(text) == python
+
+
+def test_term_set_of_long_and_wide_texts() -> None:
+    _native()
+    long = "Alpha beta_2 gamma.delta\n" * 3000  # past SCAN_CHARS: split a piece at a time
+    assert relevance.term_set(long) == ({"alpha", "beta_2", "gamma", "delta"}, 12000)
+    assert relevance.term_set("Élan vital") == ({"élan", "vital"}, 2)
+    with pytest.raises(TypeError):
+        _factscan.term_set(b"ab")  # type: ignore[arg-type]
