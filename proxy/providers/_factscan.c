@@ -1583,6 +1583,97 @@ static PyObject *plain(PyObject *module, PyObject *value) {
     return PyBool_FromLong(found);
 }
 
+/* shape_counts(group, shapes, fact_shape) -> dict: facts.shape_counts(group, shapes), an ASCII
+   fact's shape (lowered, digit runs as 0: facts.fact_shape) made here, any other's by
+   `fact_shape`; each shape remembered in `shapes` as the Python version does. */
+static PyObject *ascii_shape(PyObject *fact) {
+    const unsigned char *data = PyUnicode_1BYTE_DATA(fact);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(fact), size = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        size += !(data[k] >= '0' && data[k] <= '9' && k > 0 && data[k - 1] >= '0' &&
+                  data[k - 1] <= '9');
+    PyObject *shape = PyUnicode_New(size, 127);
+    if (shape == NULL)
+        return NULL;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(shape);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        unsigned char ch = data[k];
+        if (ch >= '0' && ch <= '9') {
+            if (k == 0 || !(data[k - 1] >= '0' && data[k - 1] <= '9'))
+                out[at++] = '0';
+        } else {
+            out[at++] = ch >= 'A' && ch <= 'Z' ? (Py_UCS1)(ch + 32) : ch;
+        }
+    }
+    return shape;
+}
+
+static PyObject *shape_counts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "shape_counts() wants group, shapes, fact_shape");
+        return NULL;
+    }
+    PyObject *group = PySequence_Fast(args[0], "shape_counts() wants a sequence of pairs");
+    if (group == NULL)
+        return NULL;
+    PyObject *shapes = args[1], *out = PyDict_New();
+    if (out == NULL)
+        goto fail;
+    for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(group); k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(group, k);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2 ||
+            !PyUnicode_Check(PyTuple_GET_ITEM(item, 1))) {
+            PyErr_SetString(PyExc_TypeError, "shape_counts() wants (rank, str) pairs");
+            goto fail;
+        }
+        PyObject *fact = PyTuple_GET_ITEM(item, 1);
+        PyObject *shape = PyDict_GetItemWithError(shapes, fact);
+        if (shape != NULL) {
+            Py_INCREF(shape);
+        } else {
+            if (PyErr_Occurred())
+                goto fail;
+            shape = PyUnicode_IS_ASCII(fact) ? ascii_shape(fact)
+                                             : PyObject_CallOneArg(args[2], fact);
+            if (shape == NULL)
+                goto fail;
+            if (PyDict_SetItem(shapes, fact, shape) < 0) {
+                Py_DECREF(shape);
+                goto fail;
+            }
+        }
+        if (!PyUnicode_Check(shape)) {
+            Py_DECREF(shape);
+            PyErr_SetString(PyExc_TypeError, "shape_counts() wants str shapes");
+            goto fail;
+        }
+        int tagged = PyUnicode_FindChar(shape, '0', 0, PyUnicode_GET_LENGTH(shape), 1) >= 0;
+        PyObject *values = NULL;
+        if (tagged > 0) {
+            values = PyDict_GetItemWithError(out, shape);
+            if (values == NULL && !PyErr_Occurred()) {
+                values = PySet_New(NULL);
+                if (values != NULL && PyDict_SetItem(out, shape, values) < 0)
+                    Py_CLEAR(values);
+                Py_XDECREF(values); /* `out` holds it */
+            }
+            if (values == NULL || PySet_Add(values, fact) < 0)
+                tagged = -1;
+        }
+        Py_DECREF(shape);
+        if (tagged < 0)
+            goto fail;
+    }
+    Py_DECREF(group);
+    return out;
+fail:
+    Py_XDECREF(out);
+    Py_DECREF(group);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -1611,6 +1702,8 @@ static PyMethodDef methods[] = {
      " an ASCII text."},
     {"plain", plain, METH_O,
      "plain(value) -> bool: canonical._plain(value) (orjson writes it as canonical_json)."},
+    {"shape_counts", (PyCFunction)(void (*)(void))shape_counts, METH_FASTCALL,
+     "shape_counts(group, shapes, fact_shape) -> dict[str, set[str]]: facts.shape_counts."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1635,7 +1728,8 @@ PyMODINIT_FUNC PyInit__factscan(void) {
         PyModule_AddStringConstant(m, "LETTER", LETTER) < 0 ||
         PyModule_AddStringConstant(m, "MIN_FACT_LEN", MIN_FACT_LEN) < 0 ||
         PyModule_AddStringConstant(m, "SALIENT", SALIENT) < 0 ||
-        PyModule_AddStringConstant(m, "TERM_SEPARATORS", TERM_SEPARATORS) < 0) {
+        PyModule_AddStringConstant(m, "TERM_SEPARATORS", TERM_SEPARATORS) < 0 ||
+        PyModule_AddStringConstant(m, "DIGIT_RUN", "\\d+") < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -656,6 +656,20 @@ def shape_counts(
     """One message's facts that hold a digit (only those can be tags), grouped by shape;
     `shapes` memoizes `fact_shape`."""
     memo: dict[str, str] = {} if shapes is None else shapes
+    if NATIVE_SHAPE_COUNTS is not None:
+        found: dict[str, set[str]] = NATIVE_SHAPE_COUNTS(group, memo, fact_shape)
+        return found
+    return python_shape_counts(group, memo)
+
+
+# `python_shape_counts` at C speed (every message a stub reads), where built.
+NATIVE_SHAPE_COUNTS = native("shape_counts", (_DIGIT_RUN.pattern, "DIGIT_RUN"))
+
+
+def python_shape_counts(
+    group: Sequence[tuple[int, str]], memo: dict[str, str]
+) -> dict[str, set[str]]:
+    """`shape_counts` in Python (the reference of the native one)."""
     out: dict[str, set[str]] = {}
     for _rank, fact in group:
         shape = memo.get(fact)

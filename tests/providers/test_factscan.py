@@ -415,3 +415,40 @@ def test_term_set_of_long_and_wide_texts() -> None:
     assert relevance.term_set("Élan vital") == ({"élan", "vital"}, 2)
     with pytest.raises(TypeError):
         _factscan.term_set(b"ab")  # type: ignore[arg-type]
+
+
+_SHAPE_PIECES = ["a", "Z", "0", "9", "12", ":", "-", " ", "é", "É", "\u0663", "\u00b2", "İ", "_"]
+
+
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3), st.lists(st.sampled_from(_SHAPE_PIECES), max_size=8).map("".join)
+        ),
+        max_size=12,
+    ),
+    st.lists(st.sampled_from(["D1:2", "ab", "é3"]), max_size=3),
+)
+def test_native_shape_counts_are_python(group: list[tuple[int, str]], known: list[str]) -> None:
+    _native()
+    assert facts.NATIVE_SHAPE_COUNTS is _factscan.shape_counts
+    memo = {fact: facts.fact_shape(fact) for fact in known}  # shapes found before are reused
+    native_memo, python_memo = dict(memo), dict(memo)
+    native = _factscan.shape_counts(group, native_memo, facts.fact_shape)
+    python = facts.python_shape_counts(group, python_memo)
+    assert native == python
+    assert list(native.items()) == list(python.items())
+    assert native_memo == python_memo
+    assert list(native_memo) == list(python_memo)
+
+
+def test_native_shape_counts_check_their_arguments() -> None:
+    _native()
+    with pytest.raises(TypeError):
+        _factscan.shape_counts([(0, 1)], {}, facts.fact_shape)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        _factscan.shape_counts([(0, "é1")], {}, lambda fact: 1)
+    with pytest.raises(ZeroDivisionError):
+        _factscan.shape_counts([(0, "é1")], {}, lambda fact: 1 / 0)
+    assert facts.shape_counts([(0, "Turn 12"), (1, "turn 3")]) == {"turn 0": {"Turn 12", "turn 3"}}
