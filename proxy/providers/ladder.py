@@ -102,7 +102,7 @@ def keep_keys(
         shared = documents[d][0] & reacted[j] if j is not None else set()
         if taken is not None:
             taken[i] = shared
-        uptake.append(sum(map(relevance.weight, shared)) / (len(texts[i]) + LENGTH_SMOOTHING))
+        uptake.append(relevance.weight_sum(shared) / (len(texts[i]) + LENGTH_SMOOTHING))
     top_density, top_uptake = max(density), max(uptake)
     if top_uptake > 0:
         density = [

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from proxy.providers.engine import EngineProvider
 from proxy.providers.engine_forms import DROPPED, MASKED, SUMMARY, fact_text
 from proxy.providers.ladder import keep_keys, ladder, reactions
@@ -143,3 +146,22 @@ def test_a_mask_keeps_the_lines_the_agent_took_up_in_its_next_message() -> None:
     assert masked.startswith("[compactd:ref=")
     assert "retry_budget = compute_retry_budget(limit)" in masked
     assert "helper_30" not in masked
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.sets(st.sampled_from("abcdefgh")), max_size=12),
+    st.lists(st.sampled_from("abcdefghxy"), max_size=10),
+)
+def test_weight_sum_and_score_add_the_same_weights_in_the_same_order(
+    docs: list[set[str]], query: list[str]
+) -> None:
+    relevance = Relevance([(d, len(d)) for d in docs], query)
+    for found in [set(query), *docs]:
+        assert relevance.weight_sum(found) == sum(map(relevance.weight, found))
+    for d, (doc, length) in enumerate(relevance.documents):
+        norm = 1.2 * (1 - 0.75 + 0.75 * length / relevance.avg)
+        gain = 2.2 / (1 + norm)
+        assert relevance.score(d) == gain * sum(
+            relevance.idf[t] for t in relevance.idf.keys() & doc
+        )
