@@ -272,7 +272,12 @@ def name_matches(text: str) -> list[str]:
             found += _grouped_amounts(text, start, end)
         for match in _names(text, start, end):
             # A possessive stays as written (`Jay Chou's`: it holds the name too; a list
-            # that has both keeps the possessive, see `_without_contained`).
+            # that has both keeps the possessive, see `_without_contained`). Most names are
+            # one word (only blanks and tabs separate a name's words): no split for those.
+            if " " not in match and "\t" not in match:
+                if match not in _NOT_NAMES:
+                    found.append(match)
+                continue
             words = match.split()
             while words and words[0] in _NOT_NAMES:
                 del words[0]

@@ -193,8 +193,13 @@ def relevant_lines(hits: LineHits, start: int, end: int, max_chars: int) -> list
     chosen: list[tuple[int, str]] = []
     seen: set[str] = set()
     used = 0
-    inside = [line for line in hits.scores if start <= line < end]
-    for line in sorted(inside, key=lambda s: (-hits.scores[s], s)):
+    scores = hits.scores
+    inside = [line for line in scores if start <= line < end]
+    # Heaviest first, ties in text order: a stable sort by line, then by weight reversed (a
+    # reversed sort keeps ties in order), both keyed at C speed.
+    inside.sort()
+    inside.sort(key=scores.__getitem__, reverse=True)
+    for line in inside:
         if used >= max_chars - 1:
             break
         limit = min(end, line + 4 * _LINE_WIDTH)

@@ -8,7 +8,14 @@ from hypothesis import strategies as st
 from proxy.providers.engine import EngineProvider
 from proxy.providers.engine_forms import DROPPED, MASKED, SUMMARY, fact_text
 from proxy.providers.ladder import keep_keys, ladder, reactions
-from proxy.providers.relevance import Relevance, heaviest, line_hits, relevant_lines, terms
+from proxy.providers.relevance import (
+    LineHits,
+    Relevance,
+    heaviest,
+    line_hits,
+    relevant_lines,
+    terms,
+)
 from proxy.providers.units import message_text, split_units
 from tests.providers.build import assistant, system, tool, user
 from tests.providers.tokens import count_tokens, make_config
@@ -165,3 +172,33 @@ def test_weight_sum_and_score_add_the_same_weights_in_the_same_order(
         assert relevance.score(d) == gain * sum(
             relevance.idf[t] for t in relevance.idf.keys() & doc
         )
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.sampled_from(["a", "bb", "ccc dd", "", "x" * 300, "a"]), min_size=1, max_size=12),
+    st.lists(st.sampled_from([0.5, 1.0, 2.0]), min_size=12, max_size=12),
+    st.integers(0, 40),
+    st.integers(1, 120),
+)
+def test_relevant_lines_take_the_heaviest_first_ties_in_text_order(
+    lines: list[str], weights: list[float], start: int, max_chars: int
+) -> None:
+    text = "\n".join(lines)
+    starts = [sum(len(ln) + 1 for ln in lines[:k]) for k in range(len(lines))]
+    scores = {at: weights[k] for k, at in reversed(list(enumerate(starts)))}  # ties: many
+    hits = LineHits(text, scores, dict.fromkeys(starts, 0) | {at: at for at in starts})
+    found = relevant_lines(hits, start, len(text), max_chars)
+    # The reference: every line in range, by (-weight, offset), taken while it fits.
+    used, chosen, seen = 0, [], set()
+    for at in sorted((s for s in scores if start <= s), key=lambda s: (-scores[s], s)):
+        if used >= max_chars - 1:
+            break
+        stop = text.find("\n", at, min(len(text), at + 960))
+        body = text[at : stop if stop >= 0 else min(len(text), at + 960)].strip()
+        body = body if len(body) <= 240 else text[at : at + 240].strip()
+        if body and body not in seen and used + len(body) + 1 <= max_chars:
+            seen.add(body)
+            chosen.append((at, body))
+            used += len(body) + 1
+    assert found == [body for _at, body in sorted(chosen)]
