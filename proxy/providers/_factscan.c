@@ -1674,6 +1674,46 @@ fail:
     return NULL;
 }
 
+/* unshown(found, shown, occurs) -> list: facts.python_unshown, the (rank, fact) pairs of
+   `found` whose fact `occurs` says is not in the text every rung keeps, each fact's answer
+   remembered in `shown`. */
+static PyObject *unshown(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 3 || !PyList_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "unshown() wants a list, a dict and occurs");
+        return NULL;
+    }
+    PyObject *found = args[0], *shown = args[1], *occurs = args[2];
+    PyObject *kept = PyList_New(0);
+    if (kept == NULL)
+        return NULL;
+    Py_INCREF(found); /* `occurs` may run code; the list must outlive the loop */
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(found); k++) {
+        PyObject *item = PyList_GET_ITEM(found, k);
+        Py_INCREF(item);
+        PyObject *fact = PySequence_GetItem(item, 1);
+        PyObject *hit = fact == NULL ? NULL : PyDict_GetItemWithError(shown, fact);
+        int failed = fact == NULL || (hit == NULL && PyErr_Occurred());
+        if (!failed && hit == NULL) {
+            hit = PyObject_CallOneArg(occurs, fact);
+            failed = hit == NULL || PyDict_SetItem(shown, fact, hit) < 0;
+            Py_XDECREF(hit); /* `shown` holds it (or the call failed) */
+        }
+        int is = failed ? -1 : PyObject_IsTrue(hit);
+        if (is == 0 && PyList_Append(kept, item) < 0)
+            is = -1;
+        Py_XDECREF(fact);
+        Py_DECREF(item);
+        if (is < 0) {
+            Py_DECREF(found);
+            Py_DECREF(kept);
+            return NULL;
+        }
+    }
+    Py_DECREF(found);
+    return kept;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -1704,6 +1744,8 @@ static PyMethodDef methods[] = {
      "plain(value) -> bool: canonical._plain(value) (orjson writes it as canonical_json)."},
     {"shape_counts", (PyCFunction)(void (*)(void))shape_counts, METH_FASTCALL,
      "shape_counts(group, shapes, fact_shape) -> dict[str, set[str]]: facts.shape_counts."},
+    {"unshown", (PyCFunction)(void (*)(void))unshown, METH_FASTCALL,
+     "unshown(found, shown, occurs) -> list: facts.python_unshown."},
     {NULL, NULL, 0, NULL},
 };
 

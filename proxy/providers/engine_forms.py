@@ -33,6 +33,7 @@ from proxy.providers.facts import (
     scan_spans,
     shape_counts,
     structural_shapes,
+    unshown,
 )
 from proxy.providers.markers import REF_PATTERN, dropped_marker, ref_marker, short_marker
 from proxy.providers.prose import preview_parts
@@ -628,16 +629,7 @@ class Forms:
         if i not in self._facts:
             found = candidates_of(self._analysis(self._fact_text(i)))
             if self.shown:
-                # `_is_shown` inlined: a long history has tens of thousands of candidates.
-                shown, occurs = self._shown, self._shown_test()
-                kept = []
-                for c in found:
-                    hit = shown.get(c[1])
-                    if hit is None:
-                        hit = shown[c[1]] = occurs(c[1])
-                    if not hit:
-                        kept.append(c)
-                found = kept
+                found = unshown(found, self._shown, self._shown_test())
             self._facts[i] = found
         return self._facts[i]
 

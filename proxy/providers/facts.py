@@ -51,6 +51,35 @@ NATIVE_TEXT_INDEX = native("text_index")
 NATIVE_OCCURS = native("occurs")
 
 
+def unshown(
+    found: list[tuple[int, str]], shown: dict[str, bool], occurs: Callable[[str], bool]
+) -> list[tuple[int, str]]:
+    """The (rank, fact) pairs of `found` whose fact `occurs` says is not in the text every rung
+    keeps (a stub lists them), each fact's answer remembered in `shown` (facts repeat from
+    message to message; a long history has tens of thousands of candidates: at C speed)."""
+    if NATIVE_UNSHOWN is not None:
+        kept: list[tuple[int, str]] = NATIVE_UNSHOWN(found, shown, occurs)
+        return kept
+    return python_unshown(found, shown, occurs)
+
+
+NATIVE_UNSHOWN = native("unshown")
+
+
+def python_unshown(
+    found: list[tuple[int, str]], shown: dict[str, bool], occurs: Callable[[str], bool]
+) -> list[tuple[int, str]]:
+    """`unshown` in Python (the reference of the native one)."""
+    kept = []
+    for c in found:
+        hit = shown.get(c[1])
+        if hit is None:
+            hit = shown[c[1]] = occurs(c[1])
+        if not hit:
+            kept.append(c)
+    return kept
+
+
 def occurs_in(text: str) -> Callable[[str], bool]:
     """Whether a str occurs in text (`text.__contains__`, its Python reference), for asking
     of many strs: a stub's hundreds of candidate facts, against the text every rung keeps."""

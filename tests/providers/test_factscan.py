@@ -452,3 +452,32 @@ def test_native_shape_counts_check_their_arguments() -> None:
     with pytest.raises(ZeroDivisionError):
         _factscan.shape_counts([(0, "é1")], {}, lambda fact: 1 / 0)
     assert facts.shape_counts([(0, "Turn 12"), (1, "turn 3")]) == {"turn 0": {"Turn 12", "turn 3"}}
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["ab", "cd", "abc", "x_1", "é"]))),
+    st.dictionaries(st.sampled_from(["ab", "cd", "zz"]), st.booleans()),
+    st.sampled_from(["", "abc", "x_1 and cd", "é"]),
+)
+def test_native_unshown_is_python(
+    found: list[tuple[int, str]], known: dict[str, bool], text: str
+) -> None:
+    _native()
+    assert facts.NATIVE_UNSHOWN is _factscan.unshown
+    native_shown, python_shown = dict(known), dict(known)  # answers found before are reused
+    occurs = facts.occurs_in(text)
+    native = _factscan.unshown(found, native_shown, occurs)
+    assert native == facts.python_unshown(found, python_shown, occurs)
+    assert list(native_shown.items()) == list(python_shown.items())
+
+
+def test_native_unshown_checks_its_arguments() -> None:
+    _native()
+    with pytest.raises(TypeError):
+        _factscan.unshown((), {}, bool)  # type: ignore[arg-type]
+    with pytest.raises(IndexError):
+        _factscan.unshown([(0,)], {}, bool)  # type: ignore[list-item]
+    with pytest.raises(ZeroDivisionError):
+        _factscan.unshown([(0, "ab")], {}, lambda fact: 1 / 0)
+    assert facts.unshown([(0, "ab"), (1, "cd")], {"cd": False}, "xab".__contains__) == [(1, "cd")]
