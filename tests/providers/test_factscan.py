@@ -413,6 +413,10 @@ def test_term_set_of_long_and_wide_texts() -> None:
     long = "Alpha beta_2 gamma.delta\n" * 3000  # past SCAN_CHARS: split a piece at a time
     assert relevance.term_set(long) == ({"alpha", "beta_2", "gamma", "delta"}, 12000)
     assert relevance.term_set("Élan vital") == ({"élan", "vital"}, 2)
+    many = " ".join(f"Id_{k % 3000} x{k}" for k in range(6000))  # distinct terms past a table
+    native = _factscan.term_set(many)
+    assert native == relevance.python_term_set(many)
+    assert list(native[0]) == list(relevance.python_term_set(many)[0])
     with pytest.raises(TypeError):
         _factscan.term_set(b"ab")  # type: ignore[arg-type]
 
