@@ -1666,12 +1666,12 @@ static PyObject *shape_counts(PyObject *module, PyObject *const *args, Py_ssize_
         if (tagged < 0)
             goto fail;
     }
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
     Py_DECREF(group);
     return out;
-fail:
-    Py_XDECREF(out);
-    Py_DECREF(group);
-    return NULL;
 }
 
 /* unshown(found, shown, occurs) -> list: facts.python_unshown, the (rank, fact) pairs of
