@@ -14,6 +14,7 @@ only those near the answer are counted.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -168,13 +169,6 @@ def fact_text(message: Message) -> str:
 def _unescaped(arguments: str) -> str:
     """JSON text with its common string escapes (line break, tab, quote) undone, at C speed."""
     return arguments.replace("\\n", "\n").replace("\\t", "\t").replace('\\"', '"')
-
-
-def _specific(term: str) -> bool:
-    """An identifier-like term: with a digit or `_` (and 4 characters), or 7 characters long."""
-    if len(term) >= 7:
-        return True
-    return len(term) >= 4 and ("_" in term or any(c.isdigit() for c in term))
 
 
 def _has_ref(text: str) -> bool:
@@ -381,10 +375,18 @@ class Forms:
         """The most specific terms tool result i's reaction took up (longest first; with a
         digit or `_`, or long), not among the query's, weighted as its heaviest term."""
         query = {t for t, _w in self.query_terms}
-        found = [t for t in self.taken.get(i, ()) if t not in query and _specific(t)]
-        found.sort(key=lambda t: (-len(t), t))
+        # Identifier-like: with a digit or `_` (and 4 characters), or 7 characters long (tested
+        # inline: a reaction takes up hundreds of an output's terms). Only the first
+        # _TAKEN_TERMS of the sorted order are wanted (the keys are distinct).
+        found = [
+            t
+            for t in self.taken.get(i, ())
+            if (len(t) >= 7 or (len(t) >= 4 and ("_" in t or any(c.isdigit() for c in t))))
+            and t not in query
+        ]
         weight = self.query_terms[0][1] if self.query_terms else 1.0
-        return [(t, weight) for t in found[:_TAKEN_TERMS]]
+        best = heapq.nsmallest(_TAKEN_TERMS, found, key=lambda t: (-len(t), t))
+        return [(t, weight) for t in best]
 
     def mask_draft(self, i: int, chars: int) -> Draft | None:
         """Tool result i cut to `chars`: the lines of its middle that hold the recent turns'

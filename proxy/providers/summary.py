@@ -93,7 +93,9 @@ def _has_sql(block: str) -> bool:
     # One scan for any start word (uppercase letters are rare in prose, so it skips fast)
     # instead of one per word, a piece at a time (cut after a space or line break, so no word
     # straddles a cut): one search through a 3 MB log holds the GIL for ~10 ms.
-    for start, end in scan_spans(block, SCAN_CHARS, " \n"):
+    # (A block of one piece, most of them, is searched without the pieces' generator.)
+    spans = ((0, len(block)),) if len(block) <= SCAN_CHARS else scan_spans(block, SCAN_CHARS, " \n")
+    for start, end in spans:
         found = _SQL_START.search(block, start, end)
         while found is not None:
             if _SQL.match(block, found.start()):
