@@ -155,29 +155,35 @@ def _duplicates(
     return found
 
 
-# Room under the target worth filling: at least this share of it (and FILL_MIN tokens: a short
-# request's few spare tokens still hold a dozen facts, and its fill costs little).
-FILL_SHARE = 0.05
-FILL_MIN = 20
+# Room under the target worth filling. A stub lists more facts in FILL_MIN tokens, whatever the
+# target: they hold a name or number a later question may ask about (a share of the target, 5 %
+# before, left a long request's 20-200 tokens unused). A message its last step reduced to its
+# facts is cut to the room only when the room is a share of the target (CUT_SHARE, and CUT_MIN
+# tokens): a cut into a few spare tokens keeps less than its fact list did, and costs more.
+FILL_MIN = 5
+CUT_SHARE = 0.05
+CUT_MIN = 20
+# In a room smaller than that a stub is grown only if it used FULL_STUB of its own room: one that
+# did not has listed what it read, and writing it again to find that out is most of a fill's
+# cost (on the chat corpora ~8x the stubs written, for nothing).
+FULL_STUB = 0.8
 # Shares of the room a filling cut is sized to (its exact count is known once it is written).
 FILL_TRIES = (0.97, 0.9, 0.7, 0.5)
-
-
-def _worth_filling(slack: int, config: CompressionConfig) -> bool:
-    return slack >= max(FILL_MIN, int(config.limit * FILL_SHARE))
 
 
 def _fill(
     plan: Plan, chosen: int, config: CompressionConfig, out: list[Message], used: list[Form]
 ) -> tuple[list[Message], list[Form]]:
-    """When the rung that fits leaves much of the target unused (its last step freed far more
-    than was needed), the room is filled: a large message its last step reduced to its facts is
-    cut head and tail to the room instead, then a stub lists more of its facts."""
+    """When the rung that fits leaves room under the target (its last step freed more than was
+    needed), the room is filled: a large message its last step reduced to its facts is cut head
+    and tail to the room instead (when the room is a share of the target), then a stub lists
+    more of its facts."""
     slack = config.limit - config.count_tokens(out)
-    if not _worth_filling(slack, config):
+    if slack < FILL_MIN:
         return out, used
     step = plan.steps[chosen - 1]
-    if step.level != DROPPED and step.message not in plan.fixed:
+    worth_cutting = slack >= max(CUT_MIN, int(config.limit * CUT_SHARE))
+    if worth_cutting and step.level != DROPPED and step.message not in plan.fixed:
         # A long answer that has no summary smaller than itself goes straight to its fact list:
         # cut head and tail, it holds its own text as well as its facts (listed first).
         now = plan.forms.single(step.message, step.level)
@@ -187,13 +193,17 @@ def _fill(
             if found is not None:
                 out, used = found
                 slack = config.limit - config.count_tokens(out)
-                if not _worth_filling(slack, config):
+                if slack < FILL_MIN:
                     return out, used
     # The stub the last step dropped a unit into, or else the newest stub (the last to go).
     stubs = [f for f in used if plan.forms.is_stub(f)]
     if step.level == DROPPED:
         start = plan.units[step.unit].start
         stubs = [f for f in stubs if f.start <= start < f.end]
+    if stubs and not worth_cutting:
+        stub = stubs[-1]
+        if len(stub.body) < FULL_STUB * plan.forms.stub_cap(stub.start, stub.end):
+            stubs = []
     if stubs:
         found = _first_fit(plan, chosen, config, _stub_growth(plan, stubs[-1], slack))
         if found is not None:
@@ -227,7 +237,9 @@ def _message_cuts(plan: Plan, i: int, room: int) -> Iterator[None]:
 
 
 def _stub_growth(plan: Plan, stub: Form, slack: int) -> Iterator[None]:
-    """The stub listing more facts, sized to shares of `slack` tokens, largest first."""
+    """The stub listing more facts, sized to shares of `slack` tokens, largest first. One that
+    grows by more than the slack by its own count is not tried: the request counts each message
+    apart, so it cannot fit, and building the rung to find that out is most of a fill's cost."""
     forms = plan.forms
     span = (stub.start, stub.end)
     per_token = forms.stub_chars_per_token(*span)
@@ -236,6 +248,8 @@ def _stub_growth(plan: Plan, stub: Form, slack: int) -> Iterator[None]:
         form = forms.stub_sized(*span, cap + int(slack * share * per_token))
         if form is None or form.tokens <= stub.tokens:
             break
+        if form.tokens - stub.tokens > slack:
+            continue
         plan.stub_override[span] = form
         yield None
     plan.stub_override.pop(span, None)
