@@ -205,7 +205,7 @@ def _fill(
         if len(stub.body) < FULL_STUB * plan.forms.stub_cap(stub.start, stub.end):
             stubs = []
     if stubs:
-        found = _first_fit(plan, chosen, config, _stub_growth(plan, stubs[-1], slack))
+        found = _grown(plan, stubs[-1], slack, config, (out, used))
         if found is not None:
             return found
     return out, used
@@ -236,11 +236,20 @@ def _message_cuts(plan: Plan, i: int, room: int) -> Iterator[None]:
     plan.override.pop(i, None)
 
 
-def _stub_growth(plan: Plan, stub: Form, slack: int) -> Iterator[None]:
-    """The stub listing more facts, sized to shares of `slack` tokens, largest first. One that
-    grows by more than the slack by its own count is not tried: the request counts each message
-    apart, so it cannot fit, and building the rung to find that out is most of a fill's cost."""
+def _grown(
+    plan: Plan,
+    stub: Form,
+    slack: int,
+    config: CompressionConfig,
+    current: tuple[list[Message], list[Form]],
+) -> tuple[list[Message], list[Form]] | None:
+    """The `current` messages and forms with `stub` listing more facts, sized to shares of
+    `slack` tokens, largest first: the first that fits, if any. A stub is a message of its own
+    (never merged), so the grown one takes its place without building the rung again, and one
+    that grows by more than the slack by its own count is not counted: the request counts each
+    message apart."""
     forms = plan.forms
+    out, used = current
     span = (stub.start, stub.end)
     per_token = forms.stub_chars_per_token(*span)
     cap = forms.stub_cap(*span)
@@ -250,9 +259,10 @@ def _stub_growth(plan: Plan, stub: Form, slack: int) -> Iterator[None]:
             break
         if form.tokens - stub.tokens > slack:
             continue
-        plan.stub_override[span] = form
-        yield None
-    plan.stub_override.pop(span, None)
+        grown = [form.message if m is stub.message else m for m in out]
+        if config.count_tokens(grown) <= config.limit:
+            return grown, [form if f is stub else f for f in used]
+    return None
 
 
 # A forced rung's fact cap is refined between the one that fits and the one before it (that

@@ -39,8 +39,6 @@ class Plan:
     base: int
     override: dict[int, Form] = field(default_factory=dict)
     """Forms that replace a message's form at its level (the budget's slack filled)."""
-    stub_override: dict[tuple[int, int], Form] = field(default_factory=dict)
-    """Stubs that replace the stub of a run of dropped units (start, end) (the slack filled)."""
 
     def build(
         self, s: int, force_cap: int | None, collect: bool = True
@@ -91,8 +89,7 @@ class Plan:
         def flush_run() -> None:
             if run:
                 span = (run[0].start, run[-1].end)
-                stub = self.stub_override.get(span) if force_cap is None else None
-                stub = stub or self.forms.stub(*span, force_cap)
+                stub = self.forms.stub(*span, force_cap)
                 if stub is not None:
                     flush_pending()
                     emit(stub, stub.start, stub.end)
