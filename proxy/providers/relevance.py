@@ -81,19 +81,15 @@ class Relevance:
         n = len(documents)
         wanted = set(query)
         self.df = df
-        self.idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in wanted if t in df}
-        total = sum(length for _doc, length in documents)
-        self.avg = total / n if n and total else 1.0
         # A term's weight depends only on how many documents hold it: one per count (0: none).
         self._by_count = [0.0] + [math.log(1 + (n - k + 0.5) / (k + 0.5)) for k in range(1, n + 1)]
+        self.idf = {t: self._by_count[df[t]] for t in wanted if t in df}
+        total = sum(length for _doc, length in documents)
+        self.avg = total / n if n and total else 1.0
 
     def weight(self, term: str) -> float:
         """The inverse document frequency of any term over the documents (0 if none holds it)."""
-        found = self.df.get(term, 0)
-        if not found:
-            return 0.0
-        n = len(self.documents)
-        return math.log(1 + (n - found + 0.5) / (found + 0.5))
+        return self._by_count[self.df.get(term, 0)]
 
     def weight_sum(self, found: Iterable[str]) -> float:
         """`sum(map(self.weight, found))`, with C iterators (the same additions in order)."""
