@@ -50,13 +50,32 @@ def test_chat_body_is_about_2_kb_and_streams_only_when_asked() -> None:
     assert streamed["stream"] is True
 
 
-def test_large_body_is_400_kb_of_turns_ending_on_a_user_message() -> None:
-    raw = bodies.large_body()
+def test_large_body_is_400_kb_of_turns_ending_on_a_user_message(tmp_path: Path) -> None:
+    raw = bodies.large_body(corpus=tmp_path / "absent.jsonl")  # the stdlib-sources fallback
     body = json.loads(raw)
     assert len(raw) >= 400_000
     assert body["model"] == bodies.MODEL_LARGE
     assert body["messages"][-1]["role"] == "user"
     assert all(isinstance(m["content"], str) for m in body["messages"])
+
+
+def test_large_body_takes_the_corpus_turns_in_order_when_the_corpus_is_there(
+    tmp_path: Path,
+) -> None:
+    turns = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "x" * 1000}
+        for i in range(600)
+    ]
+    corpus = tmp_path / "sessions.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"messages": turns[i : i + 100]}) + "\n" for i in range(0, 600, 100))
+    )
+    body = json.loads(bodies.large_body(corpus=corpus))
+    sent = body["messages"]
+    assert sent[0]["role"] == "system"
+    assert len(json.dumps(sent)) >= 400_000
+    assert sent[1 : len(sent) - 1] == turns[: len(sent) - 2]
+    assert sent[-1]["role"] == "user"
 
 
 def _result(rps_latency: float, n: int = 100) -> loadgen.Result:

@@ -44,11 +44,12 @@ def chat_body(stream: bool = False) -> bytes:
     return _dumps(body)
 
 
-def _corpus_messages() -> list[dict[str, object]]:
-    """Real aider coding sessions, or Python's own stdlib sources when the corpora are absent."""
-    if AIDER.exists():
+def _corpus_messages(corpus: Path) -> list[dict[str, object]]:
+    """Real aider coding sessions (`corpus`, JSON lines of {"messages": [...]}), or Python's own
+    stdlib sources when the corpora are absent."""
+    if corpus.exists():
         out: list[dict[str, object]] = []
-        with AIDER.open(encoding="utf-8") as fh:
+        with corpus.open(encoding="utf-8") as fh:
             for line in fh:
                 out.extend(json.loads(line)["messages"])
         return out
@@ -60,13 +61,13 @@ def _corpus_messages() -> list[dict[str, object]]:
     ]
 
 
-def large_body(target_bytes: int = 400_000) -> bytes:
+def large_body(target_bytes: int = 400_000, corpus: Path = AIDER) -> bytes:
     """A ~400 KB (~100k-token) chat request of real conversation turns, ending on a user turn."""
     messages: list[dict[str, object]] = [
         {"role": "system", "content": "You are an expert software engineer. Make minimal edits."}
     ]
     size = 0
-    for msg in _corpus_messages():
+    for msg in _corpus_messages(corpus):
         if size >= target_bytes:
             break
         messages.append({"role": msg["role"], "content": msg["content"]})
