@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,23 @@ settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE")
     or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev")
 )
+
+
+# No test may read the benchmark corpora beside the checkout (`../shared`, where bench/ looks
+# for them): a bare clone with nothing beside it must pass. Tests import bench modules, so a
+# read through them fails here, on every machine, not only on one without the corpora.
+_SHARED = str(Path(__file__).resolve().parents[2] / "shared") + os.sep
+_READS = frozenset({"open", "os.listdir", "os.scandir"})
+
+
+def _no_shared_reads(event: str, args: tuple[object, ...]) -> None:
+    if event in _READS and args and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.abspath(os.fsdecode(args[0]))  # type: ignore[arg-type]
+        if (path + os.sep).startswith(_SHARED):
+            raise PermissionError(f"a test read {path}: tests must not need ../shared")
+
+
+sys.addaudithook(_no_shared_reads)
 
 
 @pytest.fixture(scope="session", autouse=True)
