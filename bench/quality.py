@@ -427,10 +427,13 @@ def valid(
 
 
 async def run(
-    cases: list[Case], provs: list[ContextProvider], api: str = "chat"
+    cases: list[Case],
+    provs: list[ContextProvider],
+    api: str = "chat",
+    budgets: Sequence[float] = BUDGETS,
 ) -> dict[tuple[str, float, str], Row]:
     """Every provider on every case at every budget (`api`: the shape the cases are projected
-    from, see bench/quality_apis.py)."""
+    from, see bench/quality_apis.py; `budgets`: shares of each conversation's tokens)."""
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=200_000)
     per_message = quality_apis.counting(api, counter)
     rows: dict[tuple[str, float, str], Row] = {}
@@ -440,7 +443,7 @@ async def run(
             return per_message.count_messages(list(ms)) + counter.count_tools({"tools": case.tools})
 
         total = count(case.messages)  # warms the per-message cache, as the proxy's step 6 does
-        for fraction in BUDGETS:
+        for fraction in budgets:
             budget = int(total * fraction)
             possible = can_fit(case, count, budget)
             config = CompressionConfig(
@@ -504,7 +507,9 @@ def table(rows: dict[tuple[str, float, str], Row]) -> str:
     return "\n".join(lines)
 
 
-def bound_table(cases: list[Case], api: str = "chat") -> str:
+def bound_table(
+    cases: list[Case], api: str = "chat", budgets: Sequence[float] = BUDGETS
+) -> str:
     """Per corpus, budget and split: probes, and how many of them keeping whole messages
     verbatim could keep (`verbatim_bound`: reachable greedy pick, upper bound). A bound that
     knows the probes, printed apart from the providers so it is never read as one."""
@@ -517,7 +522,7 @@ def bound_table(cases: list[Case], api: str = "chat") -> str:
             return per_message.count_messages(list(ms)) + counter.count_tools({"tools": case.tools})
 
         total = count(case.messages)
-        for fraction in BUDGETS:
+        for fraction in budgets:
             b = verbatim_bound(case, count, per_message.count_message, int(total * fraction))
             acc = sums.setdefault((case.corpus, fraction, case.split), [0, 0, 0])
             acc[0] += len(case.facts)
@@ -723,18 +728,33 @@ def main() -> None:
     parser.add_argument(
         "--api", choices=("chat", "responses", "messages"), default="chat", help="request shape"
     )
+    parser.add_argument(
+        "--budgets",
+        default=",".join(str(b) for b in BUDGETS),
+        help="shares of each conversation's tokens, comma-separated (tune at harder ones "
+        "where a split is saturated at the defaults)",
+    )
+    parser.add_argument(
+        "--split",
+        choices=("all", "dev", "held-out"),
+        default="all",
+        help="only the cases of one split (tune with dev: held-out is never shown)",
+    )
     args = parser.parse_args()
+    budgets = [float(b) for b in args.budgets.split(",")]
     provs = providers(args.providers.split(","))
     if args.big_only:
         print("\n".join(big_conversation_ms(provs)))
         print("\n".join(event_loop_gaps(provs)))
         return
     cases = [quality_apis.as_api(c, args.api) for c in load(args.corpora.split(","), args.limit)]
-    rows = asyncio.run(run(cases, provs, args.api))
+    if args.split != "all":
+        cases = [c for c in cases if c.split == args.split]
+    rows = asyncio.run(run(cases, provs, args.api, budgets))
     print(table(rows))
     print()
     if args.bound:
-        print(bound_table(cases, args.api))
+        print(bound_table(cases, args.api, budgets))
         print()
     for (corpus, fraction, name), r in rows.items():
         for p in r.problems[:3]:

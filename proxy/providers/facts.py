@@ -671,6 +671,8 @@ def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
 
 
 _DIGIT_RUN = re.compile(r"\d+")
+# A shape of digit runs (`0`) and number punctuation only: never a tag (see `structural_shapes`).
+_NUMERIC_SHAPE = re.compile(r"[0.,/%$€£+-]+")
 _ASCII_DIGITS = frozenset("0123456789")
 # Structural tags rank after everything else.
 _STRUCTURAL_RANK = 9
@@ -721,7 +723,10 @@ def python_shape_counts(
 def structural_shapes(counts: Sequence[dict[str, set[str]]]) -> frozenset[str]:
     """The shapes of facts that tag messages rather than say something, from each message's
     `shape_counts`: many distinct values (at least 5), one or two per message, on at least 2/5
-    of the messages (and 5): turn ids `D1:1`, `D1:2` …, a timestamp per message."""
+    of the messages (and 5), and a shape with a letter or a colon: turn ids `D1:1`, `D1:2` …,
+    a timestamp per message. A shape of digits and `.,/-` alone is a number, an amount, a
+    fraction or a date (`89.3`, `91.1`, `93.5`: a metric told session after session), content
+    however regularly it comes."""
     shape_in: dict[str, int] = {}
     shape_most: dict[str, int] = {}
     shape_values: dict[str, set[str]] = {}
@@ -730,11 +735,14 @@ def structural_shapes(counts: Sequence[dict[str, set[str]]]) -> frozenset[str]:
             shape_in[shape] = shape_in.get(shape, 0) + 1
             shape_most[shape] = max(shape_most.get(shape, 0), len(values))
             shape_values.setdefault(shape, set()).update(values)
-    least = max(5, len(counts) * 2 // 5)
+    least = max(5, -(-len(counts) * 2 // 5))  # 2/5 rounded up: 5 of 14 messages are not
     return frozenset(
         shape
         for shape, k in shape_in.items()
-        if k >= least and shape_most[shape] <= 2 and len(shape_values[shape]) >= 5
+        if k >= least
+        and shape_most[shape] <= 2
+        and len(shape_values[shape]) >= 5
+        and not _NUMERIC_SHAPE.fullmatch(shape)
     )
 
 

@@ -49,6 +49,25 @@ def test_ids_listed_many_at_once_are_content_not_tags() -> None:
     assert len(pack_salient(groups, 1000).split(", ")) == 24
 
 
+def test_a_number_told_session_after_session_is_content_not_a_tag() -> None:
+    # A metric in 5 of 14 messages, one value each (the shape `0.0`): every value is kept,
+    # though turn ids of that regularity would give way.
+    groups: list[list[tuple[int, str]]] = [[(1, "mAP")] for _ in range(14)]
+    for at, value in zip((4, 7, 8, 9, 13), ("1.2", "89.3", "91.1", "93.5", "0.5"), strict=True):
+        groups[at].append((2, value))
+    packed = pack_salient(groups, 1000).split(", ")
+    assert {"1.2", "89.3", "91.1", "93.5", "0.5"} <= set(packed)
+    dates = [[(1, f"2024-05-{k:02d}")] for k in range(1, 15)]
+    assert len(pack_salient(dates, 1000).split(", ")) == 14
+
+
+def test_tags_on_fewer_than_two_fifths_of_the_messages_are_kept() -> None:
+    groups: list[list[tuple[int, str]]] = [[(1, "x")] for _ in range(14)]
+    for k in range(5):
+        groups[k].append((1, f"D1:{k}"))
+    assert sum(p.startswith("D1:") for p in pack_salient(groups, 1000).split(", ")) == 5
+
+
 def test_a_fact_inside_a_longer_chosen_one_is_left_out() -> None:
     assert pack_salient([[(1, "Pride and Prejudice"), (1, "Prejudice")]], 100) == (
         "Pride and Prejudice"
