@@ -507,9 +507,7 @@ def table(rows: dict[tuple[str, float, str], Row]) -> str:
     return "\n".join(lines)
 
 
-def bound_table(
-    cases: list[Case], api: str = "chat", budgets: Sequence[float] = BUDGETS
-) -> str:
+def bound_table(cases: list[Case], api: str = "chat", budgets: Sequence[float] = BUDGETS) -> str:
     """Per corpus, budget and split: probes, and how many of them keeping whole messages
     verbatim could keep (`verbatim_bound`: reachable greedy pick, upper bound). A bound that
     knows the probes, printed apart from the providers so it is never read as one."""

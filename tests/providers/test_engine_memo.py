@@ -8,6 +8,7 @@ from proxy.providers.base import Message
 from proxy.providers.engine_forms import (
     FACTS,
     MASKED,
+    PROSE_WEIGHT,
     SUMMARY,
     Form,
     Forms,
@@ -101,3 +102,20 @@ def test_a_fact_said_by_a_kept_message_is_left_out_of_every_message_that_repeats
         facts = [f for _rank, f in forms._candidates(i)]
         assert path not in facts
     assert "/srv/app/conf/worker_3.yml" in [f for _rank, f in forms._candidates(1)]
+
+
+def test_a_stub_gives_prose_more_room_than_a_tool_exchange_of_the_same_length() -> None:
+    text = "We moved to Lisbon in 2021 and Ana started at Feedzai. " * 40
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{}"}}
+    prose: list[Message] = [
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": "ok"},
+    ]
+    agent: list[Message] = [
+        {"role": "assistant", "content": text, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    told, ran = _forms(prose), _forms(agent)
+    assert told.fact_chars_of(0, 1) == int(told.fact_chars(0) * PROSE_WEIGHT)
+    assert ran.fact_chars_of(0, 1) == ran.fact_chars(0) >= len(text)
+    assert told.stub_cap(0, 2) > ran.stub_cap(0, 2)
