@@ -76,6 +76,7 @@ def _serve(args: argparse.Namespace) -> int:
         **protocol_options(head_limits(settings)),
     }
     if s.workers > 1:
+        from proxy.listeners import run_workers  # noqa: PLC0415
         from proxy.metrics import multiprocess_dir  # noqa: PLC0415
 
         # Each worker process rebuilds the app from the same config through the factory.
@@ -85,7 +86,9 @@ def _serve(args: argparse.Namespace) -> int:
         if args.upstream:
             os.environ["COMPACTD_UPSTREAM_URL"] = args.upstream
         with multiprocess_dir():
-            uvicorn.run("proxy.factory:app_from_env", factory=True, workers=s.workers, **common)
+            # A listening socket per worker, so the kernel balances connections between them.
+            app = "proxy.factory:app_from_env"
+            run_workers(uvicorn.Config(app, factory=True, workers=s.workers, **common))
         return 0
     from proxy.app import create_app  # noqa: PLC0415
 
