@@ -196,10 +196,15 @@ def test_workers_table_gives_the_ratio_and_the_bound_the_cpu_costs_allow() -> No
         "compactd-aiohttp": {"b": run(1000, 1.0), "c": run(1000, 1.0)},
         "compactd-aiohttp-w2": {"b": run(1800, 1.05), "c": run(1500, 1.2)},
     }
+    # Two runs of (b) with two workers: the fewer a worker held in any run is shown.
+    results["compactd-aiohttp-w2"]["b"].spreads = [(15, 17), (11, 21)]
     table = report.workers_table(results)
-    assert "| (b) c=32 | 1 | 1,000 (1.00) | 1.00x | 1.00x | 0.05 | 0.00 |" in table
-    assert "| (b) c=32 | 2 | 1,800 (1.05) | 1.80x | 1.82x | 0.05 | 0.00 |" in table
-    assert "| (c) 64 streams | 2 | 1,500 (1.20) | 1.50x | 1.60x | 0.05 | 0.00 |" in table
+    assert "| (b) c=32 | 1 | 1,000 (1.00) | 1.00x | 1.00x | 0.05 | 0.00 | - |" in table
+    assert "| (b) c=32 | 2 | 1,800 (1.05) | 1.80x | 1.82x | 0.05 | 0.00 | 11 of 32 |" in table
+    assert "| (c) 64 streams | 2 | 1,500 (1.20) | 1.50x | 1.60x | 0.05 | 0.00 | - |" in table
+    assert len(results["compactd-aiohttp-w2"]["b"].merged(run(1, 1)).spreads) == 2
+    one = loadgen.Result(completed=1, elapsed=1.0, spreads=[(15, 17)])
+    assert report.describe(one).endswith(", 0 errors, connections per worker 15/17")
 
 
 def test_report_shows_a_dash_where_the_load_generator_kept_no_latencies() -> None:
@@ -241,12 +246,17 @@ def test_wrk_counts_right_bodies_mismatches_and_non_200s(fixed_server: str) -> N
             raise AssertionError("wrk is not installed: apt-get install wrk (.ci/run does)")
         pytest.skip("wrk not installed (apt-get install wrk)")
     sc = loadgen.Scenario("b", b'{"model":"m"}', concurrency=2, seconds=1)
+    # The server is a thread of this process: "both workers" hold wrk's 2 connections.
+    workers = [os.getpid(), os.getpid()]
     good = asyncio.run(
-        wrkgen.run_wrk_scenario(fixed_server + "/ok", sc, b'{"ok":true}', [], warmup=0)
+        wrkgen.run_wrk_scenario(
+            fixed_server + "/ok", sc, b'{"ok":true}', [], warmup=0, workers=workers
+        )
     )
     assert good.count > 0
     assert (good.errors, good.mismatched_bodies) == (0, 0)
     assert good.client_cpu > 0
+    assert good.spreads == [(2, 2)]
     bad = asyncio.run(
         wrkgen.run_wrk_scenario(fixed_server + "/bad", sc, b'{"ok":true}', [], warmup=0)
     )

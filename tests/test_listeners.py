@@ -8,12 +8,17 @@ import pickle
 import select
 import signal
 import socket
+import sys
 from pathlib import Path
 
 import pytest
 
 from proxy.listeners import SUPPORTED, claim
 from tests.instances import Instance, instances
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "overhead"))
+
+from procs import connections_per_worker, spawned, tcp_sockets
 
 pytestmark = pytest.mark.skipif(not SUPPORTED, reason="SO_REUSEPORT balancing is Linux's")
 
@@ -23,32 +28,12 @@ CONNECTIONS = 64
 
 def _workers(server: Instance) -> list[int]:
     """uvicorn's worker processes (not multiprocessing's resource tracker)."""
-    return [
-        p
-        for p in server.worker_pids()[1:]
-        if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()
-    ]
-
-
-def _sockets(port: int, state: str) -> set[int]:
-    """Inodes of the TCP sockets on local port `port` in `state` (01 established, 0A listen)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
-                inodes.add(int(fields[9]))
-    return inodes
+    return spawned(server.worker_pids()[1:])
 
 
 def _connections_per_worker(server: Instance) -> dict[int, int]:
-    ours = _sockets(server.port, "01")
-    counts = {}
-    for pid in _workers(server):
-        fds = Path(f"/proc/{pid}/fd")
-        links = [os.readlink(fd) for fd in fds.iterdir() if fd.name.isdigit()]
-        counts[pid] = sum(1 for link in links if link[8:-1].isdigit() and int(link[8:-1]) in ours)
-    return counts
+    workers = _workers(server)
+    return dict(zip(workers, connections_per_worker(server.port, workers), strict=True))
 
 
 def _open_many(port: int) -> list[socket.socket]:
@@ -100,7 +85,7 @@ async def _until_both_listen(server: Instance, gone: int = -1) -> None:
         while (
             Path(f"/proc/{gone}").exists()  # a dying worker may list no cmdline yet hold fds
             or len(_workers(server)) < 2
-            or len(_sockets(server.port, "0A")) < 2
+            or len(tcp_sockets(server.port, "0A")) < 2
         ):
             await asyncio.sleep(0.1)
 

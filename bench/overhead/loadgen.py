@@ -42,6 +42,8 @@ class Result:
     """CPU seconds every core was busy meanwhile, whoever used them (see `other_cores`)."""
     completed: int = 0
     """Completed requests when no latencies were kept (wrk); else the latencies count them."""
+    spreads: list[tuple[int, ...]] = field(default_factory=list)
+    """Per run (wrk, several workers): the connections each worker held, sampled mid-run."""
 
     def merged(self, other: Result) -> Result:
         """This result and `other` (a later round of the same scenario) as one."""
@@ -58,6 +60,7 @@ class Result:
             upstream_cpu=self.upstream_cpu + other.upstream_cpu,
             machine_cpu=self.machine_cpu + other.machine_cpu,
             completed=self.completed + other.completed,
+            spreads=self.spreads + other.spreads,
         )
 
     @property

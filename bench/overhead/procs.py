@@ -66,6 +66,45 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def spawned(pids: list[int]) -> list[int]:
+    """The uvicorn workers among `pids`: the processes multiprocessing's `spawn_main` runs (not
+    its resource tracker, not the supervisor)."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+    return out
+
+
+def tcp_sockets(port: int, state: str = "01") -> set[int]:
+    """Inodes of the TCP sockets whose local port is `port`, in `state` (/proc/net/tcp's hex
+    code: 01 established, 0A listening): a server's ends of its connections."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == state:
+                    inodes.add(int(fields[9]))
+    return inodes
+
+
+def connections_per_worker(port: int, pids: list[int]) -> list[int]:
+    """How many of the established connections to `port` each process in `pids` holds."""
+    ours = {f"socket:[{inode}]" for inode in tcp_sockets(port)}
+    counts = []
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        held = 0
+        with contextlib.suppress(OSError):
+            for fd in fds.iterdir():
+                with contextlib.suppress(OSError):
+                    held += os.readlink(fd) in ours
+        counts.append(held)
+    return counts
+
+
 def autogroup_nice(pid: int) -> int | None:
     """The priority of `pid`'s scheduler autogroup ("/autogroup-110 nice 0"), None without one."""
     try:

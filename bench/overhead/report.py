@@ -132,11 +132,20 @@ def target_checks(results: Results) -> str:
 
 def describe(r: Result) -> str:
     """One run's figures on one line (printed per round, so a disturbed round shows)."""
+    spread = "".join(f", connections per worker {'/'.join(map(str, s))}" for s in r.spreads)
     return (
         f"{r.rps:,.0f} req/s, proxy {r.cpu_ms_per_request:.2f} ms/req, load generator "
         f"{r.client_cpu_ms_per_request:.2f}, nginx {r.upstream_cpu_ms_per_request:.2f}, "
-        f"other processes {r.other_cores:.2f} cores, {r.errors} errors"
+        f"other processes {r.other_cores:.2f} cores, {r.errors} errors{spread}"
     )
+
+
+def fewest(r: Result) -> str:
+    """The fewest connections a worker held in any run (of how many), '-' when not sampled."""
+    if not r.spreads:
+        return "-"
+    low = min(r.spreads, key=min)
+    return f"{min(low)} of {sum(low)}"
 
 
 def workers_table(results: Results, one: str = "compactd-aiohttp") -> str:
@@ -152,8 +161,8 @@ def workers_table(results: Results, one: str = "compactd-aiohttp") -> str:
         return ""
     out = [
         "| scenario | workers | req/s (proxy CPU ms/req) | ratio | CPU bound | "
-        "load gen + nginx ms/req | other processes, cores |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "load gen + nginx ms/req | other processes, cores | a worker's fewest connections |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for sc, label in (("b", "(b) c=32"), ("c", "(c) 64 streams")):
         if sc not in base:
@@ -171,6 +180,6 @@ def workers_table(results: Results, one: str = "compactd-aiohttp") -> str:
             ratio = r.rps / r1.rps if r1.rps else 0.0
             out.append(
                 f"| {label} | {n} | {r.rps:,.0f} ({p:.2f}) | {ratio:.2f}x | {bound:.2f}x "
-                f"| {g:.2f} | {r.other_cores:.2f} |"
+                f"| {g:.2f} | {r.other_cores:.2f} | {fewest(r)} |"
             )
     return "\n".join(out) + "\n"

@@ -36,6 +36,7 @@ from procs import (
     machine_busy_seconds,
     niced,
     set_autogroup_nice,
+    spawned,
 )
 from report import describe, render_table, target_checks, workers_table
 from spy import start_record, summarise
@@ -191,11 +192,11 @@ async def interleaved(
     up = functools.partial(total_cpu, upstream) if upstream else None
     for rnd in range(rounds):
         for sc in split_rounds(scs, rounds):
-            run = run_scenario
-            if loadgen == "wrk" and sc.name in WRK_SCENARIOS:
-                run = functools.partial(run_wrk_scenario, batch=batch)
             for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
                 url, pids = live[name]
+                run = run_scenario
+                if loadgen == "wrk" and sc.name in WRK_SCENARIOS:
+                    run = functools.partial(run_wrk_scenario, batch=batch, workers=spawned(pids))
                 cpu = functools.partial(total_cpu, pids) if pids else None
                 waited = await wait_quiet(*quiet) if quiet[0] else 0.0
                 res = await run(url, sc, expected, ref, cpu, up)

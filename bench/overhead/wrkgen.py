@@ -19,10 +19,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 from loadgen import Meter, Result, Scenario
-from procs import machine_busy_seconds
+from procs import connections_per_worker, machine_busy_seconds
 
 INSTALL = "wrk not found: apt-get install -y wrk (Debian's wrk 4.1)"
 MARK = "WRKJSON "
@@ -123,15 +124,25 @@ async def _wrk(argv: list[str]) -> tuple[str, float]:
     return text, usage.ru_utime + usage.ru_stime
 
 
+async def _spread(workers: list[int], url: str, after: float) -> tuple[int, ...]:
+    """The connections to `url`'s port each of `workers` holds, `after` seconds from now."""
+    await asyncio.sleep(after)
+    port = urllib.parse.urlsplit(url).port or 80
+    return tuple(sorted(connections_per_worker(port, workers)))
+
+
 async def run_wrk_scenario(
     url: str, sc: Scenario, expected: bytes, ref_events: list[bytes],
     cpu: Meter = None, upstream_cpu: Meter = None, warmup: float = 1.0, batch: bool = False,
+    workers: list[int] | None = None,
 ) -> Result:  # fmt: skip
     """Run `sc` (bounded in seconds) against `url` with wrk; `warmup` seconds before it (opening
     every connection, filling caches) are not counted.
 
     `batch` runs wrk SCHED_BATCH: an answer that wakes it does not preempt the proxy worker that
-    shares its core (with `--workers 2` on two cores), it runs at the worker's next yield."""
+    shares its core (with `--workers 2` on two cores), it runs at the worker's next yield.
+    With several `workers` (pids), how many of wrk's connections each holds is sampled once,
+    a second into the run (wrk opens them all at its start)."""
     exe = wrk_binary()
     if exe is None:
         raise SystemExit(INSTALL)
@@ -146,11 +157,17 @@ async def run_wrk_scenario(
         up0 = upstream_cpu() if upstream_cpu else 0.0
         machine0 = machine_busy_seconds()
         argv = wrk_argv(exe, url, script, sc.concurrency, sc.seconds, batch)
-        text, client = await _wrk(argv)
+        if workers and len(workers) > 1:
+            (text, client), spread = await asyncio.gather(
+                _wrk(argv), _spread(workers, url, min(1.0, sc.seconds / 2))
+            )
+        else:
+            (text, client), spread = await _wrk(argv), ()
         machine = machine_busy_seconds() - machine0
         server = cpu() - cpu0 if cpu else 0.0
         up = upstream_cpu() - up0 if upstream_cpu else 0.0
     res = to_result(parse_output(text), len(ref_events) if sc.stream else 0)
     res.server_cpu, res.client_cpu, res.upstream_cpu = server, client, up
     res.machine_cpu = machine
+    res.spreads = [spread] if spread else []
     return res
