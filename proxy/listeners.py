@@ -14,6 +14,11 @@ parent's claim is bound but never listens: it gets no connections, and holds the
 server's lifetime while workers come and go. A worker listens only once its app has started
 (uvicorn's `startup`), so no connection is queued at a worker that cannot answer yet, and a dead
 worker's socket closes with it, so new connections go to the live ones.
+
+The price: a worker that stops (SIGHUP's rolling restart, a crash) takes with it the connections
+the kernel had queued on its socket and it had not accepted yet (reset; Linux >= 5.14 hands them
+to another listener with `net.ipv4.tcp_migrate_req = 1`). Workers accept as soon as they can, so
+that queue is short; with one shared socket they waited for the next worker instead.
 """
 
 from __future__ import annotations
