@@ -1489,19 +1489,11 @@ static void init_terms(void) {
         term_char[ch] = !(ch && strchr(TERM_SEPARATORS, ch)) && !Py_UNICODE_ISSPACE(ch);
 }
 
-static PyObject *term_set(PyObject *module, PyObject *text) {
-    (void)module;
-    if (!PyUnicode_Check(text)) {
-        PyErr_SetString(PyExc_TypeError, "term_set() wants a str");
-        return NULL;
-    }
-    if (!PyUnicode_IS_ASCII(text))
-        Py_RETURN_NONE;
+/* The terms of the ASCII str `text` added to the set `found` in order; how many there are
+   (repeats included), or -1 on an error. */
+static Py_ssize_t add_terms(PyObject *found, PyObject *text) {
     const unsigned char *data = PyUnicode_1BYTE_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text), count = 0;
-    PyObject *found = PySet_New(NULL);
-    if (found == NULL)
-        return NULL;
     for (Py_ssize_t at = 0; at < n;) {
         if (!term_char[data[at]]) {
             at++;
@@ -1511,10 +1503,8 @@ static PyObject *term_set(PyObject *module, PyObject *text) {
         while (end < n && term_char[data[end]])
             end++;
         PyObject *term = PyUnicode_New(end - at, 127);
-        if (term == NULL) {
-            Py_DECREF(found);
-            return NULL;
-        }
+        if (term == NULL)
+            return -1;
         Py_UCS1 *out = PyUnicode_1BYTE_DATA(term);
         for (Py_ssize_t k = at; k < end; k++) {
             unsigned char ch = data[k];
@@ -1522,14 +1512,40 @@ static PyObject *term_set(PyObject *module, PyObject *text) {
         }
         int failed = PySet_Add(found, term);
         Py_DECREF(term);
-        if (failed < 0) {
-            Py_DECREF(found);
-            return NULL;
-        }
+        if (failed < 0)
+            return -1;
         count++;
         at = end;
     }
-    return Py_BuildValue("(Nn)", found, count);
+    return count;
+}
+
+/* terms_into(found, text) -> int | None: found.update(relevance.terms(text)) for an ASCII
+   text (the terms added in order, as update() adds a list's items: the same set), and how
+   many terms there are; None, `found` untouched, for any other text. */
+static PyObject *terms_into(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2 || !PySet_CheckExact(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "terms_into() wants a set and a str");
+        return NULL;
+    }
+    if (!PyUnicode_IS_ASCII(args[1]))
+        Py_RETURN_NONE;
+    Py_ssize_t count = add_terms(args[0], args[1]);
+    return count < 0 ? NULL : PyLong_FromSsize_t(count);
+}
+
+static PyObject *term_set(PyObject *module, PyObject *text) {
+    PyObject *found = PySet_New(NULL);
+    if (found == NULL)
+        return NULL;
+    PyObject *const args[2] = {found, text};
+    PyObject *count = terms_into(module, args, 2);
+    if (count == NULL || count == Py_None) {
+        Py_DECREF(found);
+        return count;
+    }
+    return Py_BuildValue("(NN)", found, count);
 }
 
 /* plain(value) -> bool: canonical._plain (whether orjson writes `value` as canonical_json
@@ -1740,6 +1756,9 @@ static PyMethodDef methods[] = {
     {"term_set", term_set, METH_O,
      "term_set(text) -> (set[str], int) | None: set(relevance.terms(text)) and len of it, for"
      " an ASCII text."},
+    {"terms_into", (PyCFunction)(void (*)(void))terms_into, METH_FASTCALL,
+     "terms_into(found, text) -> int | None: found.update(relevance.terms(text)) and how many"
+     " terms, for an ASCII text."},
     {"plain", plain, METH_O,
      "plain(value) -> bool: canonical._plain(value) (orjson writes it as canonical_json)."},
     {"shape_counts", (PyCFunction)(void (*)(void))shape_counts, METH_FASTCALL,

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from proxy.providers.base import Message
 from proxy.providers.engine_forms import DROPPED, FACTS, MASKED, SUMMARY
-from proxy.providers.relevance import Relevance, term_set, terms
+from proxy.providers.relevance import Relevance, add_terms, term_set
 from proxy.providers.units import Unit
 
 # What relevance adds to a tool result's key at most (age adds at most 1): a relevant output
@@ -88,7 +88,7 @@ def keep_keys(
     documents = [term_set(texts[i]) for i in older]
     wanted: set[str] = set()
     for i in query:
-        wanted.update(terms(texts[i]))
+        add_terms(wanted, texts[i])
     relevance = Relevance(documents, wanted)
     density = [relevance.score(d) / (len(texts[i]) + LENGTH_SMOOTHING) for d, i in enumerate(older)]
     if reaction is None:

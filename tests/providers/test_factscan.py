@@ -408,6 +408,43 @@ def test_native_term_set_is_python(text: str) -> None:
     assert relevance.term_set(text) == python
 
 
+@settings(max_examples=2000, deadline=None)
+@given(
+    st.lists(st.sampled_from(_TERM_PIECES), max_size=80).map("".join),
+    st.lists(st.sampled_from(["a", "foo", "x_1", "9", "z", "é"]), max_size=6),
+)
+def test_native_terms_into_is_python(text: str, before: list[str]) -> None:
+    _native()
+    assert relevance.NATIVE_TERMS_INTO is _factscan.terms_into
+    native, python = set(before), set(before)
+    count = _factscan.terms_into(native, text)
+    if not text.isascii():
+        assert count is None
+        assert native == set(before)  # untouched
+    else:
+        python.update(relevance.terms(text))
+        assert count == len(relevance.terms(text))
+        assert native == python
+        assert list(native) == list(python)  # added in the same order: the same iteration
+    found = set(before)
+    relevance.add_terms(found, text)
+    expected = set(before)
+    expected.update(relevance.terms(text))
+    assert found == expected
+    assert list(found) == list(expected)
+
+
+def test_add_terms_of_long_texts_and_bad_arguments() -> None:
+    _native()
+    found = {"zeta"}
+    relevance.add_terms(found, "Alpha beta_2 gamma.delta\n" * 3000)  # past SCAN_CHARS
+    assert found == {"zeta", "alpha", "beta_2", "gamma", "delta"}
+    with pytest.raises(TypeError):
+        _factscan.terms_into(["a"], "ab")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _factscan.terms_into(set(), b"ab")  # type: ignore[arg-type]
+
+
 def test_term_set_of_long_and_wide_texts() -> None:
     _native()
     long = "Alpha beta_2 gamma.delta\n" * 3000  # past SCAN_CHARS: split a piece at a time
