@@ -1060,6 +1060,129 @@ done:
     return out;
 }
 
+/* relevant_lines(text, scores, first_hit, start, end, max_chars, width) -> list[str]:
+   relevance.python_relevant_lines on a LineHits (its text, scores and first_hit): the lines
+   starting in [start, end) heaviest first (ties in text order), each up to its line break
+   (at most 4 * width on), stripped, the part around its first hit if longer than width,
+   taken while they fit max_chars (a repeat of a body taken is skipped), back in text order. */
+typedef struct {
+    Py_ssize_t line;
+    double score;
+    PyObject *body; /* the line's body once taken (a new reference), else NULL */
+} scored_line;
+
+static int heaviest_first(const void *a, const void *b) {
+    const scored_line *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? 1 : -1;
+    return (x->line > y->line) - (x->line < y->line);
+}
+
+static int by_line(const void *a, const void *b) {
+    const scored_line *x = a, *y = b;
+    return (x->line > y->line) - (x->line < y->line);
+}
+
+/* text[lo:hi].strip() (a slice past the end is cut at it, as in Python). */
+static PyObject *stripped(PyObject *text, Py_ssize_t lo, Py_ssize_t hi) {
+    PyObject *part = PyUnicode_Substring(text, lo, hi < lo ? lo : hi);
+    if (part == NULL)
+        return NULL;
+    PyObject *body = PyObject_CallMethod(part, "strip", NULL);
+    Py_DECREF(part);
+    return body;
+}
+
+static PyObject *relevant_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7 || !PyUnicode_Check(args[0]) || !PyDict_CheckExact(args[1]) ||
+        !PyDict_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "relevant_lines() wants a str, two dicts and four ints");
+        return NULL;
+    }
+    PyObject *text = args[0], *scores = args[1], *first_hit = args[2];
+    Py_ssize_t bounds[4];
+    for (int k = 0; k < 4; k++) {
+        bounds[k] = PyLong_AsSsize_t(args[3 + k]);
+        if (bounds[k] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    Py_ssize_t start = bounds[0], end = bounds[1], max_chars = bounds[2], width = bounds[3];
+    Py_ssize_t n = 0, key_pos = 0, used = 0;
+    PyObject *key, *value, *seen = NULL, *out = NULL;
+    scored_line *inside = PyMem_Calloc((size_t)(PyDict_GET_SIZE(scores) + 1), sizeof(scored_line));
+    if (inside == NULL)
+        return PyErr_NoMemory();
+    while (PyDict_Next(scores, &key_pos, &key, &value)) {
+        Py_ssize_t line = PyLong_AsSsize_t(key);
+        double score = PyFloat_AsDouble(value);
+        if ((line == -1 || score == -1.0) && PyErr_Occurred())
+            goto done;
+        if (start <= line && line < end) {
+            inside[n].line = line;
+            inside[n++].score = score;
+        }
+    }
+    qsort(inside, (size_t)n, sizeof(scored_line), heaviest_first);
+    if ((seen = PySet_New(NULL)) == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n && used < max_chars - 1; k++) {
+        Py_ssize_t line = inside[k].line;
+        Py_ssize_t limit = end < line + 4 * width ? end : line + 4 * width;
+        Py_ssize_t stop = PyUnicode_FindChar(text, '\n', line, limit, 1);
+        if (stop == -2)
+            goto done;
+        PyObject *body = stripped(text, line, stop < 0 ? limit : stop);
+        if (body != NULL && PyUnicode_GET_LENGTH(body) > width) {
+            Py_DECREF(body);
+            PyObject *where = PyLong_FromSsize_t(line);
+            PyObject *at = where == NULL ? NULL : PyDict_GetItemWithError(first_hit, where);
+            Py_XDECREF(where);
+            Py_ssize_t hit = at == NULL ? -1 : PyLong_AsSsize_t(at);
+            if (at == NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "relevant_lines(): a line without a first hit");
+            if (PyErr_Occurred())
+                goto done;
+            Py_ssize_t lo = hit - line - width / 3 > 0 ? hit - line - width / 3 : 0;
+            body = stripped(text, line + lo, line + lo + width);
+        }
+        if (body == NULL)
+            goto done;
+        Py_ssize_t size = PyUnicode_GET_LENGTH(body);
+        int known = size ? PySet_Contains(seen, body) : 1;
+        if (known == 0 && used + size + 1 <= max_chars) {
+            if (PySet_Add(seen, body) < 0)
+                known = -1;
+            inside[k].body = body;
+            used += size + 1;
+        } else {
+            Py_DECREF(body);
+        }
+        if (known < 0)
+            goto done;
+    }
+    /* The lines taken, back in text order. */
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t k = 0; k < n; k++)
+        if (inside[k].body != NULL)
+            inside[kept++] = inside[k];
+    n = kept;
+    qsort(inside, (size_t)n, sizeof(scored_line), by_line);
+    if ((out = PyList_New(n)) == NULL)
+        goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyList_SET_ITEM(out, k, inside[k].body);
+        inside[k].body = NULL;
+    }
+done:
+    for (Py_ssize_t k = 0; k < n; k++)
+        Py_XDECREF(inside[k].body);
+    PyMem_Free(inside);
+    Py_XDECREF(seen);
+    return out;
+}
+
 /* ---- text_index / occurs: whether many strs occur in one text (`needle in text`) ----
 
    A stub asks, for each of hundreds of candidate facts, whether the text of the messages every
@@ -1747,6 +1870,9 @@ static PyMethodDef methods[] = {
      "quote_into(quoted, matches) -> None: facts._quote_into."},
     {"line_hits", (PyCFunction)(void (*)(void))line_hits, METH_FASTCALL,
      "line_hits(pieces, terms, weights) -> (scores, first_hit): relevance.line_hits's finds."},
+    {"relevant_lines", (PyCFunction)(void (*)(void))relevant_lines, METH_FASTCALL,
+     "relevant_lines(text, scores, first_hit, start, end, max_chars, width) -> list[str]:"
+     " relevance.python_relevant_lines."},
     {"text_index", text_index, METH_O,
      "text_index(text) -> index: text indexed for occurs (the index holds the text)."},
     {"occurs", (PyCFunction)(void (*)(void))occurs, METH_FASTCALL,

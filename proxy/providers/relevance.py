@@ -194,10 +194,24 @@ def _line_starts(text: str) -> list[int]:
     return [0, *map(operator.add, accumulate(map(len, lines[:-1])), count(1))]
 
 
+# `python_relevant_lines` at C speed (proxy/providers/_factscan.c), where built.
+NATIVE_RELEVANT_LINES = native("relevant_lines")
+
+
 def relevant_lines(hits: LineHits, start: int, end: int, max_chars: int) -> list[str]:
     """The lines starting in text[start:end] that hold the most weight of the query's terms,
     best first until max_chars, back in text order. A line longer than `_LINE_WIDTH` gives the
     part around its first hit."""
+    if NATIVE_RELEVANT_LINES is None:
+        return python_relevant_lines(hits, start, end, max_chars)
+    found: list[str] = NATIVE_RELEVANT_LINES(
+        hits.text, hits.scores, hits.first_hit, start, end, max_chars, _LINE_WIDTH
+    )
+    return found
+
+
+def python_relevant_lines(hits: LineHits, start: int, end: int, max_chars: int) -> list[str]:
+    """`relevant_lines` in Python (the reference of the native one)."""
     text = hits.text
     chosen: list[tuple[int, str]] = []
     seen: set[str] = set()

@@ -221,6 +221,62 @@ def test_native_line_hits_on_any_text(text: str, cuts: list[tuple[int, int]]) ->
     assert native.first_hit == python.first_hit
 
 
+_LONG_LINE_PIECES = [*_LINE_PIECES, "abcdefgh ", "  ", "\t", "\n\n", " ab ab ab ab"]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.lists(st.sampled_from(_LONG_LINE_PIECES), max_size=80).map("".join),
+    st.lists(
+        st.tuples(st.sampled_from(_LINE_TERMS), st.sampled_from([0.0, 0.5, 1.0, 1.5, 3.0])),
+        max_size=5,
+    ),
+    st.integers(-3, 200),
+    st.integers(-3, 400),
+    st.integers(-2, 120),
+    st.integers(1, 30),
+)
+def test_native_relevant_lines_are_python(
+    text: str,
+    terms: list[tuple[str, float]],
+    start: int,
+    end: int,
+    max_chars: int,
+    width: int,
+) -> None:
+    _native()
+    assert relevance.NATIVE_RELEVANT_LINES is _factscan.relevant_lines
+    hits = relevance.python_line_hits(text, terms)
+    native = _factscan.relevant_lines(
+        text, hits.scores, hits.first_hit, start, end, max_chars, width
+    )
+    with pytest.MonkeyPatch.context() as patch:  # the reference reads its width from the module
+        patch.setattr(relevance, "_LINE_WIDTH", width)
+        assert native == relevance.python_relevant_lines(hits, start, end, max_chars)
+    assert relevance.relevant_lines(hits, start, end, max_chars) == (
+        relevance.python_relevant_lines(hits, start, end, max_chars)
+    )
+
+
+def test_native_relevant_lines_of_a_long_text_and_bad_arguments() -> None:
+    _native()
+    text = "\n".join(
+        f"line {k} of the Log: user_{k % 7} failed " + "x" * (k % 300) for k in range(3000)
+    )
+    hits = relevance.line_hits(text, [("user_3", 2.0), ("failed", 0.5), ("line 59", 3.0)])
+    for start, end, max_chars in ((0, len(text), 1200), (500, 90_000, 200), (0, len(text), 10**6)):
+        native = relevance.relevant_lines(hits, start, end, max_chars)
+        assert native == relevance.python_relevant_lines(hits, start, end, max_chars)
+    with pytest.raises(TypeError):
+        _factscan.relevant_lines(text, hits.scores, hits.first_hit, 0, 1, 2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _factscan.relevant_lines(b"ab", {}, {}, 0, 1, 2, 3)  # type: ignore[arg-type]
+    with pytest.raises(KeyError):
+        _factscan.relevant_lines("a" * 50, {0: 1.0}, {}, 0, 50, 100, 10)
+    with pytest.raises(TypeError):
+        _factscan.relevant_lines("ab", {"x": 1.0}, {}, 0, 50, 100, 10)
+
+
 _NAME_PIECES = [
     "a ", "a", "z", "1", "5G", ",", ";", " ", "\t", "\n", "Ab", "AB", "Abc", "X", "x", "-", "-b",
     "-B", "'s", "'", "\u2019", "\u00f7", "\u00d7", "ß", "À", "Þ", "é", "É", '"', "(", "\u201c",
