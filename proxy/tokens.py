@@ -47,6 +47,9 @@ class Encoder(Protocol):
 
 _SHORT = 32
 _SHORT_ENTRIES = 4096
+# Tool-call arguments counted, by hash (a 64-bit key, as the message cache's): a compacted
+# assistant message keeps its calls, and every form of it counts them again. Cleared when full.
+_ARGUMENT_ENTRIES = 4096
 _PIECE = 1 << 16
 _RUN = 1 << 13
 _ASCII_LETTERS = frozenset(string.ascii_letters)
@@ -107,6 +110,7 @@ class TokenCounter:
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._cache_size = cache_size
         self._short: dict[str, int] = {}
+        self._arguments: dict[int, int] = {}
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -310,11 +314,19 @@ class TokenCounter:
             return self.count_text(dump(call))
         name = call.get("name")
         args = call.get("arguments", call.get("input"))
-        return (
-            TOKENS_PER_TOOL_CALL
-            + self.count_text(name if isinstance(name, str) else "")
-            + self.count_text(args if isinstance(args, str) else dump(args or ""))
-        )
+        name_tokens = TOKENS_PER_TOOL_CALL + self.count_text(name if isinstance(name, str) else "")
+        if not isinstance(args, str):
+            return name_tokens + self.count_text(dump(args or ""))
+        if len(args) <= _SHORT or self._cache_size <= 0:
+            return name_tokens + self.count_text(args)
+        key = hash(args)
+        found = self._arguments.get(key)
+        if found is None:
+            found = self.count_text(args)
+            if len(self._arguments) >= _ARGUMENT_ENTRIES:
+                self._arguments.clear()
+            self._arguments[key] = found
+        return name_tokens + found
 
     def _tool_calls(self, calls: Any) -> int:
         if not isinstance(calls, list):

@@ -231,6 +231,32 @@ def test_short_strings_are_encoded_once_and_their_memory_is_bounded() -> None:
     assert encoder.calls.count("x" * 40) == 2  # long strings are never kept
 
 
+def test_a_rewritten_message_does_not_count_its_tool_calls_again() -> None:
+    encoder = CountingEncoder(load_encoding("o200k_base"))
+    counter = TokenCounter(encoder, cache_size=100)
+    args = '{"path": "src/module_7.py", "command": "view", "view_range": [1, 80]}'
+    calls = [{"id": "c1", "type": "function", "function": {"name": "edit", "arguments": args}}]
+    first = counter.count_message(
+        {"role": "assistant", "content": "Let me look.", "tool_calls": calls}
+    )
+    encoder.calls.clear()
+    rewritten = {"role": "assistant", "content": "[compacted] looked", "tool_calls": calls}
+    assert counter.count_message(rewritten) == first - counter.count_text("Let me look.") + (
+        counter.count_text("[compacted] looked")
+    )
+    assert args not in encoder.calls  # counted once, remembered by hash
+    for n in range(5_000):
+        counter.count_message({"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": f"{args} {n}"}}
+        ]})  # fmt: skip
+    assert len(counter._arguments) <= 4096
+    uncached = TokenCounter(encoder, cache_size=0)
+    encoder.calls.clear()
+    uncached.count_message(rewritten)
+    uncached.count_message(rewritten)
+    assert encoder.calls.count(args) == 2  # nothing kept without a cache
+
+
 def test_zero_cache_size_still_counts_correctly() -> None:
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=0)
     assert counter.count_messages(COOKBOOK_MESSAGES) == 124
