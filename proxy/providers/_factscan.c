@@ -538,6 +538,56 @@ static PyObject *names(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     return findall_with(args, nargs, "names", name_match, name_starts, 0);
 }
 
+/* name_facts(text, start, end, not_names) -> list[str]: the names facts.name_matches keeps
+   of names(text, start, end): a one-word name unless not_names holds it; a name of several
+   words (blanks between them) without the not_names words it starts with, joined by single
+   spaces, unless none is left. */
+static int name_fact(PyObject *out, PyObject *match, PyObject *not_names) {
+    if (PyUnicode_FindChar(match, ' ', 0, PY_SSIZE_T_MAX, 1) == -1 &&
+        PyUnicode_FindChar(match, '\t', 0, PY_SSIZE_T_MAX, 1) == -1) {
+        int known = PySet_Contains(not_names, match);
+        return known != 0 ? (known < 0 ? -1 : 0) : PyList_Append(out, match);
+    }
+    PyObject *words = PyUnicode_Split(match, NULL, -1);
+    if (words == NULL)
+        return -1;
+    Py_ssize_t n = PyList_GET_SIZE(words), first = 0;
+    int failed = 0;
+    while (first < n) {
+        int known = PySet_Contains(not_names, PyList_GET_ITEM(words, first));
+        if (known < 0)
+            failed = -1;
+        if (known != 1)
+            break;
+        first++;
+    }
+    if (!failed && first < n) {
+        PyObject *rest = PyList_GetSlice(words, first, n), *sep = PyUnicode_FromString(" ");
+        PyObject *name = rest == NULL || sep == NULL ? NULL : PyUnicode_Join(sep, rest);
+        failed = name == NULL ? -1 : PyList_Append(out, name);
+        Py_XDECREF(name);
+        Py_XDECREF(sep);
+        Py_XDECREF(rest);
+    }
+    Py_DECREF(words);
+    return failed;
+}
+
+static PyObject *name_facts(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4 || !PyAnySet_Check(args[3]))
+        return PyErr_Format(PyExc_TypeError, "name_facts() wants a str, two ints and a set");
+    PyObject *found = findall_with(args, 3, "name_facts", name_match, name_starts, 0);
+    if (found == NULL)
+        return NULL;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t k = 0; out != NULL && k < PyList_GET_SIZE(found); k++)
+        if (name_fact(out, PyList_GET_ITEM(found, k), args[3]) < 0)
+            Py_CLEAR(out);
+    Py_DECREF(found);
+    return out;
+}
+
 /* ---- Ranks: facts._rank(value) and the ranked distinct facts of facts._ranked_facts ---- */
 
 static const char PATHLIKE[] = "^[\\w.-]*/[\\w./-]*\\w$|^[\\w-]+\\.[a-z]{1,4}$";
@@ -1863,6 +1913,8 @@ static PyMethodDef methods[] = {
      " facts._QUOTED_PHRASE.finditer(text, start, end)."},
     {"names", (PyCFunction)(void (*)(void))names, METH_FASTCALL,
      "names(text, start, end) -> list[str]: facts._NAME.findall(text, start, end)."},
+    {"name_facts", (PyCFunction)(void (*)(void))name_facts, METH_FASTCALL,
+     "name_facts(text, start, end, not_names) -> list[str]: the names facts.name_matches keeps."},
     {"fact_rank", fact_rank, METH_O, "fact_rank(value) -> int: facts._rank(value)."},
     {"ranked", ranked, METH_O,
      "ranked(distinct) -> list[tuple[int, int, str]]: the ranked facts of facts._distinct."},

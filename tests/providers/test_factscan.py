@@ -294,6 +294,33 @@ def test_native_names_are_the_pattern(case: tuple[str, int, int]) -> None:
     assert _factscan.names(text, start, end) == facts._NAME.findall(text, start, end)
 
 
+_NAME_FACT_PIECES = [*_NAME_PIECES, "I ", "OK ", "Ok\t", "I'm ", "Bob ", "a I ", "a OK Ab "]
+
+
+@settings(max_examples=5000, deadline=None)
+@given(_span_text(_NAME_FACT_PIECES), st.sampled_from([facts._NOT_NAMES, frozenset(), {"Ab"}]))
+def test_native_name_facts_are_python(
+    case: tuple[str, int, int], not_names: frozenset[str]
+) -> None:
+    _native()
+    assert facts.NATIVE_NAME_FACTS is _factscan.name_facts
+    text, start, end = case
+    native = _factscan.name_facts(text, start, end, not_names)
+    assert native == facts.python_name_facts(text, start, end, not_names)
+
+
+def test_name_facts_drop_leading_non_names_and_reject_bad_arguments() -> None:
+    _native()
+    text = "we met Jay Chou and then OK Bob\tSmith, and I Ann with I"
+    expected = facts.python_name_facts(text, 0, len(text), facts._NOT_NAMES)
+    assert _factscan.name_facts(text, 0, len(text), facts._NOT_NAMES) == expected
+    assert "Bob Smith" in expected
+    with pytest.raises(TypeError):
+        _factscan.name_facts(text, 0, len(text))  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        _factscan.name_facts(text, 0, len(text), ["I"])  # type: ignore[arg-type]
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(max_size=200))
 def test_native_spans_on_any_text(text: str) -> None:
