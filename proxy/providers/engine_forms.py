@@ -385,10 +385,14 @@ class Forms:
         # Identifier-like: with a digit or `_` (and 4 characters), or 7 characters long (tested
         # inline: a reaction takes up hundreds of an output's terms). Only the first
         # _TAKEN_TERMS of the sorted order are wanted (the keys are distinct).
+        # (A word of letters only holds no digit: most terms are, and skip the character test.)
         found = [
             t
             for t in self.taken.get(i, ())
-            if (len(t) >= 7 or (len(t) >= 4 and ("_" in t or any(c.isdigit() for c in t))))
+            if (
+                len(t) >= 7
+                or (len(t) >= 4 and ("_" in t or (not t.isalpha() and any(c.isdigit() for c in t))))
+            )
             and t not in query
         ]
         weight = self.query_terms[0][1] if self.query_terms else 1.0
