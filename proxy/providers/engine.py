@@ -294,6 +294,24 @@ def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
     """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
+    result, cuttable = _compact(messages, config, opts, cut_final=False)
+    if cuttable and config.count_tokens(result.messages) > config.budget:
+        # The protected messages alone fit, so the final tool results were kept whole; but what
+        # the rest can shrink to does not count in that floor (the final assistant message keeps
+        # its tool calls, and on the Responses and Messages APIs its reasoning or thinking too;
+        # the stand-in for what was dropped). Cutting the final tool results is the last resort:
+        # taken only when it makes the request fit.
+        retry, _ = _compact(messages, config, opts, cut_final=True)
+        if config.count_tokens(retry.messages) <= config.budget:
+            return retry
+    return result
+
+
+def _compact(
+    messages: list[Message], config: CompressionConfig, opts: EngineOptions, *, cut_final: bool
+) -> tuple[CompactionResult, bool]:
+    """One compaction; `cut_final`: the final tool results may be cut even though the protected
+    messages alone fit the budget. Also says whether they were kept whole only for that reason."""
     units = split_units(messages)
     prot = protection(messages, units, config.keep_head, config.recency_turns)
     fixed = (
@@ -310,7 +328,8 @@ def compact(
     costs = [config.count_message(m) for m in messages]
     base = config.count_tokens([])  # reply priming and tool schemas: a request adds its messages
     floor = base + sum(costs[i] for i in fixed)
-    if not last or floor <= config.budget:
+    cuttable = bool(last) and not cut_final and floor <= config.budget
+    if not last or (floor <= config.budget and not cut_final):
         last = frozenset()
     fixed = fixed - last
     texts = [message_text(m) for m in messages]
@@ -390,7 +409,7 @@ def compact(
         out, used = _fill(plan, chosen, config, out, used)
     digest = forms.source_digest()
     if not used:
-        return CompactionResult(messages=list(messages), source_digest=digest)
+        return CompactionResult(messages=list(messages), source_digest=digest), cuttable
     levels = {step.level for step in steps[:chosen]} | ({FORCED} if chosen > len(steps) else set())
     return CompactionResult(
         messages=out,
@@ -398,4 +417,4 @@ def compact(
         covered_through=max(f.end for f in used) - 1,
         verbatim={f.ref: list(messages[f.start : f.end]) for f in used},
         limitations=[_LIMITATIONS[lv] for lv in sorted(levels)],
-    )
+    ), cuttable

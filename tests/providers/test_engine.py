@@ -270,6 +270,27 @@ def test_a_final_tool_result_is_cut_as_the_last_resort_so_a_feasible_request_fit
     assert uncompress(result.messages, result.verbatim).messages == messages
 
 
+def test_the_final_tool_result_is_cut_when_the_final_call_it_answers_does_not_leave_room() -> None:
+    # The protected messages and the final tool result alone fit, so the floor says the result
+    # may stay whole; but the final assistant message keeps its tool call (a long patch), and
+    # with it the request only fits once the result is cut. (Found on swe-agent runs in the
+    # Responses shape, where the final message also keeps its reasoning items.)
+    messages = _agent(3)
+    call = assistant("THOUGHT: apply the patch.", "c9")
+    call["tool_calls"][0]["function"]["arguments"] = json.dumps({"patch": _log(9, lines=25)})
+    messages += [call, tool("c9", _log(9, lines=50))]
+    budget = count_tokens([messages[0], messages[1], messages[-1]]) + 50
+    assert count_tokens([*messages[:2], *messages[-2:]]) > budget
+    result = compress(messages, budget)
+    assert count_tokens(result.messages) <= budget
+    assert check_result(messages, result, make_config(budget)) == []
+    assert result.messages[-2]["tool_calls"] == call["tool_calls"]
+    final = result.messages[-1]
+    assert final["tool_call_id"] == "c9"
+    assert REF_PATTERN.search(message_text(final)), "cut in place, with its reference"
+    assert uncompress(result.messages, result.verbatim).messages == messages
+
+
 def test_final_tool_results_stay_whole_when_the_rest_can_give_enough() -> None:
     messages = _agent(6)
     total = count_tokens(messages)
