@@ -13,7 +13,7 @@ results as one user message of tool_result blocks, and the client's sliding brea
 last block of the last message (moved every turn, as Claude Code does), thinking enabled.
 
 Each session's budget is bench/session.py's (on the chat form: what no provider may touch plus
-`--budget-ratio` of the rest). The proxy runs in-process (the default `trim` provider) in front
+`--budget-ratio` of the rest). The proxy runs in-process (the default chain, `engine`) in front
 of the fake upstreams of tests/api_fakes.py, which refuse what each real API refuses and simulate
 prompt caching (OpenAI: the longest common prefix with an earlier request, in 128-token steps
 from 1,024; Anthropic: read at a breakpoint or up to 20 blocks before one, written at each).
