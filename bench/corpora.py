@@ -39,8 +39,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_OUT = ROOT.parent / "shared" / "corpora"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.locations import corpora
+
 SWE_REPO = "gruckion+mini-swe-agent"
 SWE_COMMIT = "d12a71affd95403b036b2bdbd827349b77bfffb9"
 SWE_DIR = "swebench_results/20251118_gemini-3-pro-74pct/trajs"
@@ -334,7 +336,7 @@ def write(out: Path, name: str, cases: Iterator[dict[str, Any]]) -> None:
 def main() -> None:
     """Write every corpus whose source is at hand."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--out", type=Path, default=corpora())
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     args = parser.parse_args()
     write(args.out, "mini_swe_agent_trajs", swe_cases(args.mirrors))

@@ -8,7 +8,8 @@ best wall time and the median CPU time of the counting thread, with the load ave
 
     .venv/bin/python bench/count.py [--tokens 100000] [--runs 15]
 
-The conversation is built from real aider sessions (../shared/corpora, read in place, never copied).
+The conversation is built from real aider sessions (where bench/locations.py says: ../shared/corpora
+unless $BENCH_CORPORA is set; read in place, never copied).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +26,11 @@ from typing import Any
 import orjson
 import tiktoken
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import locations
 from proxy.encodings import load_encoding
 from proxy.tokens import TokenCounter
-
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpora" / "aider_chat_history"
-SESSIONS = CORPUS / "sessions_openai_with_console.jsonl"
 
 
 def build_conversation(target_tokens: int, counter: TokenCounter) -> list[dict[str, Any]]:
@@ -37,7 +39,7 @@ def build_conversation(target_tokens: int, counter: TokenCounter) -> list[dict[s
         {"role": "system", "content": "You are an expert software engineer."}
     ]
     total = counter.count_messages(messages)
-    with SESSIONS.open("rb") as fh:
+    with locations.corpus(locations.AIDER_SESSIONS).open("rb") as fh:
         for line in fh:
             for message in orjson.loads(line)["messages"]:
                 if total >= target_tokens:
@@ -81,7 +83,8 @@ def main() -> None:
     messages = build_conversation(args.tokens, sizer)
     body = {"model": "gpt-4o", "messages": messages}
     size = len(orjson.dumps(body))
-    print(f"conversation: {len(messages)} messages, {size / 1024:.0f} KiB, from {SESSIONS.name}")
+    source = locations.corpus(locations.AIDER_SESSIONS)
+    print(f"conversation: {len(messages)} messages, {size / 1024:.0f} KiB, from {source}")
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     texts = [m["content"] for m in messages if isinstance(m.get("content"), str)]
     print(f"{'':<21} {'cold (ms)':^26} {'warm (ms)':^26} {'tiktoken':>9}   ({args.runs} runs)")

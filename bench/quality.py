@@ -53,7 +53,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import quality_apis
+from bench import locations, quality_apis
 from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
@@ -70,9 +70,6 @@ from proxy.providers.units import (
 from proxy.providers.validate import check_result, pairing_problems
 from proxy.tokens import TokenCounter
 
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
-TAU = CORPORA / "tau_bench_airline_gpt4o"
-AIDER = CORPORA / "aider_chat_history" / "sessions_openai_with_console.jsonl"
 BUDGETS = (0.5, 0.25)
 # One user message holding only `[compactd:ref=<10 hex>]` costs up to 20 tokens (o200k_base):
 # the least that removing anything reversibly costs.
@@ -192,9 +189,10 @@ def answer_items(answers: Iterable[str]) -> set[str]:
 
 def load_tau(limit: int | None) -> list[Case]:
     """tau-bench airline runs with their tool schemas; facts from the ground-truth actions."""
-    tools = orjson.loads((TAU / "airline_tools.json").read_bytes())
+    tau = locations.corpus(locations.TAU)
+    tools = orjson.loads((tau / "airline_tools.json").read_bytes())
     cases = []
-    for line in (TAU / "messages_openai.jsonl").read_bytes().splitlines()[:limit]:
+    for line in (tau / "messages_openai.jsonl").read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
         wanted = {s for a in row["meta"]["task"]["actions"] for s in _scalars(a.get("kwargs"))}
         facts = probes(row["messages"], (s for s in wanted if any(c.isdigit() for c in s)))
@@ -205,7 +203,7 @@ def load_tau(limit: int | None) -> list[Case]:
 def load_aider(limit: int | None) -> list[Case]:
     """aider sessions with at least 4 messages; facts are file paths and backticked names."""
     cases = []
-    for line in AIDER.read_bytes().splitlines():
+    for line in locations.corpus(locations.AIDER_SESSIONS).read_bytes().splitlines():
         row = orjson.loads(line)
         messages = row["messages"]
         if len(messages) < 4:
@@ -230,7 +228,7 @@ NEW_CORPORA: dict[str, tuple[str, str]] = {
 def load_new(label: str, limit: int | None) -> list[Case]:
     """One of the corpora of bench/corpora.py (skipped, with a note, if it is not there)."""
     folder, rule = NEW_CORPORA[label]
-    path = CORPORA / folder / "conversations.jsonl"
+    path = locations.corpora() / folder / "conversations.jsonl"
     if not path.exists():
         print(f"({label}: {path} missing; run bench/corpora.py)", file=sys.stderr)
         return []

@@ -41,6 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import locations
 from bench.session_replay import (
     Recorder,
     TimedStore,
@@ -57,9 +58,6 @@ from proxy.store.factory import open_store
 from proxy.tokens import TokenCounter, Tokenizers
 from tests.upstream import serve
 
-CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
-TAU = CORPORA / "tau_bench_airline_gpt4o"
-AIDER = CORPORA / "aider_chat_history" / "sessions_openai_with_console.jsonl"
 REDIS_URL = "redis://127.0.0.1:6379/13"
 MODEL = "gpt-4o"
 BUDGET_HEADER = "x-bench-budget"
@@ -95,11 +93,12 @@ class Corpus:
 
 def load_corpora(limit: int, min_turns: int) -> list[Corpus]:
     """The first `limit` sessions of each corpus with at least `min_turns` requests."""
-    tools = json.loads((TAU / "airline_tools.json").read_text())
+    tau = locations.corpus(locations.TAU)
+    tools = json.loads((tau / "airline_tools.json").read_text())
     out = []
     for name, path, tool_list in (
-        ("tau-bench airline", TAU / "messages_openai.jsonl", tools),
-        ("aider (console kept)", AIDER, None),
+        ("tau-bench airline", tau / "messages_openai.jsonl", tools),
+        ("aider (console kept)", locations.corpus(locations.AIDER_SESSIONS), None),
     ):
         corpus = Corpus(name)
         with path.open() as f:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+from bench import locations
 
 # CI runs every property and state-machine test on the same examples (no flaky seeds); a deeper,
 # randomized run is `HYPOTHESIS_PROFILE=explore pytest`. Seeds that ever failed stay as @example.
@@ -20,21 +25,24 @@ settings.load_profile(
 )
 
 
-# No test may read the benchmark corpora beside the checkout (`../shared`, where bench/ looks
-# for them): a bare clone with nothing beside it must pass. Tests import bench modules, so a
-# read through them fails here, on every machine, not only on one without the corpora.
-_SHARED = str(Path(__file__).resolve().parents[2] / "shared") + os.sep
+# No test may read the benchmark corpora (a bare clone with nothing beside it must pass). Every
+# bench loader resolves them through bench/locations.py: here that is an empty directory, for
+# this process and every subprocess a test starts. A read of the default location beside the
+# checkout by any other route fails (an audit hook: open, listdir, scandir).
+os.environ[locations.ENV] = _EMPTY = tempfile.mkdtemp(prefix="compactd-tests-no-corpora-")
+atexit.register(shutil.rmtree, _EMPTY, ignore_errors=True)
+_BESIDE = str(locations.beside_checkout().parent) + os.sep
 _READS = frozenset({"open", "os.listdir", "os.scandir"})
 
 
-def _no_shared_reads(event: str, args: tuple[object, ...]) -> None:
+def _no_corpora_reads(event: str, args: tuple[object, ...]) -> None:
     if event in _READS and args and isinstance(args[0], (str, bytes, os.PathLike)):
         path = os.path.abspath(os.fsdecode(args[0]))  # type: ignore[arg-type]
-        if (path + os.sep).startswith(_SHARED):
-            raise PermissionError(f"a test read {path}: tests must not need ../shared")
+        if (path + os.sep).startswith(_BESIDE):
+            raise PermissionError(f"a test read {path}: tests must not need the corpora")
 
 
-sys.addaudithook(_no_shared_reads)
+sys.addaudithook(_no_corpora_reads)
 
 
 @pytest.fixture(scope="session", autouse=True)

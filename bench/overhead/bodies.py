@@ -7,15 +7,18 @@ events here once so the load generator can check each relayed event against the 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import locations
 
 MODEL_SMALL = "gpt-4o-mini"
 # A 1M-token context window keeps the ~100k-token body far under budget, so nothing is compacted
 # and the figure measures counting + forwarding only.
 MODEL_LARGE = "gpt-4.1"
 
-CORPORA = Path(__file__).resolve().parents[3] / "shared" / "corpora"
-AIDER = CORPORA / "aider_chat_history" / "sessions_openai.jsonl"
 
 _PROSE = (
     "The customer wants to change the return flight of reservation ZFA04Y from Newark to "
@@ -61,13 +64,14 @@ def _corpus_messages(corpus: Path) -> list[dict[str, object]]:
     ]
 
 
-def large_body(target_bytes: int = 400_000, corpus: Path = AIDER) -> bytes:
-    """A ~400 KB (~100k-token) chat request of real conversation turns, ending on a user turn."""
+def large_body(target_bytes: int = 400_000, corpus: Path | None = None) -> bytes:
+    """A ~400 KB (~100k-token) chat request of real conversation turns, ending on a user turn
+    (`corpus`: the aider sessions of bench/locations.py by default)."""
     messages: list[dict[str, object]] = [
         {"role": "system", "content": "You are an expert software engineer. Make minimal edits."}
     ]
     size = 0
-    for msg in _corpus_messages(corpus):
+    for msg in _corpus_messages(corpus or locations.corpus(locations.AIDER_PLAIN)):
         if size >= target_bytes:
             break
         messages.append({"role": msg["role"], "content": msg["content"]})
