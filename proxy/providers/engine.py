@@ -363,13 +363,18 @@ def _compact(
         return caps[s - len(steps) - 1] if s > len(steps) else None
 
     cache: dict[int, int] = {}
+    # The messages and forms of each rung priced: the answer is one of them, and building it
+    # again walks every unit of a long history for what the probe had (a build that collects
+    # them costs about what one that only prices does).
+    built: dict[int, tuple[list[Message], list[Form]]] = {}
     # The estimates say where the answer is; exact prices near there decide it.
     estimates = Estimates(plan)
 
     def cost(s: int) -> int:
         s = estimates.same_as(s)
         if s not in cache:
-            cache[s] = plan.build(min(s, len(steps)), force_cap(s), collect=False)[2]
+            out, used, cache[s] = plan.build(min(s, len(steps)), force_cap(s))
+            built[s] = (out, used)
         return cache[s]
 
     # If even the top rung (markers only) misses the budget, nothing fits, and forcing would
@@ -398,7 +403,7 @@ def _compact(
             chosen = search(config.budget)
     chosen = len(steps) if chosen is None else estimates.same_as(chosen)
     cap = force_cap(chosen)
-    out, used, _ = plan.build(min(chosen, len(steps)), cap)
+    out, used = built[chosen] if chosen in built else plan.build(min(chosen, len(steps)), cap)[:2]
     if cap is not None and chosen > len(steps) + 1:
         finer = _finer_cap(plan, cap, caps[chosen - len(steps) - 2], out, config)
         if finer != cap:

@@ -349,14 +349,12 @@ class Forms:
         The canonical JSON of a list is its items' joined by commas in brackets, so the many
         overlapping spans a search tries (stubs, merges) share the bytes."""
         cached = self._canonical
-        digest = hashlib.sha256(b"[")
         for i in range(start, end):
-            data = cached.get(i)
-            if data is None:
-                data = cached[i] = canonical_bytes(self.messages[i])
-            if i > start:
-                digest.update(b",")
-            digest.update(data)
+            if i not in cached:
+                cached[i] = canonical_bytes(self.messages[i])
+        # One update of the joined bytes: two calls a message cost more than the copy.
+        digest = hashlib.sha256(b"[")
+        digest.update(b",".join([cached[i] for i in range(start, end)]))
         digest.update(b"]")
         return digest.hexdigest()
 
@@ -717,10 +715,17 @@ class Forms:
         prefix = self._fact_prefix
         if not prefix:
             prefix.append(0)
+            own = self._chars
             for i, m in enumerate(self.messages):
-                chars = self.fact_chars(i)
-                if m.get("role") != "tool" and not m.get("tool_calls"):
-                    chars = int(chars * PROSE_WEIGHT)
+                if m.get("tool_calls"):
+                    chars = self.fact_chars(i)
+                else:
+                    # The fact text of a message without tool calls is its text: its length is
+                    # known, and most of a long history's are never wanted (only those a stub
+                    # reads are).
+                    chars = own[i + 1] - own[i]
+                    if m.get("role") != "tool":
+                        chars = int(chars * PROSE_WEIGHT)
                 prefix.append(prefix[-1] + chars)
         return prefix[end] - prefix[start]
 
