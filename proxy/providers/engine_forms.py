@@ -487,12 +487,16 @@ class Forms:
         if found is not None:
             return found
         found = []
+        # Below 2 * min_saving every form costs at least min_saving (most of a chat's messages).
+        if self.costs[i] < 2 * self.min_saving:
+            self._tried[key] = found
+            return found
         chars = self._chars[i + 1] - self._chars[i]
         # A multi-megabyte message is cut like a tool result, not summarized: splitting it into
         # sentences and freeing them would hold the GIL for tens of milliseconds.
         tool = self.messages[i].get("role") == "tool" or chars > SUMMARY_MAX_CHARS
-        # Below 2 * min_saving every form costs at least min_saving; masking is for tool results.
-        if self.costs[i] >= 2 * self.min_saving and (tool or level != MASKED):
+        # Masking is for tool results.
+        if tool or level != MASKED:
             if level != MASKED:
                 found = [(self.estimate(d), d) for d in self._duplicate_drafts(i)]
             if tool:
@@ -657,13 +661,17 @@ class Forms:
         if found is None:
             text = self._fact_text(i)
             known = self._shown_test() if self.shown else "".__contains__
+            # Each distinct word tested once (sentences start with the same words again).
             words = dict.fromkeys(
                 w
                 for start, end in scan_spans(text, SCAN_CHARS, " \n")
                 for w in _LEAD_WORD.findall(text, start, end)
-                if len(w) >= _MIN_LEAD and w not in _STARTERS and not known(w)
             )
-            found = self._leads[i] = [(_LEAD_RANK, w) for w in words]
+            found = self._leads[i] = [
+                (_LEAD_RANK, w)
+                for w in words
+                if len(w) >= _MIN_LEAD and w not in _STARTERS and not known(w)
+            ]
         return found
 
     def _shown_text(self) -> str:

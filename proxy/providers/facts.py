@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property, partial
+from operator import itemgetter
 from typing import Any
 
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
@@ -617,7 +618,7 @@ def _json_facts(items: dict[tuple[str, str], tuple[int, int]], max_chars: int) -
     chosen: list[tuple[int, str, str]] = []
     keys_used: set[str] = set()
     used = 0
-    for (key, text), (_rank, pos) in sorted(items.items(), key=lambda kv: kv[1]):
+    for (key, text), (_rank, pos) in sorted(items.items(), key=itemgetter(1)):
         cost = len(text) + 2 + (0 if key in keys_used else len(key) + 4)
         if used + cost > max_chars:
             continue
@@ -663,8 +664,8 @@ def analyze(text: str, memo: FactMemo | None = None) -> TextFacts:
 def candidates_of(found: TextFacts) -> list[tuple[int, str]]:
     """(rank, fact) pairs of an analysed text in order of appearance; lower ranks matter more."""
     if found.json is not None:
-        ranked = sorted(found.leaves.items(), key=lambda kv: kv[1][1])
-        return [(rank, fact) for (_key, fact), (rank, _pos) in ranked]
+        # In order of position already: each leaf's is how many were found before it.
+        return [(rank, fact) for (_key, fact), (rank, _pos) in found.leaves.items()]
     return [(rank, fact) for rank, _pos, fact in found.ranked]
 
 

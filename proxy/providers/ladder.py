@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import NamedTuple
 
 from proxy.providers.base import Message
@@ -129,16 +130,20 @@ def ladder(
     unit_of = {i: u for u, unit in enumerate(units) for i in unit.indices()}
     final = {unit_of[i] for i in last}
     movable = [i for i in range(len(messages)) if i not in fixed and unit_of[i] not in final]
-    movable.sort(key=lambda i: (keys[i], i))
+    # By key, ties in message order: the sort is stable and `movable` ascends.
+    movable.sort(key=keys.__getitem__)
     is_tool: Callable[[int], bool] = lambda i: messages[i].get("role") == "tool"  # noqa: E731
     steps = [Step(unit_of[i], MASKED, i) for i in movable if is_tool(i)]
     left = Counter(unit_of[i] for i in movable)
+    # A long history has thousands of steps: made as tuples of their class directly (what
+    # `Step(...)` does through a Python-level `__new__`).
+    make = partial(tuple.__new__, Step)
     for i in movable:
         u = unit_of[i]
-        steps += (Step(u, SUMMARY, i), Step(u, FACTS, i))
+        steps += (make((u, SUMMARY, i)), make((u, FACTS, i)))
         left[u] -= 1
         if not left[u] and can_drop[u]:
-            steps.append(Step(u, DROPPED))
+            steps.append(make((u, DROPPED, -1)))
     tail = [i for u in sorted(final) for i in units[u].indices() if i not in fixed]
     for level in (MASKED, SUMMARY, FACTS):
         steps += [Step(unit_of[i], level, i) for i in tail if level != MASKED or is_tool(i)]
