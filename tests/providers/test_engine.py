@@ -564,3 +564,23 @@ def test_a_stub_lists_the_content_words_that_start_sentences_after_its_facts() -
     stubs = [message_text(m) for m in result.messages if "dropped" in message_text(m)]
     assert sum(kind in s for s in stubs for kind in kinds) >= 2
     assert not any(", The" in s or ", Now" in s or ", Sure" in s for s in stubs)
+
+
+def test_a_stub_lists_the_lead_words_the_conversation_says_again_before_those_said_once() -> None:
+    # Each message opens with a word said once (a greeting, an exclamation) and later says a
+    # word that the conversation also writes in lower case: in a share that holds a few of
+    # them, the words said again come first, whatever their place.
+    once = ["Welcome", "Absolutely", "Congratulations", "Splendid", "Fabulous", "Marvellous"]
+    again = ["Team", "Playtesters", "Roguelike"]
+    messages = [user(f"{w} there. " + words(30, "filler")) for w in once]
+    messages += [user(f"{w} matter here. " + words(30, "filler")) for w in again]
+    messages.append(user("How big is the team, and what do the playtesters say of the roguelike?"))
+    settings = FormSettings(0.4, 0.4, 0.1, 1500)
+    costs = [count_message(m) for m in messages]
+    forms = Forms(messages, make_config(10_000), settings, {}, costs)
+    # Room for a few lead words only (they get half the room of a filled stub).
+    stub = forms.stub_sized(0, len(messages) - 1, 60)
+    assert stub is not None
+    listed = stub.body.removeprefix("facts: ").split(", ")
+    assert set(again) <= set(listed), stub.body
+    assert len(set(listed) & set(once)) < len(once), stub.body
