@@ -1903,6 +1903,117 @@ static PyObject *unshown(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return kept;
 }
 
+/* json_items(value, id_like) -> dict: facts.python_json_items(value). `id_like` is
+   facts._id_like, asked only about strings that are not ASCII: of an ASCII one it is decided
+   here (a JSON output's keys and values are ASCII ids, codes and numbers nearly always). */
+static int ascii_id_like(PyObject *text) {
+    const unsigned char *data = PyUnicode_1BYTE_DATA(text);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(text), digits = 0;
+    int code = n >= 5 && n <= 8; /* _CODE: [A-Z0-9]{5,8} */
+    if (n == 0)
+        return 0;
+    for (Py_ssize_t k = 0; k < n; k++) { /* _ID_SHAPE: [\w.@-]+ */
+        unsigned char ch = data[k];
+        int digit = ch >= '0' && ch <= '9', upper = ch >= 'A' && ch <= 'Z';
+        if (!(digit || upper || (ch >= 'a' && ch <= 'z') || ch == '_' || ch == '.' || ch == '@' ||
+              ch == '-'))
+            return 0;
+        digits += digit;
+        code = code && (digit || upper);
+    }
+    return digits >= 3 || code; /* _THREE_DIGITS: three digits anywhere */
+}
+
+typedef struct {
+    PyObject *items, *id_like, *skipped; /* skipped: the tuple (None, "", False) */
+} json_walk;
+
+static int json_like(json_walk *walk, PyObject *text) {
+    if (PyUnicode_Check(text) && PyUnicode_IS_ASCII(text))
+        return ascii_id_like(text);
+    PyObject *found = PyObject_CallOneArg(walk->id_like, text);
+    if (found == NULL)
+        return -1;
+    int like = PyObject_IsTrue(found);
+    Py_DECREF(found);
+    return like;
+}
+
+/* items.setdefault((key, text), (rank, len(items))) */
+static int json_item(json_walk *walk, PyObject *key, PyObject *text, long rank) {
+    PyObject *pair = PyTuple_Pack(2, key, text);
+    if (pair == NULL)
+        return -1;
+    int has = PyDict_Contains(walk->items, pair);
+    if (has == 0) {
+        PyObject *place = Py_BuildValue("(ln)", rank, PyDict_GET_SIZE(walk->items));
+        has = place == NULL ? -1 : PyDict_SetItem(walk->items, pair, place);
+        Py_XDECREF(place);
+    }
+    Py_DECREF(pair);
+    return has < 0 ? -1 : 0;
+}
+
+static int json_walk_node(json_walk *walk, PyObject *node, PyObject *key, long depth) {
+    if (Py_EnterRecursiveCall(" in json_items()"))
+        return -1;
+    int failed = 0;
+    if (PyDict_Check(node)) {
+        Py_ssize_t at = 0;
+        PyObject *k, *v;
+        while (!failed && PyDict_Next(node, &at, &k, &v)) {
+            Py_INCREF(v); /* `id_like` may run code */
+            PyObject *name = PyObject_Str(k);
+            int like = name == NULL ? -1 : json_like(walk, name);
+            failed = like < 0 || (like && json_item(walk, key, name, 0) < 0) ||
+                     json_walk_node(walk, v, name, depth + 1) < 0;
+            Py_XDECREF(name);
+            Py_DECREF(v);
+        }
+    } else if (PyList_Check(node)) {
+        for (Py_ssize_t k = 0; !failed && k < PyList_GET_SIZE(node); k++) {
+            PyObject *v = PyList_GET_ITEM(node, k);
+            Py_INCREF(v);
+            failed = json_walk_node(walk, v, key, depth + 1) < 0;
+            Py_DECREF(v);
+        }
+    } else {
+        int skip = PySequence_Contains(walk->skipped, node);
+        if (skip == 0 && !PyBool_Check(node)) {
+            PyObject *text = PyObject_Str(node);
+            int like = text == NULL ? -1 : json_like(walk, text);
+            long rank = like ? 0 : (PyLong_Check(node) || PyFloat_Check(node)) ? 1
+                                                                                : 2 + (depth < 3 ? depth : 3);
+            failed = like < 0 || json_item(walk, key, text, rank) < 0;
+            Py_XDECREF(text);
+        } else {
+            failed = skip < 0;
+        }
+    }
+    Py_LeaveRecursiveCall();
+    return failed ? -1 : 0;
+}
+
+static PyObject *json_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "json_items() wants a value and id_like");
+        return NULL;
+    }
+    json_walk walk = {PyDict_New(), args[1], NULL};
+    PyObject *empty = PyUnicode_New(0, 0);
+    if (walk.items != NULL && empty != NULL)
+        walk.skipped = PyTuple_Pack(3, Py_None, empty, Py_False);
+    int failed = walk.skipped == NULL || json_walk_node(&walk, args[0], empty, 0) < 0;
+    Py_XDECREF(empty);
+    Py_XDECREF(walk.skipped);
+    if (failed) {
+        Py_XDECREF(walk.items);
+        return NULL;
+    }
+    return walk.items;
+}
+
 static PyMethodDef methods[] = {
     {"fact_matches", fact_matches, METH_O,
      "fact_matches(text) -> list[str]: facts._FACT.findall(text), at C speed."},
@@ -1943,6 +2054,8 @@ static PyMethodDef methods[] = {
      "shape_counts(group, shapes, fact_shape) -> dict[str, set[str]]: facts.shape_counts."},
     {"unshown", (PyCFunction)(void (*)(void))unshown, METH_FASTCALL,
      "unshown(found, shown, occurs) -> list: facts.python_unshown."},
+    {"json_items", (PyCFunction)(void (*)(void))json_items, METH_FASTCALL,
+     "json_items(value, id_like) -> dict: facts.python_json_items(value)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1968,7 +2081,10 @@ PyMODINIT_FUNC PyInit__factscan(void) {
         PyModule_AddStringConstant(m, "MIN_FACT_LEN", MIN_FACT_LEN) < 0 ||
         PyModule_AddStringConstant(m, "SALIENT", SALIENT) < 0 ||
         PyModule_AddStringConstant(m, "TERM_SEPARATORS", TERM_SEPARATORS) < 0 ||
-        PyModule_AddStringConstant(m, "DIGIT_RUN", "\\d+") < 0) {
+        PyModule_AddStringConstant(m, "DIGIT_RUN", "\\d+") < 0 ||
+        PyModule_AddStringConstant(m, "ID_SHAPE", "[\\w.@-]+") < 0 ||
+        PyModule_AddStringConstant(m, "THREE_DIGITS", "\\d\\D*\\d\\D*\\d") < 0 ||
+        PyModule_AddStringConstant(m, "CODE", "[A-Z0-9]{5,8}") < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -582,7 +582,16 @@ def _id_like(value: str) -> bool:
 
 
 def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
-    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too."""
+    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too
+    (at C speed where built: a long agent run's JSON outputs have thousands of leaves)."""
+    if NATIVE_JSON_ITEMS is not None:
+        items: dict[tuple[str, str], tuple[int, int]] = NATIVE_JSON_ITEMS(value, _id_like)
+        return items
+    return python_json_items(value)
+
+
+def python_json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
+    """`_json_items` in Python (the reference of the native one)."""
     items: dict[tuple[str, str], tuple[int, int]] = {}
     # Keys and values repeat through a document (`flight_number` in every element): each
     # distinct string is tested once.
@@ -631,6 +640,15 @@ def _json_facts(items: dict[tuple[str, str], tuple[int, int]], max_chars: int) -
     for _pos, key, text in sorted(chosen):
         groups.setdefault(key, []).append(text)
     return "; ".join(f"{k}: {', '.join(v)}" if k else ", ".join(v) for k, v in groups.items())
+
+
+# `_json_items` at C speed, with `_id_like` of an ASCII string decided there, where built.
+NATIVE_JSON_ITEMS = native(
+    "json_items",
+    (_ID_SHAPE.pattern, "ID_SHAPE"),
+    (_THREE_DIGITS.pattern, "THREE_DIGITS"),
+    (_CODE.pattern, "CODE"),
+)
 
 
 @dataclass(frozen=True)

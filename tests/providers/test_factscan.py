@@ -605,3 +605,57 @@ def test_native_unshown_checks_its_arguments() -> None:
     with pytest.raises(ZeroDivisionError):
         _factscan.unshown([(0, "ab")], {}, lambda fact: 1 / 0)
     assert facts.unshown([(0, "ab"), (1, "cd")], {"cd": False}, "xab".__contains__) == [(1, "cd")]
+
+
+_JSON_STRINGS = st.one_of(
+    st.sampled_from(["", "a", "HAT069", "ABCDE", "ABCDEFGHI", "x_1", "12", "1.2.3", "é", "ÉÉ123"]),
+    st.text(st.characters(codec="ascii"), max_size=12),
+    st.text(max_size=8),
+)
+_JSON_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**20), 10**20),
+    st.sampled_from([0, 0.0, -0.0, 1.5, float("nan"), float("inf")]),
+    st.floats(allow_nan=False),
+    _JSON_STRINGS,
+)
+_JSON = st.recursive(
+    _JSON_SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(_JSON_STRINGS, inner, max_size=4)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_JSON)
+def test_native_json_items_are_python(value: object) -> None:
+    _native()
+    assert facts.NATIVE_JSON_ITEMS is _factscan.json_items
+    native = _factscan.json_items(value, facts._id_like)
+    assert list(native.items()) == list(facts.python_json_items(value).items())
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(st.characters(codec="ascii"), max_size=12))
+def test_native_json_items_decide_ascii_ids_as_python(text: str) -> None:
+    _native()
+    # An ASCII key or value is decided in C, without asking `id_like`.
+    native = _factscan.json_items({text: [text]}, lambda _text: 1 / 0)
+    assert list(native.items()) == list(facts.python_json_items({text: [text]}).items())
+
+
+def test_native_json_items_ask_id_like_of_other_strings() -> None:
+    _native()
+    assert _factscan.json_items({"é": "ü"}, lambda text: text == "ü") == {("é", "ü"): (0, 0)}
+    with pytest.raises(ZeroDivisionError):
+        _factscan.json_items(["é"], lambda text: 1 / 0)
+    with pytest.raises(TypeError):
+        _factscan.json_items([])  # type: ignore[call-arg]
+    nested: list[object] = []
+    for _ in range(100_000):
+        nested = [nested]
+    with pytest.raises(RecursionError):
+        _factscan.json_items(nested, facts._id_like)
