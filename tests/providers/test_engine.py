@@ -566,6 +566,30 @@ def test_a_stub_lists_the_content_words_that_start_sentences_after_its_facts() -
     assert not any(", The" in s or ", Now" in s or ", Sure" in s for s in stubs)
 
 
+def test_a_coding_chats_stub_lists_its_newest_messages_facts_first_a_narratives_its_first() -> None:
+    # Each message names its own file; a room for a few of them keeps the newest files of a
+    # chat with code fences (where the work is now) and the first ones of a chat without.
+    def chat_about(fenced: bool) -> list[Message]:
+        out: list[Message] = []
+        for k in range(8):
+            code = f"\n```python\nx = {k}\n```" if fenced else ""
+            out.append(user(f"Please edit src/module_{k}.py now." + code + " " + words(20, "w")))
+        out.append(user("What next?"))
+        return out
+
+    settings = FormSettings(0.4, 0.4, 0.1, 1500)
+    for fenced in (True, False):
+        messages = chat_about(fenced)
+        costs = [count_message(m) for m in messages]
+        forms = Forms(messages, make_config(10_000), settings, {}, costs)
+        stub = forms.stub_sized(0, len(messages) - 1, 60)
+        assert stub is not None
+        listed = [f"src/module_{k}.py" in stub.body for k in range(8)]
+        assert 0 < sum(listed) < 8, stub.body
+        assert listed[-1] is fenced, stub.body
+        assert listed[0] is not fenced, stub.body
+
+
 def test_a_stub_lists_the_lead_words_the_conversation_says_again_before_those_said_once() -> None:
     # Each message opens with a word said once (a greeting, an exclamation) and later says a
     # word that the conversation also writes in lower case: in a share that holds a few of
