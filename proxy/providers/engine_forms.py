@@ -87,6 +87,8 @@ _MIN_LEAD = 3
 # never one left out.)
 _LEAD_RANK = 4
 _LEAD_ONCE_RANK = 5
+# Characters of the latest prose a lead word is searched in.
+PROSE_SEARCH = 1 << 18
 _LEAD_SHARE = 8
 _FILL_LEAD_SHARE = 2
 # (A coding chat's stub reads its messages' facts newest first, see `Forms._coding`; dev split,
@@ -702,14 +704,21 @@ class Forms:
         return found
 
     def _prose_lowered(self) -> str:
-        """The conversation's prose, lowered: the text of the messages that are no tool result
-        and make no tool call (joined once, when a lead word is first ranked)."""
+        """The conversation's latest prose, lowered: the text of the messages that are no tool
+        result and make no tool call, newest first, up to PROSE_SEARCH characters (joined once,
+        when a lead word is first ranked: a multi-megabyte history is not lowered and searched
+        whole, which held the event loop for ~20 ms)."""
         if self._prose is None:
-            self._prose = "\n".join(
-                message_text(m)
-                for m in self.messages
-                if m.get("role") != "tool" and not m.get("tool_calls")
-            ).lower()
+            parts: list[str] = []
+            left = PROSE_SEARCH
+            for m in reversed(self.messages):
+                if left <= 0:
+                    break
+                if m.get("role") != "tool" and not m.get("tool_calls"):
+                    text = message_text(m)[:left]
+                    parts.append(text)
+                    left -= len(text) + 1
+            self._prose = "\n".join(parts).lower()
         return self._prose
 
     def _shown_text(self) -> str:

@@ -608,3 +608,18 @@ def test_a_stub_lists_the_lead_words_the_conversation_says_again_before_those_sa
     listed = stub.body.removeprefix("facts: ").split(", ")
     assert set(again) <= set(listed), stub.body
     assert len(set(listed) & set(once)) < len(once), stub.body
+
+
+def test_lead_words_are_searched_in_a_bounded_share_of_a_huge_historys_prose() -> None:
+    # A multi-megabyte history is not lowered and searched whole for each lead word (one call
+    # over it held the event loop for ~20 ms): only its latest prose, up to PROSE_SEARCH.
+    line = "Team notes. " + words(40, "w") + "\n"
+    messages = [user(line * 400) for _ in range(30)]
+    settings = FormSettings(0.4, 0.4, 0.1, 1500)
+    costs = [count_message(m) for m in messages]
+    forms = Forms(messages, make_config(10_000), settings, {}, costs)
+    assert sum(len(message_text(m)) for m in messages) > 2 * engine_forms.PROSE_SEARCH
+    stub = forms.stub_sized(0, len(messages) - 1, 400)
+    assert stub is not None
+    assert "Team" in stub.body
+    assert len(forms._prose_lowered()) <= engine_forms.PROSE_SEARCH + len(messages)
