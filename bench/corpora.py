@@ -1,6 +1,6 @@
 """Convert more kinds of real, permissively licensed conversations into benchmark corpora.
 
-    .venv/bin/python bench/corpora.py [--out ../shared/corpora] [--mirrors /work/.mirror]
+    .venv/bin/python bench/corpora.py [--out DIR] [--mirrors /work/.mirror]   # DIR: $BENCH_CORPORA
 
 Each corpus lands in `<out>/<name>/conversations.jsonl` (one `{"id", "split", "messages",
 "answers", ...}` object a line: OpenAI chat messages, "dev" or "held-out", and the raw material
@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.locations import corpora
+from bench.locations import CONVERTED, corpora
 
 SWE_REPO = "gruckion+mini-swe-agent"
 SWE_COMMIT = "d12a71affd95403b036b2bdbd827349b77bfffb9"
@@ -336,13 +336,15 @@ def write(out: Path, name: str, cases: Iterator[dict[str, Any]]) -> None:
 def main() -> None:
     """Write every corpus whose source is at hand."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=corpora())
+    parser.add_argument("--out", type=Path, default=None, help="default: $BENCH_CORPORA")
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     args = parser.parse_args()
-    write(args.out, "mini_swe_agent_trajs", swe_cases(args.mirrors))
-    write(args.out, "memorybank_chats", memorybank_cases(args.mirrors))
-    write(args.out, "memory_benchmark_sessions", jenverse_cases(args.mirrors))
-    write(args.out, "chitchat_long", chitchat_cases())
+    out = args.out or corpora()
+    swe, memorybank, memory_tests, chitchat = CONVERTED
+    write(out, swe, swe_cases(args.mirrors))
+    write(out, memorybank, memorybank_cases(args.mirrors))
+    write(out, memory_tests, jenverse_cases(args.mirrors))
+    write(out, chitchat, chitchat_cases())
 
 
 if __name__ == "__main__":

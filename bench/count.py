@@ -8,8 +8,8 @@ best wall time and the median CPU time of the counting thread, with the load ave
 
     .venv/bin/python bench/count.py [--tokens 100000] [--runs 15]
 
-The conversation is built from real aider sessions (where bench/locations.py says: ../shared/corpora
-unless $BENCH_CORPORA is set; read in place, never copied).
+The conversation is built from real aider sessions (under the directory `$BENCH_CORPORA` names;
+read in place, never copied).
 """
 
 from __future__ import annotations

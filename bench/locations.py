@@ -1,7 +1,8 @@
-"""Where the benchmark corpora are: `$BENCH_CORPORA`, else `shared/corpora` beside the
-checkout (never inside the repository). Resolved when a corpus is read, not at import, so one
-setting moves every bench script; the test suite points it at an empty directory (a test cannot
-read the corpora, not even through bench/ or a subprocess it starts)."""
+"""Where the benchmark corpora are: the directory `$BENCH_CORPORA` names (the README's
+"Compaction quality" says where they live and how to make the converted ones). There is no
+default: nothing in this repository knows a path to them, so code that runs without the
+variable, the test suite above all, cannot read them by any route through bench/. Resolved when
+a corpus is read, not at import, so one setting moves every bench script."""
 
 from __future__ import annotations
 
@@ -10,21 +11,34 @@ from pathlib import Path
 
 ENV = "BENCH_CORPORA"
 TAU = "tau_bench_airline_gpt4o"
-AIDER_SESSIONS = "aider_chat_history/sessions_openai_with_console.jsonl"
+AIDER = "aider_chat_history"
+AIDER_SESSIONS = f"{AIDER}/sessions_openai_with_console.jsonl"
 """aider sessions with the console output kept (bench/quality, bench/session, bench/count)."""
-AIDER_PLAIN = "aider_chat_history/sessions_openai.jsonl"
+AIDER_PLAIN = f"{AIDER}/sessions_openai.jsonl"
 """aider sessions without it (bench/overhead's large bodies)."""
+CONVERTED = (
+    "mini_swe_agent_trajs",
+    "memorybank_chats",
+    "memory_benchmark_sessions",
+    "chitchat_long",
+)
+"""The folders bench/corpora.py writes."""
+FOLDERS = (TAU, AIDER, *CONVERTED)
+"""Every corpus folder, wherever the corpora are."""
 
 
-def beside_checkout() -> Path:
-    """The default: `../shared/corpora` relative to the repository root."""
-    return Path(__file__).resolve().parents[2] / "shared" / "corpora"
+class CorporaUnsetError(FileNotFoundError):
+    """`$BENCH_CORPORA` is not set: a bench asked for a corpus with nowhere to look."""
 
 
 def corpora() -> Path:
-    """The corpora directory in effect."""
+    """The corpora directory `$BENCH_CORPORA` names."""
     configured = os.environ.get(ENV)
-    return Path(configured) if configured else beside_checkout()
+    if not configured:
+        raise CorporaUnsetError(
+            f"set {ENV} to the benchmark corpora's directory (README: 'Compaction quality')"
+        )
+    return Path(configured)
 
 
 def corpus(relative: str) -> Path:

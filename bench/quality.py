@@ -2,16 +2,16 @@
 
     .venv/bin/python bench/quality.py [--limit N] [--providers trim,engine,...] [--corpora ...]
 
-Corpora are read in place from ../shared/corpora (never copied): tau-bench airline (with its 14
-tool schemas), aider sessions (console output kept), and the kinds bench/corpora.py converts:
-coding-agent trajectories (`swe-agent`), multi-session chats with questions about earlier
-sessions (`memorybank`, `memory-tests`) and long open-domain chats (`chitchat`). Budgets are
-50 % and 25 % of each conversation's own tokens (o200k_base, tools included). Every provider is
-compared with the naive baseline `drop-oldest` (drop the oldest whole units until it fits, like
-LiteLLM's `trim_messages` but never orphaning a tool result; see `DropOldest`). `summarize` runs
-with a deterministic fake completer that answers with the extractive summary of what it was asked to
-summarize, cut to the word limit its prompt sets (no network; a real model's summaries read
-better but keep fewer exact facts).
+Corpora are read in place from the directory `$BENCH_CORPORA` names (never copied): tau-bench
+airline (with its 14 tool schemas), aider sessions (console output kept), and the kinds
+bench/corpora.py converts: coding-agent trajectories (`swe-agent`), multi-session chats with
+questions about earlier sessions (`memorybank`, `memory-tests`) and long open-domain chats
+(`chitchat`). Budgets are 50 % and 25 % of each conversation's own tokens (o200k_base, tools
+included). Every provider is compared with the naive baseline `drop-oldest` (drop the oldest whole
+units until it fits, like LiteLLM's `trim_messages` but never orphaning a tool result; see
+`DropOldest`). `summarize` runs with a deterministic fake completer that answers with the
+extractive summary of what it was asked to summarize, cut to the word limit its prompt sets (no
+network; a real model's summaries read better but keep fewer exact facts).
 
 Fact probes, one rule for every corpus: candidates that occur outside the protected messages
 (system/developer, the last user message, the final message) and in none of them. Candidates:
@@ -217,11 +217,12 @@ def load_aider(limit: int | None) -> list[Case]:
 
 
 # The corpora bench/corpora.py writes: (label, folder, how its probe candidates are found).
+_SWE, _MEMORYBANK, _MEMORY_TESTS, _CHITCHAT = locations.CONVERTED
 NEW_CORPORA: dict[str, tuple[str, str]] = {
-    "swe-agent": ("mini_swe_agent_trajs", "answers"),
-    "memorybank": ("memorybank_chats", "history"),
-    "memory-tests": ("memory_benchmark_sessions", "answer-items"),
-    "chitchat": ("chitchat_long", "history"),
+    "swe-agent": (_SWE, "answers"),
+    "memorybank": (_MEMORYBANK, "history"),
+    "memory-tests": (_MEMORY_TESTS, "answer-items"),
+    "chitchat": (_CHITCHAT, "history"),
 }
 
 

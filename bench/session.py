@@ -4,12 +4,13 @@
         [--budget-ratio 0.4] [--budget-base compressible|total] [--budget N] [--echo corpus|sdk]
         [--no-accounting] [--precompute 0.85] [--providers engine]
 
-Corpora (read from ../shared/corpora, never copied): tau-bench airline runs (gpt-4o agent, native
-tool calls, the 14 tool schemas sent as `tools`) and aider sessions (console output kept as user
-messages). Every assistant message of a session is one request: the history before it, exactly as
-the client would send it (the full history so far). A fake upstream on a real socket answers each
-request with that recorded assistant message, so the next turn's history is the corpus's
-(`--echo sdk` appends it as the OpenAI SDK re-serializes it, with null/empty extra fields).
+Corpora (read from the directory `$BENCH_CORPORA` names, never copied): tau-bench airline runs
+(gpt-4o agent, native tool calls, the 14 tool schemas sent as `tools`) and aider sessions (console
+output kept as user messages). Every assistant message of a session is one request: the history
+before it, exactly as the client would send it (the full history so far). A fake upstream on a real
+socket answers each request with that recorded assistant message, so the next turn's history is the
+corpus's (`--echo sdk` appends it as the OpenAI SDK re-serializes it, with null/empty extra
+fields).
 
 Each session gets a budget from the tokens of its last request: the part no provider may touch
 (system messages + tool schemas) plus `--budget-ratio` of the rest (`--budget-base total`: the

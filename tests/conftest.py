@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,21 +22,31 @@ settings.load_profile(
 )
 
 
-# No test may read the benchmark corpora (a bare clone with nothing beside it must pass). Every
-# bench loader resolves them through bench/locations.py: here that is an empty directory, for
-# this process and every subprocess a test starts. A read of the default location beside the
-# checkout by any other route fails (an audit hook: open, listdir, scandir).
-os.environ[locations.ENV] = _EMPTY = tempfile.mkdtemp(prefix="compactd-tests-no-corpora-")
-atexit.register(shutil.rmtree, _EMPTY, ignore_errors=True)
-_BESIDE = str(locations.beside_checkout().parent) + os.sep
+# No test may read the benchmark corpora (a bare clone with nothing beside it must pass). bench/
+# finds them only where `$BENCH_CORPORA` says (there is no default), and the suite unsets it for
+# itself and every subprocess a test starts, so every bench loader fails here. A read of any
+# corpus folder by any other route, wherever it lies, fails too (an audit hook: open, listdir,
+# scandir).
+os.environ.pop(locations.ENV, None)
 _READS = frozenset({"open", "os.listdir", "os.scandir"})
 
 
-def _no_corpora_reads(event: str, args: tuple[object, ...]) -> None:
+def corpus_read(event: str, args: tuple[object, ...]) -> str | None:
+    """The path an audited event reads when it lies in a benchmark corpus folder, else None."""
     if event in _READS and args and isinstance(args[0], (str, bytes, os.PathLike)):
         path = os.path.abspath(os.fsdecode(args[0]))  # type: ignore[arg-type]
-        if (path + os.sep).startswith(_BESIDE):
-            raise PermissionError(f"a test read {path}: tests must not need the corpora")
+        if not _FOLDERS.isdisjoint(Path(path).parts):
+            return path
+    return None
+
+
+_FOLDERS = frozenset(locations.FOLDERS)
+
+
+def _no_corpora_reads(event: str, args: tuple[object, ...]) -> None:
+    path = corpus_read(event, args)
+    if path is not None:
+        raise PermissionError(f"a test read {path}: tests must not need the corpora")
 
 
 sys.addaudithook(_no_corpora_reads)

@@ -12,22 +12,26 @@ import pytest
 from bench import locations, quality, session
 
 
-def test_every_bench_loader_looks_in_an_empty_directory_under_the_suite() -> None:
-    where = locations.corpora()
-    assert where != locations.beside_checkout()
-    assert where.is_dir()
-    assert not any(where.iterdir())
-    with pytest.raises(FileNotFoundError, match=str(where)):
+def test_every_bench_loader_fails_under_the_suite_for_want_of_a_corpora_directory() -> None:
+    assert locations.ENV not in os.environ
+    with pytest.raises(locations.CorporaUnsetError, match=locations.ENV):
+        locations.corpora()
+    with pytest.raises(locations.CorporaUnsetError):
         quality.load_tau(None)
-    with pytest.raises(FileNotFoundError, match=str(where)):
+    with pytest.raises(locations.CorporaUnsetError):
         quality.load_aider(None)
-    with pytest.raises(FileNotFoundError, match=str(where)):
+    with pytest.raises(locations.CorporaUnsetError):
+        quality.load_new("swe-agent", None)
+    with pytest.raises(locations.CorporaUnsetError):
         session.load_corpora(1, 1)
-    assert quality.load_new("swe-agent", None) == []  # a missing converted corpus is skipped
 
 
-def test_a_subprocess_a_test_starts_inherits_the_empty_directory() -> None:
-    code = "from bench import locations; print(locations.corpora())"
+def test_a_subprocess_a_test_starts_has_no_corpora_directory_either() -> None:
+    code = (
+        "from bench import locations, quality\n"
+        "try:\n    quality.load_tau(None)\n"
+        "except locations.CorporaUnsetError:\n    print('unset')\n"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -35,25 +39,28 @@ def test_a_subprocess_a_test_starts_inherits_the_empty_directory() -> None:
         check=True,
         cwd=Path(__file__).parents[1],
     )
-    assert out.stdout.strip() == os.environ[locations.ENV]
+    assert out.stdout.strip() == "unset"
 
 
-def test_reading_the_corpora_beside_the_checkout_fails_even_where_they_exist() -> None:
-    beside = locations.beside_checkout()
+@pytest.mark.parametrize("folder", locations.FOLDERS)
+def test_reading_a_corpus_folder_fails_wherever_it_lies(tmp_path: Path, folder: str) -> None:
+    where = tmp_path / folder
+    where.mkdir()
     with pytest.raises(PermissionError, match="must not need the corpora"):
-        (beside / "README.md").read_text()
+        (where / "conversations.jsonl").write_text("{}")
     with pytest.raises(PermissionError, match="must not need the corpora"):
-        list(beside.iterdir())
+        list(where.iterdir())
+    assert not (where / "conversations.jsonl").exists()  # refused before it was created
 
 
 def test_the_setting_moves_every_corpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(locations.ENV, str(tmp_path))
+    assert locations.corpora() == tmp_path
     assert locations.corpus(locations.TAU) == tmp_path / locations.TAU
-    monkeypatch.delenv(locations.ENV)
-    assert locations.corpora() == locations.beside_checkout()
+    assert locations.corpus(locations.AIDER_SESSIONS).parent == tmp_path / locations.AIDER
 
 
 def test_files_elsewhere_are_read_as_usual(tmp_path: Path) -> None:
-    (tmp_path / "shared").mkdir()
-    (tmp_path / "shared" / "x.txt").write_text("ok")
-    assert (tmp_path / "shared" / "x.txt").read_text() == "ok"
+    (tmp_path / "corpora").mkdir()
+    (tmp_path / "corpora" / "x.txt").write_text("ok")
+    assert (tmp_path / "corpora" / "x.txt").read_text() == "ok"

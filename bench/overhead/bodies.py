@@ -47,10 +47,10 @@ def chat_body(stream: bool = False) -> bytes:
     return _dumps(body)
 
 
-def _corpus_messages(corpus: Path) -> list[dict[str, object]]:
+def _corpus_messages(corpus: Path | None) -> list[dict[str, object]]:
     """Real aider coding sessions (`corpus`, JSON lines of {"messages": [...]}), or Python's own
-    stdlib sources when the corpora are absent."""
-    if corpus.exists():
+    stdlib sources when the corpora are absent (or `$BENCH_CORPORA` is not set: None)."""
+    if corpus is not None and corpus.exists():
         out: list[dict[str, object]] = []
         with corpus.open(encoding="utf-8") as fh:
             for line in fh:
@@ -64,14 +64,21 @@ def _corpus_messages(corpus: Path) -> list[dict[str, object]]:
     ]
 
 
+def _aider_sessions() -> Path | None:
+    try:
+        return locations.corpus(locations.AIDER_PLAIN)
+    except locations.CorporaUnsetError:
+        return None
+
+
 def large_body(target_bytes: int = 400_000, corpus: Path | None = None) -> bytes:
     """A ~400 KB (~100k-token) chat request of real conversation turns, ending on a user turn
-    (`corpus`: the aider sessions of bench/locations.py by default)."""
+    (`corpus`: the aider sessions under `$BENCH_CORPORA` by default)."""
     messages: list[dict[str, object]] = [
         {"role": "system", "content": "You are an expert software engineer. Make minimal edits."}
     ]
     size = 0
-    for msg in _corpus_messages(corpus or locations.corpus(locations.AIDER_PLAIN)):
+    for msg in _corpus_messages(corpus or _aider_sessions()):
         if size >= target_bytes:
             break
         messages.append({"role": msg["role"], "content": msg["content"]})
