@@ -46,11 +46,14 @@ def test_a_subprocess_a_test_starts_has_no_corpora_directory_either() -> None:
 def test_reading_a_corpus_folder_fails_wherever_it_lies(tmp_path: Path, folder: str) -> None:
     where = tmp_path / folder
     where.mkdir()
-    with pytest.raises(PermissionError, match="must not need the corpora"):
-        (where / "conversations.jsonl").write_text("{}")
-    with pytest.raises(PermissionError, match="must not need the corpora"):
-        list(where.iterdir())
-    assert not (where / "conversations.jsonl").exists()  # refused before it was created
+    try:
+        with pytest.raises(PermissionError, match="must not need the corpora"):
+            (where / "conversations.jsonl").write_text("{}")
+        with pytest.raises(PermissionError, match="must not need the corpora"):
+            list(where.iterdir())
+        assert not (where / "conversations.jsonl").exists()  # refused before it was created
+    finally:
+        where.rmdir()  # pytest's clean-up lists tmp_path: it must hold no corpus folder
 
 
 def test_the_setting_moves_every_corpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
