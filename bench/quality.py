@@ -29,7 +29,8 @@ over the budget on those cases.
 
 Times are CPU time of the `compress` call in this thread (`time.thread_time`), so they do not
 depend on what else the machine runs; per-message token counts are warm, as in the proxy, which
-counted the request before deciding to compact it.
+counted the request before deciding to compact it. The first line printed is the host's speed on
+two fixed workloads (`host_speed`), so timings from different hosts can be set side by side.
 """
 
 from __future__ import annotations
@@ -659,6 +660,38 @@ def log_text(lines: int = 40_000, seed: int = 1) -> str:
     return "\n".join(" ".join(rnd.choice(words) for _ in range(12)) for _ in range(lines))
 
 
+def host_speed(rounds: int = 5) -> str:
+    """CPU time of two fixed workloads that no compactd code runs in, so that timings taken on
+    different hosts can be compared: o200k_base encoding a ~200 KB log, and the same log's lines
+    split, hashed into sets and sorted in pure Python (the kind of glue the engine's search is
+    made of). Each is the fastest of `rounds`, in this thread (`time.thread_time`)."""
+    text = log_text(3_000, seed=7)
+    encoding = load_encoding("o200k_base")
+
+    def python_glue() -> None:
+        seen: dict[str, int] = {}
+        for line in text.splitlines():
+            for term in set(line.split()):
+                seen[term] = seen.get(term, 0) + len(term)
+        sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))
+        ",".join(line[:20] for line in text.splitlines())
+
+    def fastest(work: Callable[[], object]) -> float:
+        times = []
+        for _ in range(rounds):
+            start = time.thread_time()
+            work()
+            times.append((time.thread_time() - start) * 1000)
+        return min(times)
+
+    tiktoken_ms = fastest(lambda: encoding.encode_ordinary(text))
+    python_ms = fastest(python_glue)
+    return (
+        f"host speed (fixed workloads, fastest of {rounds}; lower is a faster host): "
+        f"tiktoken {tiktoken_ms:.1f} ms, Python {python_ms:.1f} ms"
+    )
+
+
 def event_loop_gaps(provs: list[ContextProvider]) -> list[str]:
     """The longest the event loop waits while a provider compresses in a worker thread (as the
     proxy runs sync providers), on the 100k aider history with a 3 MB log message added.
@@ -738,6 +771,8 @@ def main() -> None:
         help="only the cases of one split (tune with dev: held-out is never shown)",
     )
     args = parser.parse_args()
+    print(host_speed())
+    print()
     budgets = [float(b) for b in args.budgets.split(",")]
     provs = providers(args.providers.split(","))
     if args.big_only:

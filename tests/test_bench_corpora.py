@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from bench.corpora import agent_messages, patch_answers, split_of
 from bench.quality import (
@@ -11,6 +12,7 @@ from bench.quality import (
     Case,
     answer_items,
     can_fit,
+    host_speed,
     probes,
     specific_items,
     verbatim_bound,
@@ -160,3 +162,10 @@ def test_the_verbatim_bound_keeps_the_densest_messages_and_bounds_every_whole_pi
     assert verbatim_bound(case, count, one, base - 1) == Bound(0, 0)
     everything = verbatim_bound(case, count, one, count(messages) + MARKER_TOKENS)
     assert (everything.greedy, everything.most) == (3, 3)
+
+
+def test_the_host_speed_line_gives_both_workloads_a_positive_time() -> None:
+    line = host_speed(rounds=1)
+    figures = re.findall(r"(tiktoken|Python) (\d+\.\d) ms", line)
+    assert [name for name, _ in figures] == ["tiktoken", "Python"]
+    assert all(float(ms) > 0 for _, ms in figures)
