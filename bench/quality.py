@@ -607,6 +607,14 @@ def concatenated(cases: list[Case], target_tokens: int, counter: TokenCounter) -
     return messages
 
 
+def freeze_loaded() -> None:
+    """Keep what the bench has loaded (corpora, conversations) out of every later collection,
+    as the proxy freezes its start-up objects (app.py): no worker holds them, and a full
+    collection walking their millions of objects would land inside a timing."""
+    gc.collect()
+    gc.freeze()
+
+
 def big_conversation_ms(provs: list[ContextProvider]) -> list[str]:
     """CPU time to compress ~100k-token conversations, per sync provider, at two targets.
 
@@ -619,10 +627,7 @@ def big_conversation_ms(provs: list[ContextProvider]) -> list[str]:
         "tau-bench runs": concatenated(load_tau(None), 100_000, counter),
         "aider sessions": concatenated(load_aider(None), 100_000, counter),
     }
-    # The proxy freezes what start-up allocated (app.py); do the same with the corpora loaded
-    # here, or collections of this process's large heap land inside the timings.
-    gc.collect()
-    gc.freeze()
+    freeze_loaded()
     lines = []
     for label, messages in conversations.items():
         total = counter.count_request({"messages": messages})
@@ -708,8 +713,7 @@ def event_loop_gaps(provs: list[ContextProvider]) -> list[str]:
         count_tokens=lambda ms: counter.count_request({"messages": list(ms)}),
         count_message=counter.count_message,
     )
-    gc.collect()
-    gc.freeze()
+    freeze_loaded()
     sys.setswitchinterval(SWITCH_INTERVAL)  # as the proxy sets it at start-up
     lines = [f"event loop while compressing ({len(messages)} messages, {total:,} tokens, 50 %):"]
 
@@ -782,10 +786,7 @@ def main() -> None:
     cases = [quality_apis.as_api(c, args.api) for c in load(args.corpora.split(","), args.limit)]
     if args.split != "all":
         cases = [c for c in cases if c.split == args.split]
-    # The corpora loaded here are no worker's: freeze them as the proxy freezes its start-up
-    # objects (app.py), or each full collection walks millions of their objects inside a timing.
-    gc.collect()
-    gc.freeze()
+    freeze_loaded()
     rows = asyncio.run(run(cases, provs, args.api, budgets))
     print(table(rows))
     print()
