@@ -16,12 +16,14 @@ AIDER_SESSIONS = f"{AIDER}/sessions_openai_with_console.jsonl"
 """aider sessions with the console output kept (bench/quality, bench/session, bench/count)."""
 AIDER_PLAIN = f"{AIDER}/sessions_openai.jsonl"
 """aider sessions without it (bench/overhead's large bodies)."""
-CONVERTED = (
-    "mini_swe_agent_trajs",
-    "memorybank_chats",
-    "memory_benchmark_sessions",
-    "chitchat_long",
-)
+LABELS = {
+    "swe-agent": "mini_swe_agent_trajs",
+    "memorybank": "memorybank_chats",
+    "memory-tests": "memory_benchmark_sessions",
+    "chitchat": "chitchat_long",
+}
+"""The folders bench/corpora.py writes, by the names bench/quality and bench/session give them."""
+CONVERTED = tuple(LABELS.values())
 """The folders bench/corpora.py writes."""
 FOLDERS = (TAU, AIDER, *CONVERTED)
 """Every corpus folder, wherever the corpora are."""

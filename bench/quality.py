@@ -217,13 +217,15 @@ def load_aider(limit: int | None) -> list[Case]:
     return cases
 
 
-# The corpora bench/corpora.py writes: (label, folder, how its probe candidates are found).
-_SWE, _MEMORYBANK, _MEMORY_TESTS, _CHITCHAT = locations.CONVERTED
+# The corpora bench/corpora.py writes: label -> (folder, how its probe candidates are found).
+_PROBES = {
+    "swe-agent": "answers",
+    "memorybank": "history",
+    "memory-tests": "answer-items",
+    "chitchat": "history",
+}
 NEW_CORPORA: dict[str, tuple[str, str]] = {
-    "swe-agent": (_SWE, "answers"),
-    "memorybank": (_MEMORYBANK, "history"),
-    "memory-tests": (_MEMORY_TESTS, "answer-items"),
-    "chitchat": (_CHITCHAT, "history"),
+    label: (locations.LABELS[label], rule) for label, rule in _PROBES.items()
 }
 
 

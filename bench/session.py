@@ -1,14 +1,18 @@
 """Session replay: real multi-turn conversations through compactd, turn by turn, as sent.
 
     .venv/bin/python bench/session.py [--store redis|sqlite|both] [--limit 30] [--min-tokens N]
+        [--corpora tau-bench,aider,swe-agent,memorybank,memory-tests,chitchat]
         [--budget-ratio 0.4] [--budget-base compressible|total] [--budget N] [--echo corpus|sdk]
-        [--no-accounting] [--precompute 0.85] [--providers engine]
+        [--no-accounting] [--precompute 0.85] [--providers engine] [--keys shared|own]
 
-Corpora (read from the directory `$BENCH_CORPORA` names, never copied): tau-bench airline runs
-(gpt-4o agent, native tool calls, the 14 tool schemas sent as `tools`) and aider sessions (console
-output kept as user messages). Every assistant message of a session is one request: the history
-before it, exactly as the client would send it (the full history so far). A fake upstream on a real
-socket answers each request with that recorded assistant message, so the next turn's history is the
+Corpora (read from the directory `$BENCH_CORPORA` names, never copied; `--corpora` picks them by
+bench/quality's labels): tau-bench airline runs (gpt-4o agent, native tool calls, the 14 tool
+schemas sent as `tools`), aider sessions (console output kept as user messages), and the dev split
+of bench/corpora.py's four (swe-agent trajectories with their tool schema, memorybank and
+memory-tests multi-session chats, long chitchat conversations). Every assistant message of a
+session is one request: the history before it, exactly as the client would send it (the full
+history so far). A fake upstream on a real socket answers each request with that recorded
+assistant message, so the next turn's history is the
 corpus's (`--echo sdk` appends it as the OpenAI SDK re-serializes it, with null/empty extra
 fields).
 
@@ -17,7 +21,10 @@ Each session gets a budget from the tokens of its last request: the part no prov
 ratio of the whole), or `--budget N` for all; one header-selected policy per distinct budget. The
 proxy runs in-process behind uvicorn with the default chain (`--providers` sets another); the
 store is wrapped to time each call. Redis uses DB 13 (flushed at start); SQLite a fresh file.
-Prints markdown tables.
+Every session sends one API key (one tenant), or with `--keys own` a key of its own: checkpoints
+are content-addressed within a tenant, so under one key a session that shares its first messages
+with an earlier one (a fork: the multi-session corpora hold one history with several final
+questions) replays that one's checkpoints, later ones included. Prints markdown tables.
 The forwarded bytes are what the fake upstream received: a turn's prefix is byte-identical when
 the raw bytes of the previous turn's forwarded messages start its own messages array.
 "Trigger turns" are the turns with a compaction event; their added latency is compactd's own
@@ -33,7 +40,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,27 +99,55 @@ class Corpus:
     sessions: list[Session] = field(default_factory=list)
 
 
-def load_corpora(limit: int, min_turns: int) -> list[Corpus]:
-    """The first `limit` sessions of each corpus with at least `min_turns` requests."""
-    tau = locations.corpus(locations.TAU)
-    tools = json.loads((tau / "airline_tools.json").read_text())
+CORPORA = ("tau-bench", "aider", *locations.LABELS)
+"""What `--corpora` names: bench/quality's corpora, by its labels."""
+
+
+def load_corpora(limit: int, min_turns: int, names: Sequence[str] = CORPORA) -> list[Corpus]:
+    """The first `limit` sessions of each named corpus with at least `min_turns` requests (of
+    bench/corpora.py's converted ones, the dev split only: the held-out cases stay unseen; a
+    converted corpus not made yet is skipped with a note, as bench/quality does)."""
     out = []
-    for name, path, tool_list in (
-        ("tau-bench airline", tau / "messages_openai.jsonl", tools),
-        ("aider (console kept)", locations.corpus(locations.AIDER_SESSIONS), None),
-    ):
-        corpus = Corpus(name)
+    for name in names:
+        if name == "tau-bench":
+            tau = locations.corpus(locations.TAU)
+            tools = json.loads((tau / "airline_tools.json").read_text())
+            label, path, tool_list = "tau-bench airline", tau / "messages_openai.jsonl", tools
+        elif name == "aider":
+            label, path = "aider (console kept)", locations.corpus(locations.AIDER_SESSIONS)
+            tool_list = None
+        else:
+            label, tool_list = name, None
+            path = locations.corpus(locations.LABELS[name]) / "conversations.jsonl"
+            if not path.exists():
+                print(f"({name}: {path} missing; run bench/corpora.py)", file=sys.stderr)
+                continue
         with path.open() as f:
-            for line in f:
-                row = json.loads(line)
-                msgs = row["messages"]
-                turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0]
-                if len(turns) >= min_turns:
-                    corpus.sessions.append(Session(name, str(row["id"]), msgs, tool_list, turns))
-                if len(corpus.sessions) >= limit:
-                    break
-        out.append(corpus)
+            out.append(sessions_of(label, map(json.loads, f), tool_list, limit, min_turns))
     return out
+
+
+def sessions_of(
+    label: str,
+    rows: Iterable[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    limit: int,
+    min_turns: int,
+) -> Corpus:
+    """The first `limit` dev-split rows with at least `min_turns` requests, as sessions (a row's
+    own `tools` before the corpus's; a row without a split is dev)."""
+    corpus = Corpus(label)
+    for row in rows:
+        if row.get("split", "dev") != "dev":
+            continue
+        msgs = row["messages"]
+        turns = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0]
+        if len(turns) >= min_turns:
+            own = row.get("tools") or tools
+            corpus.sessions.append(Session(label, str(row["id"]), msgs, own, turns))
+        if len(corpus.sessions) >= limit:
+            break
+    return corpus
 
 
 def model_counter() -> TokenCounter:
@@ -222,8 +257,11 @@ async def replay(
     progress: Callable[[str], None],
     precompute: float = 0,
     providers: tuple[str, ...] = (),
+    *,
+    own_keys: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Replay every session of a corpus through a fresh proxy + store; the summary row."""
+    """Replay every session of a corpus through a fresh proxy + store; the summary row.
+    `own_keys`: each session sends an API key of its own (a tenant apart), else all share one."""
     log = TurnLog()
     recorder = Recorder()
     counter = model_counter()
@@ -239,7 +277,16 @@ async def replay(
                 drain = services.compactor.precompute.drain if precompute else None
                 for n, session in enumerate(corpus.sessions):
                     await _session(
-                        c, url, session, recorder, store, log, echo, counter, drain=drain
+                        c,
+                        url,
+                        session,
+                        recorder,
+                        store,
+                        log,
+                        echo,
+                        counter,
+                        drain=drain,
+                        own_key=own_keys,
                     )
                     progress(f"{corpus.name} [{kind}] {n + 1}/{len(corpus.sessions)}")
     return summarize(corpus.name, kind, log), op_rows(corpus.name, kind, store)
@@ -256,13 +303,16 @@ async def _session(
     counter: TokenCounter,
     *,
     drain: Callable[[], Awaitable[None]] | None = None,
+    own_key: bool = False,
 ) -> None:
     """Send each turn with the history so far; the upstream answers with the recorded reply.
-    `drain`: waits for precomputation after each answer (a real upstream takes that long)."""
+    `drain`: waits for precomputation after each answer (a real upstream takes that long);
+    `own_key`: the session's API key names it (a tenant of its own)."""
     history: list[dict[str, Any]] = []
     previous: tuple[list[bytes], list[bytes]] | None = None
     cursor = 0
-    headers = {"authorization": "Bearer sk-bench-session", BUDGET_HEADER: str(session.budget)}
+    key = f"sk-bench-session-{session.id}" if own_key else "sk-bench-session"
+    headers = {"authorization": f"Bearer {key}", BUDGET_HEADER: str(session.budget)}
     for index in session.turns:
         history.extend(session.messages[cursor:index])
         body: dict[str, Any] = {"model": MODEL, "messages": history}
@@ -339,12 +389,22 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--store", choices=("redis", "sqlite", "both"), default="both")
     parser.add_argument("--limit", type=int, default=30, help="sessions per corpus")
+    parser.add_argument(
+        "--corpora", default=",".join(CORPORA), help="which corpora (bench/quality's labels)"
+    )
     parser.add_argument("--min-turns", type=int, default=4, help="requests per session, at least")
     parser.add_argument("--min-tokens", type=int, default=0, help="tokens of the last request")
     parser.add_argument("--budget-ratio", type=float, default=0.4)
     parser.add_argument("--budget", type=int, default=0, help="fixed budget for every session")
     parser.add_argument("--budget-base", choices=("compressible", "total"), default="compressible")
     parser.add_argument("--echo", choices=("corpus", "sdk"), default="corpus")
+    parser.add_argument(
+        "--keys",
+        choices=("shared", "own"),
+        default="shared",
+        help="one API key (tenant) for every session, or one per session: sessions that share "
+        "their first messages (forks) replay each other's checkpoints only within a tenant",
+    )
     parser.add_argument(
         "--no-accounting", action="store_true", help="no usage writes after each response"
     )
@@ -358,7 +418,8 @@ async def main() -> None:
     )
     args = parser.parse_args()
     chain = tuple(p for p in args.providers.split(",") if p)
-    corpora = load_corpora(args.limit if not args.min_tokens else 10**6, args.min_turns)
+    limit = args.limit if not args.min_tokens else 10**6
+    corpora = load_corpora(limit, args.min_turns, args.corpora.split(","))
     corpora = with_budgets(
         corpora, args.budget_ratio, args.budget, args.budget_base, args.min_tokens
     )
@@ -370,7 +431,14 @@ async def main() -> None:
     for corpus in corpora:
         for kind in kinds:
             row, op = await replay(
-                corpus, kind, args.echo, not args.no_accounting, _progress, args.precompute, chain
+                corpus,
+                kind,
+                args.echo,
+                not args.no_accounting,
+                _progress,
+                args.precompute,
+                chain,
+                own_keys=args.keys == "own",
             )
             rows.append(row)
             ops += op
@@ -384,7 +452,7 @@ async def main() -> None:
         accounting += f"; providers {','.join(chain)}"
     print(
         f"budget: {budget}; sessions: >= {args.min_turns} requests, last >= {args.min_tokens}"
-        f" tokens; echo: {args.echo}; accounting {accounting}; "
+        f" tokens; echo: {args.echo}; keys: {args.keys}; accounting {accounting}; "
         f"{time.perf_counter() - started:.0f} s\n"
     )
     print(table(rows, SUMMARY_COLUMNS))

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
-from bench.session import Corpus, Session, replay
+from bench.session import Corpus, Session, replay, sessions_of
 from bench.session_replay import TimedStore, TurnLog, message_spans
 from proxy.store.sqlite import SqliteStore
 
@@ -102,3 +103,39 @@ async def test_tokens_after_header_matches_the_forwarded_body_of_a_console_sessi
     assert row["errors"] == 0
     assert row["actions"].get("compacted", 0) >= 1
     assert row["miscounted_at"] == []
+
+
+def test_converted_corpora_give_their_dev_rows_with_their_own_tools() -> None:
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}] * 3
+    tool = [{"type": "function", "function": {"name": "bash", "parameters": {}}}]
+    rows = [
+        {"id": "held", "split": "held-out", "messages": chat},
+        {"id": "short", "split": "dev", "messages": chat[:4]},
+        {"id": "own", "split": "dev", "messages": chat, "tools": tool},
+        {"id": "plain", "messages": chat},
+        {"id": "past-the-limit", "split": "dev", "messages": chat},
+    ]
+    corpus = sessions_of("c", rows, None, limit=2, min_turns=3)
+    assert [(s.id, s.tools, s.turns) for s in corpus.sessions] == [
+        ("own", tool, [1, 3, 5]),
+        ("plain", None, [1, 3, 5]),
+    ]
+
+
+async def test_forks_share_checkpoints_within_a_key_and_not_across_keys() -> None:
+    """Two sessions with the same messages (a fork, as multi-session corpora hold one history
+    with several final questions): under one key the second replays the first's checkpoints,
+    including ones the first made later in the conversation, so a turn of it can change its
+    prefix without a compaction of its own; under keys of their own each compacts by itself and
+    every quiet turn keeps its prefix."""
+    first = _synthetic_session()
+    forks = Corpus("forks", [first, dataclasses.replace(first, id="s1")])
+    shared, _ = await replay(forks, "sqlite", "corpus", False, print)
+    own, _ = await replay(forks, "sqlite", "corpus", False, print, own_keys=True)
+    alone, _ = await replay(Corpus("one", [first]), "sqlite", "corpus", False, print)
+    assert shared["errors"] == own["errors"] == 0
+    assert own["actions"]["compacted"] == 2 * alone["actions"]["compacted"]
+    assert shared["actions"]["compacted"] < own["actions"]["compacted"]
+    assert shared["quiet_misses"]
+    assert all(m.startswith("s1@") for m in shared["quiet_misses"])
+    assert own["prefix_quiet"].startswith("100.0 %")
