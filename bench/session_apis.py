@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/session_apis.py [--limit 20] [--api all|chat|responses|messages]
         [--budget-ratio 0.4] [--min-turns 4] [--no-calibration] [--count-tokens-band 0.1]
+        [--corpora tau-bench,aider]
 
-The corpora of bench/session.py (tau-bench airline with its tool schemas, aider sessions), read in
-place, each session converted turn by turn into the API's own shape, as Codex CLI and Claude Code
-send them: Responses — a developer message, user messages with input_text parts, every assistant
+The corpora of bench/session.py (by default tau-bench airline with its tool schemas and aider
+sessions, the two its figures in the README are of; `--corpora` names others), read in place,
+each session converted turn by turn into the API's own shape, as Codex CLI and Claude Code send
+them: Responses — a developer message, user messages with input_text parts, every assistant
 turn as a reasoning item (issued by the fake upstream, so its encrypted content is genuine) + an
 assistant message + function calls, results as function_call_output; Messages — `system` with a
 breakpoint, every assistant turn as a signed thinking block + text + tool_use blocks, consecutive
@@ -196,6 +198,9 @@ async def main() -> None:
     parser.add_argument("--api", choices=("all", "chat", "responses", "messages"), default="all")
     parser.add_argument("--limit", type=int, default=20, help="sessions per corpus")
     parser.add_argument("--min-turns", type=int, default=4)
+    parser.add_argument(
+        "--corpora", default="tau-bench,aider", help="which of bench/session.py's corpora"
+    )
     parser.add_argument("--budget-ratio", type=float, default=0.4)
     parser.add_argument(
         "--no-calibration", action="store_true", help="budget Claude requests by the estimate"
@@ -208,7 +213,10 @@ async def main() -> None:
     )
     args = parser.parse_args()
     corpora = with_budgets(
-        load_corpora(args.limit, args.min_turns), args.budget_ratio, 0, "compressible"
+        load_corpora(args.limit, args.min_turns, args.corpora.split(",")),
+        args.budget_ratio,
+        0,
+        "compressible",
     )
     apis = ("chat", "responses", "messages") if args.api == "all" else (args.api,)
     started = time.perf_counter()
