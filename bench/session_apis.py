@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/session_apis.py [--limit 20] [--api all|chat|responses|messages]
         [--budget-ratio 0.4] [--min-turns 4] [--no-calibration] [--count-tokens-band 0.1]
-        [--corpora tau-bench,aider]
+        [--corpora tau-bench,aider] [--keys shared|own]
 
 The corpora of bench/session.py (by default tau-bench airline with its tool schemas and aider
 sessions, the two its figures in the README are of; `--corpora` names others), read in place,
@@ -96,9 +96,12 @@ class Tally:
     fail_opens: list[str] = field(default_factory=list)
 
 
-async def run(corpus: Corpus, api: str, *, calibrate: bool = True, band: float = 0.0) -> Tally:
+async def run(
+    corpus: Corpus, api: str, *, calibrate: bool = True, band: float = 0.0, own_keys: bool = False
+) -> Tally:
     """Every session of a corpus through a fresh proxy in one API's shape (`band`: Anthropic's
-    count_tokens asked near the trigger, `tokens.count_tokens_band`)."""
+    count_tokens asked near the trigger, `tokens.count_tokens_band`; `own_keys`: each session
+    sends an API key of its own, as bench/session.py's `--keys own`)."""
     tally = Tally()
     policies = budget_policies(corpus.sessions)
     tokens = {"count_tokens_band": band}
@@ -111,22 +114,25 @@ async def run(corpus: Corpus, api: str, *, calibrate: bool = True, band: float =
                 h.services.calibration.apis = frozenset()
             send = {"chat": h.chat, "responses": h.create, "messages": h.message}[api]
             for session in corpus.sessions:
-                await _session(h, send, fake, api, session, tally)
+                await _session(h, send, fake, api, session, tally, own_key=own_keys)
             tally.ratio = h.services.calibration.ratio(api, MODEL[api])
             counted = [r for r in fake.received if r.path.endswith("/count_tokens")]
             tally.n["confirms"] = len(counted)
     return tally
 
 
-async def _session(h: Any, send: Any, fake: Any, api: str, session: Session, tally: Tally) -> None:
+async def _session(
+    h: Any, send: Any, fake: Any, api: str, session: Session, tally: Tally, *, own_key: bool
+) -> None:
     convert = Convert(api, h.responses, h.messages)
     previous: list[Any] | None = None
     refused = len(fake.refused)
     headers = {"x-bench-budget": str(session.budget)}
+    auth = {"key": f"sk-bench-apis-{session.id}"} if own_key else {}  # else the harness's key
     for n, index in enumerate(session.turns):
         chat = session.messages[:index]
         body = convert.body(session, chat)
-        r = await send(body, **headers)
+        r = await send(body, **auth, **headers)
         action = r.headers.get("x-compactd-action", "")
         if action == "error":
             tally.fail_opens.append(f"{session.id}@{index}: {r.headers.get('x-compactd-error')}")
@@ -201,6 +207,9 @@ async def main() -> None:
     parser.add_argument(
         "--corpora", default="tau-bench,aider", help="which of bench/session.py's corpora"
     )
+    parser.add_argument(
+        "--keys", choices=("shared", "own"), default="shared", help="as bench/session.py's"
+    )
     parser.add_argument("--budget-ratio", type=float, default=0.4)
     parser.add_argument(
         "--no-calibration", action="store_true", help="budget Claude requests by the estimate"
@@ -224,13 +233,17 @@ async def main() -> None:
     for corpus in corpora:
         for api in apis:
             tally = await run(
-                corpus, api, calibrate=not args.no_calibration, band=args.count_tokens_band
+                corpus,
+                api,
+                calibrate=not args.no_calibration,
+                band=args.count_tokens_band,
+                own_keys=args.keys == "own",
             )
             rows.append(_row(corpus.name, api, tally))
             print(f"{corpus.name} [{api}] done", file=sys.stderr)
     print(
         f"budget: {args.budget_ratio:g} x last request (compressible); sessions: >= "
-        f"{args.min_turns} requests, {args.limit} per corpus; "
+        f"{args.min_turns} requests, {args.limit} per corpus; keys: {args.keys}; "
         f"count_tokens band {args.count_tokens_band:g}; "
         f"{time.perf_counter() - started:.0f} s\n"
     )

@@ -4,6 +4,7 @@ its validating fake upstream, turn by turn, compacted and replayed, never refuse
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -63,3 +64,20 @@ async def test_with_a_band_messages_turns_near_the_trigger_are_counted_upstream(
     assert tally.n["errors"] == 0
     assert tally.n["refused"] == 0
     assert tally.n["stable"] == tally.n["quiet"]
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+async def test_with_own_keys_a_fork_compacts_by_itself_and_keeps_its_prefix(api: str) -> None:
+    """Two sessions with the same messages: under the harness's one key the second replays the
+    first's checkpoints (fewer events, a prefix that jumps to the twin's later ones); each with a
+    key of its own compacts as often as the first and keeps every quiet turn's prefix."""
+    first = agent_session()
+    forks = Corpus("forks", [first, replace(first, id="s2")])
+    shared = await run(forks, api)
+    own = await run(forks, api, own_keys=True)
+    alone = await run(Corpus("one", [first]), api)
+    assert shared.n["errors"] == own.n["errors"] == 0
+    assert own.n["events"] == 2 * alone.n["events"]
+    assert shared.n["events"] < own.n["events"]
+    assert shared.n["stable"] < shared.n["quiet"]
+    assert own.n["stable"] == own.n["quiet"]
