@@ -7,6 +7,7 @@ a corpus is read, not at import, so one setting moves every bench script."""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 ENV = "BENCH_CORPORA"
@@ -46,3 +47,13 @@ def corpora() -> Path:
 def corpus(relative: str) -> Path:
     """A corpus file or folder (`TAU`, `AIDER_SESSIONS`, …) under `corpora()`."""
     return corpora() / relative
+
+
+def converted(label: str) -> Path | None:
+    """bench/corpora.py's file of the converted corpus `label` (a key of `LABELS`), or None with
+    a note on stderr if it has not been made yet (a bench then skips that corpus)."""
+    path = corpus(LABELS[label]) / "conversations.jsonl"
+    if not path.exists():
+        print(f"({label}: {path} missing; run bench/corpora.py)", file=sys.stderr)
+        return None
+    return path

@@ -217,24 +217,21 @@ def load_aider(limit: int | None) -> list[Case]:
     return cases
 
 
-# The corpora bench/corpora.py writes: label -> (folder, how its probe candidates are found).
+# The corpora bench/corpora.py writes (`locations.LABELS`): how each one's probe candidates are
+# found.
 _PROBES = {
     "swe-agent": "answers",
     "memorybank": "history",
     "memory-tests": "answer-items",
     "chitchat": "history",
 }
-NEW_CORPORA: dict[str, tuple[str, str]] = {
-    label: (locations.LABELS[label], rule) for label, rule in _PROBES.items()
-}
 
 
 def load_new(label: str, limit: int | None) -> list[Case]:
     """One of the corpora of bench/corpora.py (skipped, with a note, if it is not there)."""
-    folder, rule = NEW_CORPORA[label]
-    path = locations.corpora() / folder / "conversations.jsonl"
-    if not path.exists():
-        print(f"({label}: {path} missing; run bench/corpora.py)", file=sys.stderr)
+    rule = _PROBES[label]
+    path = locations.converted(label)
+    if path is None:
         return []
     cases = []
     for line in path.read_bytes().splitlines()[:limit]:
@@ -252,7 +249,7 @@ def load_new(label: str, limit: int | None) -> list[Case]:
     return cases
 
 
-CORPUS_NAMES = ("tau-bench", "aider", *NEW_CORPORA)
+CORPUS_NAMES = ("tau-bench", "aider", *_PROBES)
 
 
 def load(corpora: Sequence[str], limit: int | None) -> list[Case]:

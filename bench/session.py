@@ -118,10 +118,10 @@ def load_corpora(limit: int, min_turns: int, names: Sequence[str] = CORPORA) -> 
             tool_list = None
         else:
             label, tool_list = name, None
-            path = locations.corpus(locations.LABELS[name]) / "conversations.jsonl"
-            if not path.exists():
-                print(f"({name}: {path} missing; run bench/corpora.py)", file=sys.stderr)
+            found = locations.converted(name)
+            if found is None:
                 continue
+            path = found
         with path.open() as f:
             out.append(sessions_of(label, map(json.loads, f), tool_list, limit, min_turns))
     return out
