@@ -559,10 +559,13 @@ class Compactor:
             base = None
             cand_tokens = counted.fixed + counted.counter.count_messages(sent)
         chain_input = candidate if base is not None else sent
-        config = self._config(request, tenant, counted, policy)
+        # What the dialect sets aside goes upstream as it is; providers see its cost as fixed.
+        kept = len(chain_input) - request.dialect.set_aside(chain_input)
+        aside = chain_input[kept:]
+        config = self._config(request, tenant, counted, policy, aside)
         t0 = time.perf_counter()
         outcome = await run_chain(
-            chain_input,
+            chain_input[:kept],
             self._chains[policy.name],
             config,
             check=request.dialect.problems if request.dialect is not CHAT else None,
@@ -579,6 +582,8 @@ class Compactor:
         result = outcome.result
         if result is None or not worth_it(outcome, cand_tokens, counted.budget, policy):
             return replay
+        if aside:
+            result = dataclasses.replace(result, messages=[*result.messages, *aside])
         try:
             compaction = compaction_for(
                 messages=messages,
@@ -702,13 +707,18 @@ class Compactor:
         return found
 
     def _config(
-        self, request: ChatRequest, tenant: str, counted: _Counted, policy: PolicySettings
+        self,
+        request: ChatRequest,
+        tenant: str,
+        counted: _Counted,
+        policy: PolicySettings,
+        aside: Sequence[Message] = (),
     ) -> CompressionConfig:
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
         config = compression_config(
             policy,
             counter=counted.counter,
-            fixed=counted.fixed,
+            fixed=counted.fixed + sum(counted.counter.count_message(m) for m in aside),
             limit=counted.budget.target,
             budget=counted.budget.budget,
         )

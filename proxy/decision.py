@@ -83,6 +83,9 @@ class Dialect(Protocol):
     def repair(self, original: Sequence[Message], result: CompactionResult) -> CompactionResult:
         """A provider's result with what this API forbids changing put back where it can be."""
 
+    def set_aside(self, messages: Sequence[Message]) -> int:
+        """How many final messages no provider sees (they go upstream as they are)."""
+
 
 @dataclass(frozen=True)
 class ChatCompletions:
@@ -125,6 +128,11 @@ class ChatCompletions:
         """Nothing to put back."""
         del original
         return result
+
+    def set_aside(self, messages: Sequence[Message]) -> int:
+        """None: providers see every message."""
+        del messages
+        return 0
 
 
 CHAT = ChatCompletions()

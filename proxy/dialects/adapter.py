@@ -85,6 +85,18 @@ class Adapter:
         """What a provider must not change put back where it can be (see `repair_result`)."""
         return repair_result(original, result, self.pending(original))
 
+    def set_aside(self, messages: Sequence[Message]) -> int:
+        """What follows the results of the turn a pending tool result continues (the rest of
+        the final Anthropic user message): providers then see that turn as the final unit,
+        which they keep, instead of one they may drop before the final user text."""
+        pending = self.pending(messages)
+        if pending is None:
+            return 0
+        end = pending + 1
+        while end < len(messages) and messages[end].get("role") == "tool":
+            end += 1
+        return len(messages) - end
+
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
         """The request with only its history field rebuilt from these projected messages."""
         new = dict(body)

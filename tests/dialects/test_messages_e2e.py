@@ -107,6 +107,20 @@ async def test_over_budget_it_is_compacted_validly_replayed_and_restored(tmp_pat
         assert restored.json()["missing_ids"] == []
 
 
+async def test_a_pending_turn_whose_results_share_their_message_with_text_is_kept(
+    tmp_path,
+) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        msgs = messages_history(h.messages, 30)
+        # Claude Code appends text (a system reminder, an interruption) after the results.
+        reminder = {"type": "text", "text": "<system-reminder>Keep going.</system-reminder>"}
+        msgs[-1]["content"].append(reminder)
+        sent = await h.compacted("messages", request(msgs))
+        assert sent[-2:] == msgs[-2:]  # the pending turn, its results and the text, untouched
+        restored = await h.uncompress({"api": "messages", "messages": sent})
+        assert restored.json()["messages"] == msgs
+
+
 async def test_count_tokens_and_other_anthropic_paths_are_forwarded_unchanged(tmp_path) -> None:
     async with harness(tmp_path) as h:
         raw = json.dumps(
