@@ -42,6 +42,7 @@ from proxy.dialects.native import (
     opaque_tokens,
     rebuild_parts,
 )
+from proxy.media import file_data_tokens
 from proxy.tokens import TokenCounter
 from proxy.toolschema import dump
 
@@ -278,10 +279,31 @@ def _cost(counter: TokenCounter, nat: Any) -> int:
         elif kind == "tool_result":
             inner = block.get("content")
             if isinstance(inner, list):
-                total += sum(opaque_tokens(counter, b) for b in inner if _block_to_chat(b) is None)
+                total += sum(
+                    opaque_tokens(counter, b)
+                    if _block_to_chat(b) is None
+                    else _document_text(counter, b)
+                    for b in inner
+                )
         elif kind not in ("text", "tool_use") and _block_to_chat(block) is None:
             total += opaque_tokens(counter, block)
+        else:
+            total += _document_text(counter, block)
     return total
+
+
+def _document_text(counter: TokenCounter, block: Any) -> int:
+    """A plain-text or content document's text: its projection, a file counted by its size as
+    base64 is, counts the first at a fraction of its tokens and the second not at all."""
+    source = block.get("source") if isinstance(block, Mapping) else None
+    if not isinstance(source, Mapping) or block.get("type") != "document":
+        return 0
+    data = source.get("data")
+    if source.get("type") == "text" and isinstance(data, str):
+        return max(0, counter.count_text(data) - file_data_tokens(data))
+    if source.get("type") == "content":
+        return opaque_tokens(counter, source.get("content"))
+    return 0
 
 
 def _rebuild(message: Message, nat: Mapping[str, Any]) -> Any:

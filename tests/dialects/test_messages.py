@@ -152,3 +152,29 @@ def test_system_and_tools_are_the_fixed_cost() -> None:
         base, body([], tools=[tool], system=[{"type": "text", "text": "long " * 100}])
     )
     assert large > small + 100
+
+
+def test_text_and_content_documents_count_as_their_text() -> None:
+    from proxy.tokens import Tokenizers
+
+    base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
+    counter = MESSAGES.counter(base)
+    text = " ".join(f"Fact {i}: the thing weighs {i * 7} grams." for i in range(2000))
+    sources = [
+        {"type": "text", "media_type": "text/plain", "data": text},
+        {"type": "content", "content": [{"type": "text", "text": text}]},
+    ]
+    for source in sources:
+        document = {"type": "document", "source": source, "title": "notes"}
+        asked = [{"role": "user", "content": [document, {"type": "text", "text": "Sum up."}]}]
+        use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {}}
+        result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": [document]}
+        read = [
+            {"role": "user", "content": "Read the notes."},
+            {"role": "assistant", "content": [use]},
+            {"role": "user", "content": [result]},
+        ]
+        for msgs in (asked, read):
+            projected = MESSAGES.messages(body(msgs))
+            assert projected is not None
+            assert counter.count_messages(projected) >= base.count_text(text), source["type"]
