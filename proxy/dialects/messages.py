@@ -211,7 +211,8 @@ def _tool_uses(piece: _Piece) -> set[str]:
 
 def _pin_unpaired(pieces: list[_Piece]) -> None:
     """A tool result must answer the assistant message right before its message, and every
-    `tool_use` must be answered by the next message: what breaks that stays as it is."""
+    `tool_use` must be answered by the next message: what breaks that (with the rest of its
+    turn) stays as it is."""
     i = 0
     while i < len(pieces):
         piece = pieces[i]
@@ -232,6 +233,10 @@ def _pin_unpaired(pieces: list[_Piece]) -> None:
             answered.add(block["tool_use_id"])
             j += 1
         if uses - answered and j < len(pieces):
+            # Anthropic joins consecutive messages of one role into one turn: the assistant
+            # messages after this one come before its results too, and nothing may go between.
+            while j < len(pieces) and pieces[j].kind == "assistant":
+                j += 1
             for p in pieces[i:j]:
                 p.kind = "pinned"
         i = j

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.dialects.conversations import messages_history
+from tests.dialects.conversations import messages_history, tool_output
 from tests.dialects.harness import harness
 
 SMALL = {"default_policy": {"budget_tokens": 4000}}
@@ -119,6 +119,22 @@ async def test_a_pending_turn_whose_results_share_their_message_with_text_is_kep
         assert sent[-2:] == msgs[-2:]  # the pending turn, its results and the text, untouched
         restored = await h.uncompress({"api": "messages", "messages": sent})
         assert restored.json()["messages"] == msgs
+
+
+async def test_a_turn_split_over_two_assistant_messages_stays_valid(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        msgs = messages_history(h.messages, 30)
+        # Anthropic joins consecutive same-role messages: the text after this tool_use is part of
+        # the turn its result must follow, so nothing may come between them.
+        use = {"type": "tool_use", "id": "toolu_s", "name": "Bash", "input": {"command": "ls"}}
+        result = {"type": "tool_result", "tool_use_id": "toolu_s", "content": tool_output(99, 40)}
+        msgs[1:1] = [
+            {"role": "assistant", "content": [use]},
+            {"role": "assistant", "content": [{"type": "text", "text": tool_output(98, 20)}]},
+            {"role": "user", "content": [result]},
+        ]
+        sent = await h.compacted("messages", request(msgs))
+        assert sent[1:4] == msgs[1:4]
 
 
 async def test_count_tokens_and_other_anthropic_paths_are_forwarded_unchanged(tmp_path) -> None:
