@@ -249,7 +249,8 @@ def context_overflow_message(body: bytes) -> str | None:
         code == "context_length_exceeded"
         or "context length" in lowered
         or ("context window" in lowered)
-        or "prompt is too long" in lowered  # Anthropic's phrasing
+        or "prompt is too long" in lowered  # Anthropic's phrasings
+        or "exceed context limit" in lowered
     ):
         return message or code
     return None

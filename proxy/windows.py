@@ -44,6 +44,9 @@ _RESULTED = re.compile(rf"resulted in\s+{_N}\s+tokens", re.IGNORECASE)
 _REQUESTED = re.compile(rf"you requested\s+{_N}\s+tokens\s*\(\s*{_N}\s+in the messages", re.I)
 _INPUT = re.compile(rf"request has\s+{_N}\s+input tokens", re.IGNORECASE)
 _ANTHROPIC = re.compile(rf"prompt is too long:\s*{_N}\s+tokens\s*>\s*{_N}\s+maximum", re.I)
+_ANTHROPIC_TOTAL = re.compile(
+    rf"exceed context limit:\s*{_N}\s*\+\s*{_N}\s*>\s*{_N}", re.IGNORECASE
+)
 _SCAN_CHARS = 4096  # the figures sit at the start of every known phrasing
 
 
@@ -67,6 +70,9 @@ def parse_overflow(message: str) -> Overflow | None:
     text = message[:_SCAN_CHARS]
     if found := _ANTHROPIC.search(text):
         return Overflow(limit=_int(found.group(2)), prompt=_int(found.group(1)))
+    if found := _ANTHROPIC_TOTAL.search(text):  # the input fits, not with `max_tokens`
+        prompt = _int(found.group(1))
+        return Overflow(_int(found.group(3)), prompt=prompt, total=prompt + _int(found.group(2)))
     stated = _LIMIT.search(text)
     if stated is None:
         return None

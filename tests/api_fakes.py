@@ -13,7 +13,7 @@ real API refuses:
   the one issued for its text, redacted thinking never issued; an assistant turn that a pending
   tool result continues not starting with its thinking; a `server_tool_use` without its result
   in the same turn; more than four `cache_control` breakpoints, one on a thinking block, or a
-  longer TTL after a shorter one.
+  longer TTL after a shorter one; with a `window`, input (or input + `max_tokens`) over it.
 
 Answers carry usage with prompt caching simulated: OpenAI caches the longest common prefix of
 items with an earlier request (in 128-token steps, from 1,024 tokens); Anthropic reads the
@@ -315,6 +315,9 @@ class FakeMessages(_Base):
     thinking_replies: bool = True
     count_tokens_status: int = 200
     """Set to answer `/count_tokens` with this error status instead (529: overloaded)."""
+    window: int | None = None
+    """The model's context window: a request whose input (or input + `max_tokens`) exceeds it
+    is refused with the API's own 400."""
 
     def answer(self, req: Received) -> tuple[int, bytes, bool]:
         if req.method != "POST" or not req.path.startswith("/v1/messages"):
@@ -326,6 +329,9 @@ class FakeMessages(_Base):
             if not req.header("anthropic-version"):
                 raise InvalidRequestError("anthropic-version header is required")
             self.validate(body)
+            overflow = self.overflow(body) if req.path == "/v1/messages" else None
+            if overflow is not None:
+                raise InvalidRequestError(overflow)
         except InvalidRequestError as exc:
             self.refused.append(str(exc))
             error = {
@@ -354,6 +360,20 @@ class FakeMessages(_Base):
             "usage": usage,
         }
         return self.reply(body, message)
+
+    def overflow(self, body: Json) -> str | None:
+        """The API's message for a request over the context window, if it is."""
+        if self.window is None:
+            return None
+        prompt, output = self.prompt_tokens(body), int(body.get("max_tokens") or 0)
+        if prompt > self.window:
+            return f"prompt is too long: {prompt} tokens > {self.window} maximum"
+        if prompt + output > self.window:
+            return (
+                f"input length and `max_tokens` exceed context limit: {prompt} + {output} > "
+                f"{self.window}, decrease input length or `max_tokens` and try again"
+            )
+        return None
 
     def validate(self, body: Json) -> None:
         messages = body.get("messages")

@@ -38,6 +38,9 @@ LLAMA = ModelInfo("llama*", 128_000, 2_048, "cl100k_base", 0.0, 0.0, 0.0)
          "and your request has 3500 input tokens (1000 > 4096 - 3500).",
          Overflow(4096, prompt=3500)),
         ("prompt is too long: 210000 tokens > 200000 maximum", Overflow(200_000, prompt=210_000)),
+        ("input length and `max_tokens` exceed context limit: 188240 + 20000 > 200000, decrease "
+         "input length or `max_tokens` and try again",
+         Overflow(200_000, prompt=188_240, total=208_240)),
         ("This model's maximum context length is 64 tokens.", Overflow(64)),
         ("Rate limit reached", None),
     ],

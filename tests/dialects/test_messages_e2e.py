@@ -11,6 +11,7 @@ import pytest
 
 from tests.dialects.conversations import messages_history, tool_output
 from tests.dialects.harness import harness
+from tests.tiny_model import tiny_model
 
 SMALL = {"default_policy": {"budget_tokens": 4000}}
 THINKING = {"type": "enabled", "budget_tokens": 2000}
@@ -135,6 +136,22 @@ async def test_a_turn_split_over_two_assistant_messages_stays_valid(tmp_path) ->
         ]
         sent = await h.compacted("messages", request(msgs))
         assert sent[1:4] == msgs[1:4]
+
+
+async def test_an_input_and_max_tokens_over_the_window_400_is_retried_compacted(
+    tmp_path,
+) -> None:
+    async with harness(tmp_path, tokens=tiny_model(tmp_path)) as h:
+        h.messages.window = 3000
+        msgs = messages_history(h.messages, 8, size=12)
+        body = {**request(msgs, model="tiny-1", max_tokens=1500)}
+        del body["thinking"]
+        response = await h.message(body)
+        # The input fits the window, but not with its output: Anthropic says so in other words.
+        assert h.messages.refused[0].startswith("input length and `max_tokens` exceed")
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compactd-retried"] == "context-length"
+        assert response.headers["x-compactd-action"] == "compacted"
 
 
 async def test_count_tokens_and_other_anthropic_paths_are_forwarded_unchanged(tmp_path) -> None:
