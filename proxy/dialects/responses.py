@@ -39,6 +39,7 @@ from proxy.dialects.native import (
     pending_assistant,
     rebuild_parts,
 )
+from proxy.media import image_part_tokens
 from proxy.tokens import TokenCounter
 from proxy.toolschema import dump
 
@@ -340,8 +341,18 @@ def _cost(counter: TokenCounter, nat: Any) -> int:
         if kind == "reasoning" or kind in _BUILT_IN:
             total += opaque_tokens(counter, item)
         elif nat.get("kind") == "output" and kind not in _TEXT_OUTPUTS:
-            total += opaque_tokens(counter, item.get("output"))
+            total += _output_tokens(counter, item.get("output"))
     return total
+
+
+def _output_tokens(counter: TokenCounter, output: Any) -> int:
+    """An output the projection does not show: a computer-use screenshot is an image to the
+    model (the tile rule, as an `input_image`, never its base64 as text); the rest as text."""
+    if isinstance(output, Mapping) and output.get("type") == "computer_screenshot":
+        image = _part_to_chat({**output, "type": "input_image"})
+        if image is not None:
+            return image_part_tokens(image["image_url"])
+    return opaque_tokens(counter, output)
 
 
 def _rebuild(message: Message, nat: Mapping[str, Any]) -> list[Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import struct
+from base64 import b64encode
 from typing import Any
 
 import orjson
@@ -231,3 +233,27 @@ def test_counting_includes_what_only_the_items_carry() -> None:
         body([], tools=[{"type": "function", "name": "shell", "parameters": {"type": "object"}}]),
     ) > RESPONSES.fixed_tokens(base, body([]))
     assert orjson.dumps(Marks("k").per_message) == b"[]"
+
+
+def test_a_computer_screenshot_counts_as_an_image_not_as_its_base64() -> None:
+    from proxy.media import image_tokens
+    from proxy.tokens import Tokenizers
+
+    base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
+    counter = RESPONSES.counter(base)
+    ihdr = struct.pack(">IIBBBBB", 1280, 800, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + bytes(range(256)) * 400
+    shot = {
+        "type": "computer_screenshot",
+        "image_url": f"data:image/png;base64,{b64encode(png).decode()}",
+    }
+    call = {"type": "computer_call", "call_id": "c", "action": {"type": "screenshot"}}
+
+    def cost(output: Json) -> int:
+        output_item = {"type": "computer_call_output", "call_id": "c", "output": output}
+        items = [{"role": "user", "content": "open settings"}, call, output_item]
+        return counter.count_messages(RESPONSES.messages(body(items)) or [])
+
+    # The model sees a screenshot as an image: the tile rule, as for an `input_image`.
+    without = cost({"type": "computer_screenshot", "file_id": "file-1", "detail": "low"})
+    assert cost(shot) - without == image_tokens(1280, 800) - 85
