@@ -338,7 +338,13 @@ def _cost(counter: TokenCounter, nat: Any) -> int:
     total = 0
     for item in items:
         kind = item.get("type")
-        if kind == "reasoning" or kind in _BUILT_IN:
+        if kind == "image_generation_call" and isinstance(item.get("result"), str):
+            # Sent back (for an edit), the generated image is the model's input as any image is
+            # (its format is read from its bytes, whatever the URL says).
+            image = {"url": f"data:image/png;base64,{item['result']}"}
+            rest = {k: v for k, v in item.items() if k != "result"}
+            total += image_part_tokens(image) + opaque_tokens(counter, rest)
+        elif kind == "reasoning" or kind in _BUILT_IN:
             total += opaque_tokens(counter, item)
         elif nat.get("kind") == "output" and kind not in _TEXT_OUTPUTS:
             total += _output_tokens(counter, item.get("output"))

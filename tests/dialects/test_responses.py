@@ -12,8 +12,10 @@ import orjson
 from proxy.dialects.native import NATIVE, Marks, native
 from proxy.dialects.responses import RESPONSES, project
 from proxy.digest import message_digest
+from proxy.media import image_tokens
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import split_units, with_text
+from proxy.tokens import Tokenizers
 from tests.api_fakes import FakeResponses
 from tests.dialects.conversations import STAND_IN, responses_input
 
@@ -235,18 +237,17 @@ def test_counting_includes_what_only_the_items_carry() -> None:
     assert orjson.dumps(Marks("k").per_message) == b"[]"
 
 
-def test_a_computer_screenshot_counts_as_an_image_not_as_its_base64() -> None:
-    from proxy.media import image_tokens
-    from proxy.tokens import Tokenizers
+def _png(width: int, height: int) -> str:
+    """A PNG's base64: its header, then ~100 KB that tiktoken would make ~60k tokens of."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + bytes(range(256)) * 400
+    return b64encode(png).decode()
 
+
+def test_a_computer_screenshot_counts_as_an_image_not_as_its_base64() -> None:
     base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
     counter = RESPONSES.counter(base)
-    ihdr = struct.pack(">IIBBBBB", 1280, 800, 8, 2, 0, 0, 0)
-    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + bytes(range(256)) * 400
-    shot = {
-        "type": "computer_screenshot",
-        "image_url": f"data:image/png;base64,{b64encode(png).decode()}",
-    }
+    shot = {"type": "computer_screenshot", "image_url": f"data:image/png;base64,{_png(1280, 800)}"}
     call = {"type": "computer_call", "call_id": "c", "action": {"type": "screenshot"}}
 
     def cost(output: Json) -> int:
@@ -257,3 +258,24 @@ def test_a_computer_screenshot_counts_as_an_image_not_as_its_base64() -> None:
     # The model sees a screenshot as an image: the tile rule, as for an `input_image`.
     without = cost({"type": "computer_screenshot", "file_id": "file-1", "detail": "low"})
     assert cost(shot) - without == image_tokens(1280, 800) - 85
+
+
+def test_a_generated_image_counts_as_an_image_not_as_its_base64() -> None:
+    base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
+    counter = RESPONSES.counter(base)
+    fake = FakeResponses()
+    fake.counter = 1
+
+    def cost(result: str | None) -> int:
+        call = {"type": "image_generation_call", "id": "ig_1", "status": "completed"}
+        items = [
+            {"role": "user", "content": "Draw a cat."},
+            fake.reasoning("draw"),
+            {**call, "result": result},
+            fake.message("Here it is."),
+            {"role": "user", "content": "Now make it blue."},
+        ]
+        return counter.count_messages(RESPONSES.messages(body(items)) or [])
+
+    # Sent back for an edit, the image is the model's input as any image is: the tile rule.
+    assert cost(_png(1024, 1024)) - cost(None) == image_tokens(1024, 1024)
