@@ -190,8 +190,9 @@ class Budget:
 
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
-    """The completion tokens a request reserves (`max_completion_tokens`, `max_tokens`)."""
-    for key in ("max_completion_tokens", "max_tokens"):
+    """The completion tokens a request reserves (`max_completion_tokens`, `max_tokens`, the
+    Responses API's `max_output_tokens`)."""
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
@@ -208,10 +209,11 @@ def compute_budget(
     """Budget = window - reserved output - margin, capped by the policy (for the APIs of its
     `cap_apis`); never below a floor.
 
-    The reserved output is the request's `max_completion_tokens` (or `max_tokens`), else the
-    model's default max output. When the reservation and margin leave less than 1/32 of the window
-    (e.g. `max_tokens` ≥ window), the budget is that floor, small but positive: the request is
-    likely to be refused upstream anyway, and compaction must still have a target to aim at.
+    The reserved output is the request's `max_completion_tokens` (or `max_tokens`, or the
+    Responses API's `max_output_tokens`), else the model's default max output. When the
+    reservation and margin leave less than 1/32 of the window (e.g. `max_tokens` ≥ window), the
+    budget is that floor, small but positive: the request is likely to be refused upstream
+    anyway, and compaction must still have a target to aim at.
     """
     window = info.context_window
     reserved = requested_output(body) or info.max_output

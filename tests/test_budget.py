@@ -171,6 +171,7 @@ def test_budget_reserves_the_models_default_output_and_the_margin() -> None:
         ({"max_completion_tokens": 2_000}, 2_000),
         ({"max_completion_tokens": 2_000, "max_tokens": 1_000}, 2_000),
         ({"max_completion_tokens": None, "max_tokens": 1_000}, 1_000),
+        ({"max_output_tokens": 3_000}, 3_000),  # the Responses API's name for it
         ({"max_tokens": True}, 16_384),  # a bool is not a token count
         ({"max_tokens": -5}, 16_384),
     ],
