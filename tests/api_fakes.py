@@ -4,9 +4,9 @@ Both are ASGI apps (served on a real socket with `tests.upstream.serve`, or in-p
 `httpx.ASGITransport`). They record every request and refuse, with the API's own 400, what the
 real API refuses:
 
-- Responses: a `reasoning` item not followed by another item, or whose encrypted content this
-  upstream never issued; a function/custom call without its output, an output answering no
-  call; a `compaction` item it never issued.
+- Responses: a `reasoning` item not followed by the model output it belongs to (an assistant
+  message, a call), or whose encrypted content this upstream never issued; a function/custom
+  call without its output, an output answering no call; a `compaction` item it never issued.
 - Messages: a `tool_use` not answered by `tool_result` blocks at the start of the next user
   turn (consecutive same-role messages are one turn, as the API combines them), a result
   answering no `tool_use` of the turn right before; a thinking block whose signature is not
@@ -101,6 +101,15 @@ class _Base:
 # --- Responses ---------------------------------------------------------------------------------
 
 
+def _model_output(item: Json) -> bool:
+    """Whether an item is model output a reasoning item may belong to (not an input message,
+    a tool's output or another reasoning item)."""
+    kind = item.get("type")
+    if kind in (None, "message"):
+        return item.get("role") == "assistant"
+    return kind != "reasoning" and not str(kind).endswith("_output")
+
+
 @dataclass
 class FakeResponses(_Base):
     """`POST /v1/responses` with reasoning, function calls and compaction items."""
@@ -147,7 +156,7 @@ class FakeResponses(_Base):
             if kind == "reasoning":
                 if item.get("encrypted_content") not in self.issued:
                     raise InvalidRequestError(f"reasoning item {i} was altered or never issued")
-                if i + 1 >= len(items) or items[i + 1].get("type") == "reasoning":
+                if i + 1 >= len(items) or not _model_output(items[i + 1]):
                     raise InvalidRequestError(
                         f"Item '{item.get('id')}' of type 'reasoning' was provided without its "
                         "required following item."

@@ -392,7 +392,9 @@ def _rebuild(message: Message, nat: Mapping[str, Any]) -> list[Any]:
 
 def _rebuild_model(message: Message, items: list[Any]) -> list[Any]:
     """A model-side run: its text where its first assistant message was, calls updated where a
-    provider changed their arguments, everything else (reasoning above all) as it was."""
+    provider changed their arguments, everything else (reasoning above all) as it was. An
+    assistant message that goes (its text now lives in the first) takes the reasoning right
+    before it along: the API refuses a reasoning item not followed by the item it belongs to."""
     content = message.get("content")
     text = "\n".join(new_texts(content))
     calls = {c.get("id"): c for c in message.get("tool_calls") or [] if isinstance(c, dict)}
@@ -402,16 +404,20 @@ def _rebuild_model(message: Message, items: list[Any]) -> list[Any]:
         if item.get("role") != "assistant":
             out.append(_updated_call(item, calls))
             continue
-        if placed:
-            continue  # the run's text now lives in its first assistant message
-        placed = True
-        parts = item.get("content")
-        if isinstance(parts, list):
-            rebuilt = rebuild_parts(parts, content, _part_to_chat, _text_part("output_text"))
-            if rebuilt:
-                out.append({**item, "content": rebuilt})
-        elif text:
-            out.append({**item, "content": text})
+        kept = None
+        if not placed:
+            placed = True
+            parts = item.get("content")
+            if isinstance(parts, list):
+                rebuilt = rebuild_parts(parts, content, _part_to_chat, _text_part("output_text"))
+                kept = {**item, "content": rebuilt} if rebuilt else None
+            elif text:
+                kept = {**item, "content": text}
+        if kept is not None:
+            out.append(kept)
+            continue
+        while out and out[-1].get("type") == "reasoning":
+            out.pop()
     if not placed and text:
         out.insert(_first_visible(out), {"role": "assistant", "content": text})
     return out

@@ -30,6 +30,15 @@ def sent_input(raw: bytes) -> list[Json]:
     return json.loads(raw)["input"]
 
 
+def rewritten(items: list[Json], index: int, text: str) -> list[Json]:
+    """The input sent when a provider rewrote projected message `index` to `text`."""
+    b = body(items)
+    messages = RESPONSES.messages(b)
+    assert messages is not None
+    messages[index] = with_text(messages[index], text)
+    return sent_input(RESPONSES.with_messages(b, messages))
+
+
 def test_a_reasoning_item_its_call_and_the_output_form_one_unit() -> None:
     items = responses_input(FakeResponses(), 2)
     messages = RESPONSES.messages(body(items))
@@ -95,14 +104,32 @@ def test_rewritten_assistant_text_replaces_the_output_text_and_clears_annotation
         },
         {"role": "user", "content": "next"},
     ]
-    b = body(items)
-    messages = RESPONSES.messages(b)
-    assert messages is not None
-    messages[1] = with_text(messages[1], "short")
-    out = sent_input(RESPONSES.with_messages(b, messages))
+    out = rewritten(items, 1, "short")
     assert out[1] == items[1]
     assert out[2]["content"] == [{"type": "output_text", "text": "short", "annotations": []}]
     assert out[2]["id"] == items[2]["id"]
+
+
+def test_a_rewritten_run_leaves_no_reasoning_item_without_the_item_it_preceded() -> None:
+    fake = FakeResponses()
+    fake.counter = 1
+    first, second = fake.reasoning("look it up"), fake.reasoning("then answer")
+    search = {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": {}}
+    items = [
+        {"role": "user", "content": "How do we deploy?"},
+        first,
+        fake.message("Searching the runbook first.") | {"id": "msg_a"},
+        search,
+        second,
+        fake.message("Blue-green, with a health check on every node.") | {"id": "msg_b"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    out = rewritten(items, 1, "[compactd:ref=abcdef1234] Blue-green.")
+    # The API refuses a reasoning item not followed by the item it belongs to: the run's text
+    # went into its first message, so the second reasoning goes with the second message.
+    assert [item.get("id") for item in out[1:4]] == [first["id"], "msg_a", "ws_1"]
+    assert out[2]["content"][0]["text"] == "[compactd:ref=abcdef1234] Blue-green."
+    assert out[4:] == items[6:]
 
 
 def test_a_stand_in_is_a_plain_message() -> None:

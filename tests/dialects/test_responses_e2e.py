@@ -158,3 +158,29 @@ async def test_a_policy_can_match_the_api_and_metrics_carry_it(tmp_path) -> None
         assert response.headers["x-compactd-action"] == "compacted"
         assert h.metric("compactd_requests_total", action="compacted", api="responses") == 1
         assert h.metric("compactd_requests_total", api="chat.completions") == 0
+
+
+async def test_a_run_with_two_answers_is_rewritten_into_a_request_the_api_accepts(tmp_path) -> None:
+    prose = "The service switches blue-green, with a health check on every node. " * 12
+    policy = {"default_policy": {"budget_tokens": 3000, "providers": ["trim"]}}
+    async with harness(tmp_path, **policy) as h:
+        fake = h.responses
+        items: list[Json] = [{"role": "user", "content": "Research the deployment."}]
+        for t in range(12):
+            fake.counter += 1
+            items += [
+                {"role": "user", "content": f"And part {t}?"},
+                fake.reasoning(f"search for part {t}"),
+                fake.message(f"Part {t}, first: {prose}") | {"id": f"msg_a{t}"},
+                {"type": "web_search_call", "id": f"ws_{t}", "status": "completed", "action": {}},
+                fake.reasoning(f"answer part {t}"),
+                fake.message(f"Part {t}, then: {prose}") | {"id": f"msg_b{t}"},
+            ]
+        items.append({"role": "user", "content": "Summarize."})
+        # Runs are rewritten (their text in their first message), not only dropped.
+        sent = await h.compacted("responses", request(items))
+        rewritten = [i for i in sent if "compactd:ref" in json.dumps(i) and "id" in i]
+        assert rewritten
+        assert all(item["id"].startswith("msg_a") for item in rewritten)
+        restored = await h.uncompress({"api": "responses", "input": sent})
+        assert restored.json()["input"] == items
