@@ -37,7 +37,7 @@ from proxy.rewrite import upstream_headers
 from proxy.stats import fail_open_reason
 from proxy.store.base import Store, UsageRecord, resolve_readable
 from proxy.tenant import ANONYMOUS
-from proxy.usage import MAX_EVENT_BYTES, SSEUsageTap, Usage, usage_from_json
+from proxy.usage import MAX_EVENT_BYTES, SSEUsageTap, Usage, inflated, usage_from_json
 from proxy.websocket import POLICY_VIOLATION, relay_websocket, ws_url
 
 log = logging.getLogger("compactd.handler")
@@ -287,7 +287,11 @@ class _ChatExchange:
         if longer is not None:  # too long for a context-length error: relayed whole, as it is
             await self._relay(response, longer)
             return None
-        message = context_overflow_message(body)
+        # Read decoded (an SDK accepts gzip, so an upstream's edge may compress its 400); the
+        # client still gets the bytes the upstream sent.
+        encoding = (header(response.headers.raw, b"content-encoding") or b"").decode("latin-1")
+        decoded = inflated(body, encoding, OVERFLOW_BODY_LIMIT)
+        message = context_overflow_message(decoded) if decoded is not None else None
         retry = None
         if message:
             retry = await self.h.compactor.after_overflow(self.request, self.outcome, message)

@@ -84,19 +84,30 @@ def chat_usage(obj: object, previous: Usage | None) -> Usage | None:
     return usage_of(obj)
 
 
+def inflated(body: bytes, content_encoding: str, limit: int = MAX_JSON_BYTES) -> bytes | None:
+    """A complete response body decoded (gzip/deflate; identity as it is), or None if it cannot
+    be or would inflate past `limit` bytes (a bomb, or far larger than anything we read)."""
+    try:
+        decoder = _decoder(content_encoding)
+        if decoder is None:
+            return body
+        out: bytes = decoder.decompress(body, limit)
+        if decoder.unconsumed_tail:
+            return None
+        tail: bytes = decoder.flush()
+        return out + tail
+    except (ValueError, zlib.error):
+        return None
+
+
 def usage_from_json(
     body: bytes, content_encoding: str = "", read: UsageReader = chat_usage
 ) -> Usage | None:
     """The `usage` of a complete JSON response body (gzip/deflate decoded), or None."""
-    try:
-        decoder = _decoder(content_encoding)
-        if decoder is not None:
-            body = decoder.decompress(body, MAX_JSON_BYTES)
-            if decoder.unconsumed_tail:
-                return None  # a bomb, or a body far larger than any we read usage from
-            body += decoder.flush()
-    except (ValueError, zlib.error):
+    decoded = inflated(body, content_encoding)
+    if decoded is None:
         return None
+    body = decoded
     if _USAGE_KEY not in body:
         return None
     try:

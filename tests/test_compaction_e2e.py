@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import signal
 from typing import Any
@@ -241,6 +242,35 @@ async def test_context_length_error_is_retried_once_compacted(
     assert h["x-compactd-action"] == "compacted"
     assert int(h["x-compactd-tokens-after"]) < 1100
     assert h2["x-compactd-action"] in ("compacted", "replayed")
+
+
+async def test_a_gzip_encoded_context_length_error_is_retried_too(
+    upstream, make_proxy, tmp_path
+) -> None:
+    # The SDK accepts gzip, so an upstream's edge may well compress its 400: it must be read
+    # decoded, and relayed as sent when it is not retried.
+    fake, base = upstream
+    msgs = history(8)
+    overflow = {
+        "error": {
+            "message": "This model's maximum context length is 1100 tokens.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    packed = gzip.compress(json.dumps(overflow).encode())
+    fake.then(respond(400, packed, headers=[(b"content-encoding", b"gzip")]))
+    async with make_proxy(
+        base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
+    ) as url:
+        client = sdk(url)
+        h = await chat(client, msgs, model="tiny-1")
+        await client.close()
+    assert fake.received[0].header("accept-encoding") is not None
+    assert len(fake.received) == 2
+    assert h["x-compactd-retried"] == "context-length"
+    assert h["x-compactd-action"] == "compacted"
 
 
 async def test_upstream_key_mode_admits_listed_keys_only(
