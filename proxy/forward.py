@@ -250,10 +250,13 @@ async def relay(
     *,
     body: AsyncIterator[bytes] | None = None,
     error_event: bytes | None = None,
+    reframed: bool = False,
 ) -> RelayResult:
     """Stream the upstream response to the client as it arrives; always closes the upstream.
 
     `body`: the response's chunks when the caller already started reading them (see `peek`).
+    `reframed`: `tap` changes the body's length, so the upstream's Content-Length is not sent
+    (the server frames the body itself).
 
     A failure after the headers went out cannot change the status: an SSE stream ends with an
     `error` event (never a fake `[DONE]`, which would make a truncated answer look complete;
@@ -261,6 +264,8 @@ async def relay(
     any other body is cut off by raising, so the client sees a broken connection, not a short body.
     """
     raw = response_headers(response.headers.raw)
+    if reframed:
+        raw = [(k, v) for k, v in raw if k.lower() != b"content-length"]
     sse = is_event_stream(raw)
     if sse:
         extra_headers = [*extra_headers, (b"x-accel-buffering", b"no")]

@@ -310,7 +310,8 @@ class _ChatExchange:
         encoding = (header(raw, b"content-encoding") or b"").decode("latin-1")
         tap: SSEUsageTap | _Copy | None = None
         read = self.route.api.read_usage
-        if self.outcome.injected_usage and is_event_stream(raw) and not encoding:
+        stripping = self.outcome.injected_usage and is_event_stream(raw) and not encoding
+        if stripping:
             tap = SSEUsageTap(
                 strip_usage_chunk=True,
                 strip_usage_null=self.h.strip_usage_null,
@@ -333,6 +334,7 @@ class _ChatExchange:
             flush,
             body=body,
             error_event=_error_event(self.route.api.anthropic),
+            reframed=stripping,
         )
         self.error = self.error or result.error
         if isinstance(tap, SSEUsageTap):
