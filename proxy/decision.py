@@ -187,6 +187,14 @@ def read_request(
         return ChatRequest(raw, frozen, identity, dialect=dialect, started=started)
     model = body.get("model")
     messages = dialect.messages(body)
+    conversation = ""
+    if messages is not None:
+        try:
+            conversation = _conversation(headers.get(CONVERSATION_HEADER), messages)
+        except (orjson.JSONEncodeError, RecursionError):
+            # Nested deeper than a digest can be taken (orjson parses 1,024 levels, serializes
+            # 254): nothing to compact, the upstream judges the bytes.
+            messages = None
     return ChatRequest(
         raw=raw,
         headers=frozen,
@@ -194,9 +202,7 @@ def read_request(
         body=body,
         messages=messages,
         model=model if isinstance(model, str) else "",
-        conversation=(
-            "" if messages is None else _conversation(headers.get(CONVERSATION_HEADER), messages)
-        ),
+        conversation=conversation,
         dialect=dialect,
         started=started,
     )

@@ -75,6 +75,22 @@ async def test_an_unparseable_body_is_the_upstreams_to_answer(tmp_path: Path) ->
     assert proxy.upstream.last.content == b'{"model": "gpt-4o", "messages": ['
 
 
+# orjson parses 1,024 levels but serializes 254, and the canonical form recurses: a deeper value
+# in the conversation's root made digesting it raise before any decision, a plain-text 500.
+@pytest.mark.parametrize("depth", [300, 800])
+async def test_a_message_too_deep_to_digest_is_the_upstreams_to_answer(
+    tmp_path: Path, depth: int
+) -> None:
+    msgs = history(6)
+    msgs[1]["deep"] = json.loads("[" * depth + "]" * depth)
+    raw = body(msgs)
+    async with running(tmp_path, **SMALL) as proxy:
+        r = await proxy.chat(raw)
+    assert r.status_code == 200
+    assert r.headers["x-compactd-action"] == "passthrough"
+    assert proxy.upstream.last.content == raw
+
+
 async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> None:
     original = history(6)
     async with running(tmp_path, **SMALL) as proxy:
