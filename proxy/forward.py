@@ -226,6 +226,25 @@ async def _chain(read: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator
         yield chunk
 
 
+MAX_HELD_BYTES = 1 << 20
+"""Most bytes of one unfinished SSE event the relay holds back; a longer one goes out as is."""
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n")
+
+
+def _whole_events(data: bytes) -> tuple[bytes, bytes]:
+    """SSE bytes as (every complete event, the unfinished one after them)."""
+    if data.endswith((b"\n\n", b"\n\r")):  # the usual chunk; a blank line ended by CR
+        return data, b""
+    end = 0
+    for sep in _EVENT_ENDS:
+        at = data.rfind(sep)
+        if at >= 0:
+            end = max(end, at + len(sep))
+    if len(data) - end > MAX_HELD_BYTES:
+        return data, b""
+    return data[:end], data[end:]
+
+
 def is_event_stream(headers: RawHeaders) -> bool:
     """Whether a response is Server-Sent Events."""
     ctype = header(headers, b"content-type") or b""
@@ -262,6 +281,9 @@ async def relay(
     `error` event (never a fake `[DONE]`, which would make a truncated answer look complete;
     `error_event` in the API's own shape, OpenAI's by default);
     any other body is cut off by raising, so the client sees a broken connection, not a short body.
+    So that the error event is an event of its own, an uncompressed stream's bytes go out one
+    complete event at a time (no client acts on part of one), and an event the upstream left
+    unfinished is dropped.
     """
     raw = response_headers(response.headers.raw)
     if reframed:
@@ -269,6 +291,8 @@ async def relay(
     sse = is_event_stream(raw)
     if sse:
         extra_headers = [*extra_headers, (b"x-accel-buffering", b"no")]
+    whole = sse and header(raw, b"content-encoding") in (None, b"identity")
+    held = b""
     result = RelayResult(status=response.status_code)
     try:
         await send(
@@ -280,6 +304,8 @@ async def relay(
         )
         async for chunk in body if body is not None else response.aiter_raw():
             out = tap(chunk) if tap is not None else chunk
+            if whole:
+                out, held = _whole_events(held + out)
             if out:
                 result.bytes_sent += len(out)
                 await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -299,6 +325,8 @@ async def relay(
     finally:
         await response.aclose()
     tail = flush() if flush is not None else b""
+    # After an error event, the unfinished event's bytes could only make it part of another.
+    tail = b"" if result.error is not None else held + tail
     result.bytes_sent += len(tail)
     await send({"type": "http.response.body", "body": tail, "more_body": False})
     return result

@@ -98,9 +98,15 @@ async def test_mid_stream_failure_ends_with_error_event_and_no_done(upstream, ma
     assert last.startswith(b'data: {"error":')
 
 
-async def test_openai_sdk_raises_api_error_on_mid_stream_failure(upstream, make_proxy) -> None:
+# An upstream can fail part-way through an event (a proxy before it re-chunks the stream): the
+# error event was glued to the unfinished one, which the SDK raised as a JSONDecodeError.
+@pytest.mark.parametrize("cut", [None, 25], ids=["between-events", "mid-event"])
+async def test_openai_sdk_raises_api_error_on_mid_stream_failure(upstream, make_proxy, cut) -> None:
     fake, base = upstream
-    fake.then(stream(sse_chunks(["a", "b", "c", "d"]), fail_after=2))
+    events = sse_chunks(["a", "b", "c", "d"])
+    if cut is not None:
+        events = [*events[:2], events[2][:cut], events[3]]
+    fake.then(stream(events, fail_after=3 if cut else 2))
     async with make_proxy(base) as url:
         sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
         got: list[str] = []
