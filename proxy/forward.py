@@ -229,10 +229,12 @@ async def _chain(read: list[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator
 MAX_HELD_BYTES = 1 << 20
 """Most bytes of one unfinished SSE event the relay holds back; a longer one goes out as is."""
 _EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n")
+_COMMENT_LINES = re.compile(rb"(?::[^\r\n]*(?:\r\n|\r|\n))+")
 
 
 def _whole_events(data: bytes) -> tuple[bytes, bytes]:
-    """SSE bytes as (every complete event, the unfinished one after them)."""
+    """SSE bytes as (every complete event, the unfinished one after them). Comment lines that
+    begin the unfinished one go out too: they add nothing to it (keep-alives are sent so)."""
     if data.endswith((b"\n\n", b"\n\r")):  # the usual chunk; a blank line ended by CR
         return data, b""
     end = 0
@@ -240,6 +242,9 @@ def _whole_events(data: bytes) -> tuple[bytes, bytes]:
         at = data.rfind(sep)
         if at >= 0:
             end = max(end, at + len(sep))
+    comments = _COMMENT_LINES.match(data, end)
+    if comments is not None:
+        end = comments.end()
     if len(data) - end > MAX_HELD_BYTES:
         return data, b""
     return data[:end], data[end:]

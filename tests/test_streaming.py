@@ -14,17 +14,21 @@ from tests.upstream import hang, respond, sse_chunks, stream
 STREAM_BODY = b'{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 
 
-async def test_sse_is_relayed_as_each_chunk_arrives(upstream, make_proxy) -> None:
+# A comment line on its own (a keep-alive while a model thinks) is no part of an event: held
+# back, an idle timeout between the client and compactd would cut the stream.
+@pytest.mark.parametrize("lead", [b"", b": keep-alive\n"], ids=["event", "comment"])
+async def test_sse_is_relayed_as_each_chunk_arrives(upstream, make_proxy, lead) -> None:
     fake, base = upstream
     gate = asyncio.Event()
     # The upstream sends its second event only after the client has received the first:
     # a buffering proxy would deadlock here instead of passing.
-    fake.then(stream(sse_chunks(["a", "b", "c"]), gate=gate))
+    events = sse_chunks(["a", "b", "c"])
+    fake.then(stream([lead, *events] if lead else events, gate=gate))
     async with make_proxy(base) as url, httpx.AsyncClient() as client:
         async with client.stream("POST", f"{url}/v1/chat/completions", content=STREAM_BODY) as r:
             chunks = r.aiter_raw()
             first = await asyncio.wait_for(anext(chunks), 10)
-            assert first.startswith(b"data: ")
+            assert first.startswith(lead or b"data: ")
             gate.set()
             rest = b"".join([c async for c in chunks])
     assert (first + rest).endswith(b"data: [DONE]\n\n")
