@@ -12,6 +12,10 @@ Each response's head (status line and headers) is held until the body's first by
 or the event loop's next turn (`HeadWithBody`): uvicorn writes the two separately, which made two
 sends and two TCP segments of every small answer, and woke the client twice to read one.
 
+A request asking to upgrade to anything but a WebSocket (`curl --http2` on http:// asks for h2c)
+is served as the HTTP/1.1 request it also is, body included: httptools skips the body of an
+upgrade request, so its head is parsed again without the Upgrade header.
+
 `websocket_protocol` is the WebSocket protocol handed to uvicorn: its real implementation (what
 uvicorn's `ws="auto"` picks) is imported when a connection first upgrades, not at start-up, so
 a worker that never relays a WebSocket does not hold the `websockets` package (~2.5 MB).
@@ -24,6 +28,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+import httptools
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -158,6 +163,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._fields = 0
         self._in_head = True
         self._refused = False
+        self._plain: bytes | None = None  # the head of an upgrade not made, to parse again
 
     def _over(self, size: int) -> bool:
         return size > self._limits.max_bytes or self._fields > self._limits.max_headers
@@ -167,9 +173,42 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return  # lingering: discard what the client still sends
         if self._in_head:
             self._fed += len(data)
-        super().data_received(data)
+        # uvicorn's own data_received, but for an upgrade it does not make (see _not_upgraded).
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade as upgrade:
+            head, self._plain = self._plain, None
+            if head is not None:
+                self.data_received(head + data[upgrade.args[0] :])
+            elif self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
         if self._in_head and not self._refused and self._over(self._fed):
             self._refuse()
+
+    def _not_upgraded(self) -> bytes | None:
+        """The head of a request asking for an upgrade other than to a WebSocket (`curl --http2`
+        asks for h2c), without its Upgrade header; None for any other request.
+
+        httptools skips the body of a request asking to upgrade, and the rest of the connection
+        would be the new protocol's; a server that does not upgrade serves the request as plain
+        HTTP/1.1, body included (RFC 9110 §7.8). So it is parsed again without the header.
+        """
+        if not self.parser.should_upgrade() or self._should_upgrade():
+            return None
+        if not any(name == b"upgrade" for name, _ in self.headers):
+            return None  # CONNECT: refused as uvicorn refuses it
+        version = self.parser.get_http_version().encode()
+        lines = [self.parser.get_method() + b" " + self.url + b" HTTP/" + version]
+        lines += [name + b": " + value for name, value in self.headers if name != b"upgrade"]
+        return b"\r\n".join([*lines, b"", b""])
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -188,6 +227,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._over(self._size):
             self._refused = True
             raise _HeadTooLargeError  # the parser stops; uvicorn calls send_400_response
+        self._plain = self._not_upgraded()
+        if self._plain is not None:
+            return  # no request for the app yet: it comes when the head is parsed again
         self._in_head, self._fed = False, 0
         cycle = self.cycle
         super().on_headers_complete()
@@ -195,7 +237,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        if self._plain is None:
+            super().on_message_complete()
         self._in_head, self._fed = True, 0
 
     def send_400_response(self, msg: str) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from tests.upstream import respond, sse_chunks, stream
 
@@ -121,6 +124,38 @@ async def test_request_cannot_redirect_the_upstream(upstream, make_proxy) -> Non
     assert len(fake.received) == 1  # the traversal never reached any upstream
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "invalid_path"
+
+
+# `curl --http2` on http:// asks to upgrade to h2c; a server that does not upgrade answers the
+# request as HTTP/1.1 (RFC 9110 §7.8). httptools skipped such a request's body: the upstream got
+# an empty one, and the body's bytes were then read as the next request (a stray 400).
+@pytest.mark.parametrize("later", [False, True], ids=["one-write", "body-after-100-continue"])
+async def test_a_request_asking_to_upgrade_to_h2c_is_served_with_its_body(
+    upstream, make_proxy, later
+) -> None:
+    fake, base = upstream
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: Upgrade, HTTP2-Settings\r\n"
+        b"upgrade: h2c\r\nhttp2-settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n%s"
+        b"content-length: %d\r\n\r\n"
+        % (b"expect: 100-continue\r\n" if later else b"", len(CHAT_BODY))
+    )
+    after = b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+    async with make_proxy(base) as url, asyncio.timeout(30):
+        parts = urlsplit(url)
+        reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+        if later:  # the body arrives in a read of its own
+            writer.write(head)
+            assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+            writer.write(CHAT_BODY + after)
+        else:
+            writer.write(head + CHAT_BODY + after)
+        answer = await reader.read()
+        writer.close()
+    assert [r.body for r in fake.received] == [CHAT_BODY, b""]
+    assert fake.received[0].header("upgrade") is None
+    assert answer.count(b"HTTP/1.1 200 OK") == 2
+    assert b"HTTP/1.1 400" not in answer
 
 
 async def test_health_endpoints_answer(upstream, make_proxy) -> None:
