@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -162,6 +163,10 @@ class Handler:
         headers = route.gate.authorize(list(scope["headers"]))
         # The request value is read once, from the client's own headers (its key is its tenant).
         request = self.compactor.read(raw, scope["headers"], route.api.dialect)
+        if route.upstream is not self.upstream:
+            # Summaries are asked of `upstream.url`: another provider's key is never sent there.
+            keyless = dataclasses.replace(request.identity, api_key=None)
+            request = dataclasses.replace(request, identity=keyless)
         outcome = await self.compactor.decide(
             request, confirm=self._confirm(route, headers, request)
         )

@@ -269,3 +269,16 @@ async def test_the_replayed_prefix_ends_on_a_client_breakpoint_and_is_read_from_
         usage = second.json()["usage"]
         assert usage["cache_read_input_tokens"] >= prefix
         assert h.metric("compactd_upstream_usage_tokens_total", kind="cached") >= prefix
+
+
+async def test_an_oauth_token_is_never_sent_to_the_openai_upstream_for_a_summary(tmp_path) -> None:
+    policy = {"budget_tokens": 4000, "providers": ["summarize"]}
+    async with harness(tmp_path, default_policy=policy) as h:
+        msgs = messages_history(h.messages, 30)
+        response = await h.message(request(msgs), authorization="Bearer sk-ant-oat01-token")
+        assert response.status_code == 200, response.text
+        assert response.headers["x-compactd-action"] == "compacted"
+        assert h.messages.last.header("authorization") == "Bearer sk-ant-oat01-token"
+        # The summary call goes to upstream.url (OpenAI): the Anthropic credential is not its.
+        sent = [r.header("authorization") for r in h.responses.received]
+        assert "Bearer sk-ant-oat01-token" not in sent
