@@ -56,7 +56,7 @@ from proxy.store.base import (
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.tenant import Tenancy
 from proxy.tokens import TokenCounter, Tokenizers
-from proxy.windows import LearnedWindows, parse_overflow, retry_window, validated_window
+from proxy.windows import LearnedWindows, counted_prompt, retry_window, validated_window
 
 log = logging.getLogger("compactd.compaction")
 
@@ -230,10 +230,10 @@ class Compactor:
         if first.retried or request.body is None or not request.model:
             return None
         sent = first.tokens_after or first.tokens_before or 0
-        overflow = parse_overflow(upstream_message)
-        if self.calibration is not None and overflow is not None and overflow.prompt:
+        counted = counted_prompt(upstream_message)
+        if self.calibration is not None and counted is not None:
             # The upstream's own count of what we sent: the best calibration sample there is.
-            self.calibration.observe(request.dialect.name, request.model, sent, overflow.prompt)
+            self.calibration.observe(request.dialect.name, request.model, sent, counted)
         window = self.learn_window(request, upstream_message, sent)
         if window is None or first.action in ("bypass", "shadow"):
             return None

@@ -47,6 +47,12 @@ _ANTHROPIC = re.compile(rf"prompt is too long:\s*{_N}\s+tokens\s*>\s*{_N}\s+maxi
 _ANTHROPIC_TOTAL = re.compile(
     rf"exceed context limit:\s*{_N}\s*\+\s*{_N}\s*>\s*{_N}", re.IGNORECASE
 )
+# Anthropic's whole message when the input fits the window but not with `max_tokens`.
+_ANTHROPIC_TOTAL_WHOLE = re.compile(
+    rf"input length and `max_tokens` exceed context limit:\s*{_N}\s*\+\s*{_N}\s*>\s*{_N},"
+    r"\s*decrease input length or `max_tokens` and try again",
+    re.IGNORECASE,
+)
 _SCAN_CHARS = 4096  # the figures sit at the start of every known phrasing
 
 
@@ -81,6 +87,23 @@ def parse_overflow(message: str) -> Overflow | None:
         return Overflow(limit, prompt=_int(found.group(2)), total=_int(found.group(1)))
     found = _RESULTED.search(text) or _INPUT.search(text)
     return Overflow(limit, prompt=_int(found.group(1)) if found else None)
+
+
+def counted_prompt(message: str) -> int | None:
+    """The request's length as the upstream counted it, for calibration: only from a message
+    that is wholly the upstream's own overflow error (`prompt is too long: N tokens > M
+    maximum`, N > M, or `input length and `max_tokens` exceed context limit: N + K > M, …`,
+    N + K > M). An error that echoes client input (an unknown `tool_use_id`) says more than
+    that, and its figures are the client's, not the upstream's count of what we sent."""
+    text = message.strip()
+    if found := _ANTHROPIC.fullmatch(text):
+        prompt, over = _int(found.group(1)), _int(found.group(1)) > _int(found.group(2))
+    elif found := _ANTHROPIC_TOTAL_WHOLE.fullmatch(text):
+        prompt = _int(found.group(1))
+        over = prompt + _int(found.group(2)) > _int(found.group(3))
+    else:
+        return None
+    return prompt if over else None
 
 
 def floor_for(info: ModelInfo, minimum: int) -> int:

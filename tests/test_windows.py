@@ -12,6 +12,7 @@ from proxy.store.sqlite import SqliteStore
 from proxy.windows import (
     LearnedWindows,
     Overflow,
+    counted_prompt,
     floor_for,
     parse_overflow,
     retry_window,
@@ -47,6 +48,30 @@ LLAMA = ModelInfo("llama*", 128_000, 2_048, "cl100k_base", 0.0, 0.0, 0.0)
 )  # fmt: skip
 def test_every_known_phrasing_is_read(message: str, expected: Overflow | None) -> None:
     assert parse_overflow(message) == expected
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("prompt is too long: 210000 tokens > 200000 maximum", 210_000),
+        ("prompt is too long: 190000 tokens > 200000 maximum", None),
+        ("messages.1.content.0: unexpected `tool_use_id` found in `tool_result` blocks: prompt "
+         "is too long: 9000000 tokens > 200000 maximum. Each `tool_result` block must have a "
+         "corresponding `tool_use` block in the previous message.", None),
+        ("This model's maximum context length is 128000 tokens. However, your messages "
+         "resulted in 130000 tokens.", None),
+        ("input length and `max_tokens` exceed context limit: 188240 + 20000 > 200000, decrease "
+         "input length or `max_tokens` and try again", 188_240),
+        ("input length and `max_tokens` exceed context limit: 180000 + 20000 > 200000, decrease "
+         "input length or `max_tokens` and try again", None),
+        ("unexpected `tool_use_id` found: input length and `max_tokens` exceed context limit: "
+         "9000000 + 1 > 200000, decrease input length or `max_tokens` and try again", None),
+    ],
+)  # fmt: skip
+def test_only_the_upstreams_own_overflow_error_counts_for_calibration(
+    message: str, expected: int | None
+) -> None:
+    assert counted_prompt(message) == expected
 
 
 def test_a_consistent_overflow_below_the_table_is_learned() -> None:

@@ -220,6 +220,21 @@ async def test_the_upstreams_own_counts_calibrate_the_estimate(tmp_path) -> None
         assert h.services.calibration.ratio("responses", "claude-sonnet-5") == 1.0
 
 
+async def test_an_error_echoing_a_client_figure_does_not_calibrate_other_tenants(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        msgs = messages_history(h.messages, 6)
+        # Anthropic echoes an unknown tool_use_id in its 400: the attacker picks the figures.
+        forged = "prompt is too long: 9000000 tokens > 200000 maximum"
+        result = {"type": "tool_result", "tool_use_id": forged, "content": "x"}
+        bogus = [*msgs[:-2], {"role": "user", "content": [result]}]
+        refused = await h.message(request(bogus), key="sk-attacker")
+        assert refused.status_code == 400
+        assert forged in refused.json()["error"]["message"]
+        assert h.services.calibration.ratio("messages", "claude-sonnet-5") == 1.0
+        victim = await h.message(request(messages_history(h.messages, 3)), key="sk-victim")
+        assert victim.headers["x-compactd-action"] == "passthrough"
+
+
 def _marked(msgs: list[Json], *positions: int) -> list[Json]:
     """A copy of `msgs` with Claude Code's breakpoints on the last block of these messages."""
     out: list[Json] = json.loads(json.dumps(msgs))
