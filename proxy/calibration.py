@@ -16,8 +16,9 @@ import contextlib
 import dataclasses
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from proxy.budget import Budget
 from proxy.store.base import StoreError, key_name
@@ -32,6 +33,31 @@ REFRESH_SECONDS = 30.0
 TTL_SECONDS = 30 * 86400
 MODEL_CHARS = 128
 _MAX_MODELS = 512
+
+
+def sees_all(body: Mapping[str, Any] | None) -> bool:
+    """Whether our estimate of this request saw all the upstream counts: not with an image or
+    document by URL or file id, or MCP servers (the upstream fetches their contents). Such a
+    request's count is not a tokenizer's ratio, and it would move every tenant's."""
+    if body is None:
+        return True
+    if body.get("mcp_servers"):
+        return False
+    return not any(_by_reference(m.get("content")) for m in _mappings(body.get("messages")))
+
+
+def _by_reference(content: Any) -> bool:
+    for block in _mappings(content):
+        source = block.get("source")
+        if isinstance(source, Mapping) and source.get("type") in ("url", "file"):
+            return True
+        if _by_reference(block.get("content")):  # a tool_result's own blocks
+            return True
+    return False
+
+
+def _mappings(items: Any) -> list[Mapping[str, Any]]:
+    return [i for i in items if isinstance(i, Mapping)] if isinstance(items, list) else []
 
 
 def scaled(budget: Budget, ratio: float) -> Budget:
@@ -80,9 +106,19 @@ class Calibration:
         """`budget` in estimate units for this API and model."""
         return scaled(budget, self.ratio(api, model))
 
-    def observe(self, api: str, model: str, estimate: int, actual: int) -> None:
-        """One response: we estimated `estimate` input tokens, the upstream counted `actual`."""
+    def observe(
+        self,
+        api: str,
+        model: str,
+        estimate: int,
+        actual: int,
+        body: Mapping[str, Any] | None = None,
+    ) -> None:
+        """One response: we estimated `estimate` input tokens, the upstream counted `actual`
+        (of the request `body`, if given: one with input we never see teaches nothing)."""
         if api not in self.apis or estimate < MIN_ESTIMATE or actual <= 0 or not model:
+            return
+        if not sees_all(body):
             return
         sample = min(HIGH, max(LOW, actual / estimate))
         key = (api, self.key(model))

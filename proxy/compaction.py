@@ -233,7 +233,9 @@ class Compactor:
         counted = counted_prompt(upstream_message)
         if self.calibration is not None and counted is not None:
             # The upstream's own count of what we sent: the best calibration sample there is.
-            self.calibration.observe(request.dialect.name, request.model, sent, counted)
+            self.calibration.observe(
+                request.dialect.name, request.model, sent, counted, request.body
+            )
         window = self.learn_window(request, upstream_message, sent)
         if window is None or first.action in ("bypass", "shadow"):
             return None
@@ -310,7 +312,8 @@ class Compactor:
         if actual is None:
             return counted
         if self.calibration is not None:
-            self.calibration.observe(request.dialect.name, request.model, counted.tokens, actual)
+            api, model = request.dialect.name, request.model
+            self.calibration.observe(api, model, counted.tokens, actual, request.body)
         ratio = min(HIGH, max(LOW, actual / counted.tokens))
         return dataclasses.replace(counted, budget=scaled(counted.raw, ratio))
 

@@ -354,7 +354,8 @@ class _ChatExchange:
             return  # the upstream counted history the request does not carry
         sent = out.tokens_after if out.action in REWRITTEN else out.tokens_before
         if sent:
-            calibration.observe(self.route.api.name, self.request.model, sent, usage.prompt_tokens)
+            api, model, body = self.route.api.name, self.request.model, self.request.body
+            calibration.observe(api, model, sent, usage.prompt_tokens, body)
 
     def _calibrated(self) -> bool:
         calibration = self.h.compactor.calibration

@@ -327,6 +327,8 @@ class FakeMessages(_Base):
     window: int | None = None
     """The model's context window: a request whose input (or input + `max_tokens`) exceeds it
     is refused with the API's own 400."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Uploaded files (the Files API) by id: a block naming one is counted with its text."""
 
     def answer(self, req: Received) -> tuple[int, bytes, bool]:
         if req.method != "POST" or not req.path.startswith("/v1/messages"):
@@ -506,7 +508,13 @@ class FakeMessages(_Base):
         return found
 
     def prompt_tokens(self, body: Json) -> int:
-        return sum(true_tokens(_clean(b)) for b in self.blocks(body))
+        return sum(self.tokens(_clean(b)) for b in self.blocks(body))
+
+    def tokens(self, block: Json) -> int:
+        """A block's count, an uploaded file it names included (as the real API counts it)."""
+        source = block.get("source")
+        named = source.get("file_id") if isinstance(source, dict) else None
+        return true_tokens(block) + true_tokens(self.files.get(str(named), None))
 
     def usage(self, body: Json) -> Json:
         blocks = [_clean(b) for b in self.blocks(body)]
@@ -514,7 +522,7 @@ class FakeMessages(_Base):
         digest = hashlib.sha256()
         for b in blocks:
             digest.update(json.dumps(b, sort_keys=True).encode())
-            total += true_tokens(b)
+            total += self.tokens(b)
             cum.append(total)
             keys.append(digest.hexdigest())
         points = [i for i, _ in self.breakpoints(body)]

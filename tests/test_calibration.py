@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from proxy.budget import Budget
-from proxy.calibration import HIGH, MIN_ESTIMATE, Calibration
+from proxy.calibration import HIGH, MIN_ESTIMATE, Calibration, sees_all
 from proxy.config import StoreSettings
 from proxy.store.factory import open_store
 
@@ -35,6 +35,35 @@ def test_small_requests_other_apis_and_wild_samples_teach_nothing_or_are_bounded
     assert c.ratio("chat.completions", "gpt-4o") == 1.0
     c.observe("messages", "m", 10_000, 10**9)
     assert c.ratio("messages", "m") == HIGH
+
+
+def _with(*blocks: dict[str, object]) -> dict[str, object]:
+    return {"messages": [{"role": "user", "content": list(blocks)}]}
+
+
+INLINE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iV"}}
+BY_URL = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+BY_ID = {"type": "document", "source": {"type": "file", "file_id": "file_1"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "seen"),
+    [
+        (_with({"type": "text", "text": "hi"}, INLINE), True),
+        ({"messages": [{"role": "user", "content": "hi"}]}, True),
+        (_with(BY_URL), False),
+        (_with(BY_ID), False),
+        (_with({"type": "tool_result", "tool_use_id": "t", "content": [BY_URL]}), False),
+        ({**_with(INLINE), "mcp_servers": [{"type": "url", "url": "https://mcp.test"}]}, False),
+    ],
+)
+def test_a_request_with_input_the_estimate_never_sees_teaches_nothing(
+    body: dict[str, object], seen: bool
+) -> None:
+    c = Calibration()
+    c.observe("messages", "m", 10_000, 30_000, body)
+    assert sees_all(body) is seen
+    assert c.ratio("messages", "m") == (3.0 if seen else 1.0)
 
 
 async def test_what_one_worker_learns_the_others_read_through_the_store(tmp_path: Path) -> None:

@@ -235,6 +235,25 @@ async def test_an_error_echoing_a_client_figure_does_not_calibrate_other_tenants
         assert victim.headers["x-compactd-action"] == "passthrough"
 
 
+async def test_a_document_the_estimate_never_sees_does_not_calibrate_other_tenants(
+    tmp_path,
+) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        h.messages.files["file_report"] = "quarterly figures " * 4000
+        document = {"type": "document", "source": {"type": "file", "file_id": "file_report"}}
+        ask = {"type": "text", "text": "Summarize this report. " + "Be precise. " * 400}
+        sent = await h.message(
+            request([{"role": "user", "content": [document, ask]}]), key="sk-documents"
+        )
+        assert sent.status_code == 200, sent.text
+        assert sent.json()["usage"]["input_tokens"] > 4 * int(
+            sent.headers["x-compactd-tokens-before"]
+        )
+        assert h.services.calibration.ratio("messages", "claude-sonnet-5") == 1.0
+        victim = await h.message(request(messages_history(h.messages, 3)), key="sk-victim")
+        assert victim.headers["x-compactd-action"] == "passthrough"
+
+
 def _marked(msgs: list[Json], *positions: int) -> list[Json]:
     """A copy of `msgs` with Claude Code's breakpoints on the last block of these messages."""
     out: list[Json] = json.loads(json.dumps(msgs))
