@@ -197,7 +197,7 @@ async def uncompress(request: Request) -> Response:
     result = await uncompress_async(messages, lookup, recursive=recursive)
     return _Json(
         {
-            **restore.write(api, result.messages),
+            **restore.write(api, result.messages, body),
             "messages_expanded": result.messages_expanded,
             "messages_passthrough": result.messages_passthrough,
             "missing_ids": list(result.missing_ids),

@@ -55,7 +55,7 @@ class Adapter:
     """What the request costs besides its history (instructions or system, tools)."""
     emit: Emitter
     """The field's new value for projected messages (with the request's body, for its
-    breakpoints and originals; an empty body for a restore)."""
+    breakpoints and originals; for a restore, the body of what was forwarded)."""
     history: Callable[[Mapping[str, Any]], bool] = _never
     """Whether the request continues history the server keeps."""
     stream_usage_option: bool = False
@@ -102,10 +102,6 @@ class Adapter:
         new = dict(body)
         new[self.field] = self.emit(body, messages)
         return orjson.dumps(new)
-
-    def to_native(self, messages: Sequence[Message]) -> list[Any]:
-        """Projected messages (restored originals, say) in the API's own shape."""
-        return self.emit({}, messages)
 
 
 @dataclass(frozen=True)

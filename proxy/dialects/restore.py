@@ -39,10 +39,11 @@ def read(body: Any) -> tuple[str, list[Message]]:
     return api, projected
 
 
-def write(api: str, messages: list[Message]) -> dict[str, Any]:
-    """The restored messages under the API's own key, in its own shape."""
+def write(api: str, messages: list[Message], body: Mapping[str, Any]) -> dict[str, Any]:
+    """The restored messages under the API's own key, in its own shape; the items of `body`
+    (the uncompress request) that come back as they were keep their cache breakpoints."""
     if api == "responses":
-        return {"input": RESPONSES.to_native(messages)}
+        return {"input": RESPONSES.emit({"input": body["input"]}, messages)}
     if api == "messages":
-        return {"messages": MESSAGES.to_native(messages)}
+        return {"messages": MESSAGES.emit({"messages": body["messages"]}, messages)}
     return {"messages": messages}

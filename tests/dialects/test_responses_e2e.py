@@ -184,3 +184,16 @@ async def test_a_run_with_two_answers_is_rewritten_into_a_request_the_api_accept
         assert all(item["id"].startswith("msg_a") for item in rewritten)
         restored = await h.uncompress({"api": "responses", "input": sent})
         assert restored.json()["input"] == items
+
+
+async def test_a_restore_keeps_the_breakpoints_of_the_items_sent_as_they_were(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        items = responses_input(h.responses, 30)
+        mark = {"mode": "explicit", "ttl": "30m"}
+        prompt = {"type": "input_text", "text": "Go on.", "prompt_cache_breakpoint": mark}
+        items.append({"role": "user", "content": [prompt]})
+        sent = await h.compacted("responses", request(items))
+        assert sent[-1] == items[-1]
+        restored = await h.uncompress({"api": "responses", "input": sent})
+        # What the client resends from a restore is cached where it asked for it.
+        assert restored.json()["input"] == items
