@@ -18,8 +18,8 @@ from starlette.types import Receive, Scope, Send
 from proxy import ui
 from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
-from proxy.asgi import send_error
 from proxy.config import Settings, UpstreamSettings
+from proxy.dialects.errors import send_api_error
 from proxy.errors import NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
@@ -27,7 +27,7 @@ from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.metrics import Metrics
 from proxy.pool import Reuse, StaleRetry
 from proxy.providers.registry import ProviderRegistry
-from proxy.server import HeadLimits, head_limits, head_too_large
+from proxy.server import HeadLimits, anthropic_target, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
 
@@ -133,7 +133,13 @@ class CompactdApp:
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and head_too_large(scope, self.limits):
             # Our uvicorn protocol refuses these before parsing; this covers any other server.
-            await send_error(send, self.limits.refusal(), [(b"connection", b"close")])
+            target = scope.get("raw_path") or scope["path"].encode()
+            await send_api_error(
+                send,
+                self.limits.refusal(),
+                [(b"connection", b"close")],
+                anthropic=anthropic_target(target),
+            )
             return
         if scope["type"] == "http" and scope["path"].startswith("/v1/") and self.handler:
             await self.handler(scope, receive, send)

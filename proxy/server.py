@@ -3,10 +3,11 @@
 An ASGI app sees a request only once its whole head (request line and headers) has been parsed,
 which is too late: httptools grows a header by concatenation, so one unauthenticated 64 MB
 header held the worker's CPU for seconds and hundreds of MB of memory. `BoundedHttpToolsProtocol`
-counts the bytes and headers of each request head as they arrive and answers an OpenAI-shaped
-431 (then closes the connection) as soon as either passes its limit (`server.max_header_bytes`,
-`server.max_headers`). `head_too_large` checks the same limits in the app, for servers other
-than ours.
+counts the bytes and headers of each request head as they arrive and answers a 431 (then closes
+the connection) as soon as either passes its limit (`server.max_header_bytes`,
+`server.max_headers`): Anthropic-shaped if the request target is one of Anthropic's paths
+(`/v1/messages…`, as compactd's other errors there), else OpenAI-shaped. `head_too_large`
+checks the same limits in the app, for servers other than ours.
 
 Each response's head (status line and headers) is held until the body's first bytes are written,
 or the event loop's next turn (`HeadWithBody`): uvicorn writes the two separately, which made two
@@ -33,6 +34,8 @@ from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import Settings
+from proxy.dialects.apis import is_anthropic
+from proxy.dialects.errors import anthropic_error_body
 from proxy.errors import HeadersTooLargeError, error_body
 
 LINGER_SECONDS = 2.0
@@ -74,10 +77,21 @@ def head_too_large(scope: Scope, limits: HeadLimits) -> bool:
     return sum(len(k) + len(v) + 4 for k, v in headers) > limits.max_bytes
 
 
-def refusal_bytes(limits: HeadLimits) -> bytes:
-    """A complete HTTP/1.1 431 response that closes the connection."""
+def anthropic_target(target: bytes) -> bool:
+    """Whether a request target (path and query) is one of Anthropic's paths, whose errors take
+    its shape. The target alone decides: the headers are what is refused, and may be cut off."""
+    path = target.partition(b"?")[0]
+    return path.startswith(b"/v1/") and is_anthropic(path[len(b"/v1") :], ())
+
+
+def refusal_bytes(limits: HeadLimits, *, anthropic: bool = False) -> bytes:
+    """A complete HTTP/1.1 431 response that closes the connection (in Anthropic's shape if
+    `anthropic`)."""
     exc = limits.refusal()
-    body = error_body(exc.message, exc.type, exc.code)
+    if anthropic:
+        body = anthropic_error_body(exc.status, exc.message)
+    else:
+        body = error_body(exc.message, exc.type, exc.code)
     head = (
         f"HTTP/1.1 {exc.status} Request Header Fields Too Large\r\n"
         "content-type: application/json\r\n"
@@ -158,6 +172,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, limits: HeadLimits, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._limits = limits
+        self.url = b""  # uvicorn's: the current head's request target, as far as it arrived
         self._fed = 0  # bytes fed while the current head is incomplete
         self._size = 0  # the current head's target and fields, as parsed
         self._fields = 0
@@ -253,7 +268,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if transport.is_closing():
             return
         self.logger.warning("request head over the limits: refused with 431")
-        transport.write(refusal_bytes(self._limits))
+        transport.write(refusal_bytes(self._limits, anthropic=anthropic_target(self.url)))
         if transport.can_write_eof():
             transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, transport.close)

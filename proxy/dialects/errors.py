@@ -20,6 +20,7 @@ _TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     502: "api_error",
     503: "overloaded_error",
     504: "timeout_error",

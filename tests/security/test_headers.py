@@ -1,8 +1,10 @@
-"""Issue 11, item 3: request heads are bounded before they are parsed, with an OpenAI 431."""
+"""Issue 11, item 3: request heads are bounded before they are parsed, with a 431 (OpenAI-shaped;
+Anthropic-shaped on Anthropic's paths)."""
 
 from __future__ import annotations
 
 import asyncio
+from unittest.mock import ANY
 from urllib.parse import urlsplit
 
 import httpx
@@ -70,6 +72,19 @@ async def test_a_long_request_line_counts_too(upstream, make_proxy) -> None:
     await _assert_431(answer)
 
 
+async def test_a_messages_request_over_the_limits_is_refused_in_anthropics_shape(
+    upstream, make_proxy
+) -> None:
+    _, base = upstream
+    async with make_proxy(base) as url, asyncio.timeout(HANG_GUARD):
+        head = b"POST /v1/messages HTTP/1.1\r\nhost: x\r\nx-big: "
+        answer = await _raw(url, [head] + [b"a" * 65536] * 4)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), head[:80]
+    assert orjson.loads(body)["type"] == "error"
+    assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
+
+
 async def test_headers_under_the_limits_pass_untouched(upstream, make_proxy) -> None:
     fake, base = upstream
     async with make_proxy(base) as url, httpx.AsyncClient() as http:
@@ -88,5 +103,8 @@ async def test_the_app_itself_refuses_too_many_headers_under_any_server(tmp_path
     transport = httpx.ASGITransport(app=create_app(settings))
     async with httpx.AsyncClient(transport=transport, base_url="http://compactd") as http:
         r = await http.get("/healthz", headers={f"x-h{i}": "v" for i in range(20)})
+        m = await http.post("/v1/messages", headers={f"x-h{i}": "v" for i in range(20)})
     assert r.status_code == 431
     assert r.json()["error"]["code"] == "request_headers_too_large"
+    assert m.status_code == 431
+    assert m.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": ANY}}
