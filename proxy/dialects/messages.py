@@ -80,6 +80,12 @@ def _content_to_chat(content: Any) -> Any:
     return content_to_chat(content, _block_to_chat)
 
 
+def _image_of(block: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """An image block's chat payload, to count it by the tile rule wherever it is."""
+    part = _block_to_chat(block) if block.get("type") == "image" else None
+    return part["image_url"] if part is not None else None
+
+
 def _text_block(original: Any | None, text: str) -> Any:
     if original is None:
         return {"type": "text", "text": text}
@@ -271,7 +277,7 @@ def _cost(counter: TokenCounter, nat: Any) -> int:
         return 0
     content = nat.get("content")
     if nat.get("kind") == "pinned":
-        return opaque_tokens(counter, content)
+        return opaque_tokens(counter, content, _image_of)
     if not isinstance(content, list):
         return 0
     total = 0

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.digest import canonical_message, message_digest
+from proxy.media import image_part_tokens
 from proxy.providers.base import CompactionResult
 from proxy.providers.markers import is_stand_in
 from proxy.providers.units import final_unit_start, message_text
@@ -66,12 +67,19 @@ def without_native(message: Mapping[str, Any]) -> Message:
     return {k: v for k, v in message.items() if k != NATIVE}
 
 
-def opaque_tokens(counter: TokenCounter, value: Any) -> int:
+ImageOf = Callable[[Mapping[str, Any]], "Mapping[str, Any] | None"]
+"""The chat `image_url` payload ({"url", "detail"}) of an API object that is an image, or None."""
+
+
+def opaque_tokens(counter: TokenCounter, value: Any, image: ImageOf | None = None) -> int:
     """A safe-side estimate for an item the projection does not show: its text is encoded,
-    ciphertext and base64 counted by length, ids and framing skipped."""
+    ciphertext and base64 counted by length, ids and framing skipped; what `image` names an
+    image counts by the tile rule, as the model reads it (never its base64 as text)."""
     if isinstance(value, str):
         return counter.count_text(value)
     if isinstance(value, Mapping):
+        if image is not None and (payload := image(value)) is not None:
+            return image_part_tokens(payload)
         total = 0
         for key, inner in value.items():
             if key in _SKIPPED_KEYS or inner is None:
@@ -79,10 +87,10 @@ def opaque_tokens(counter: TokenCounter, value: Any) -> int:
             if key in _OPAQUE_KEYS and isinstance(inner, str):
                 total += len(inner) // _OPAQUE_CHARS_PER_TOKEN
             else:
-                total += opaque_tokens(counter, inner)
+                total += opaque_tokens(counter, inner, image)
         return total
     if isinstance(value, list):
-        return sum(opaque_tokens(counter, v) for v in value)
+        return sum(opaque_tokens(counter, v, image) for v in value)
     if value is None or isinstance(value, bool):
         return 0
     return counter.count_text(dump(value))

@@ -334,31 +334,39 @@ def _cost(counter: TokenCounter, nat: Any) -> int:
         return 0
     items: list[Any] = nat.get("items") or []
     if nat.get("kind") == "pinned":
-        return sum(opaque_tokens(counter, it) for it in items)
+        # Nothing of it is shown: every item as the model reads it, its images as images.
+        return sum(_unseen_tokens(counter, it) for it in items)
     total = 0
     for item in items:
         kind = item.get("type")
-        if kind == "image_generation_call" and isinstance(item.get("result"), str):
-            # Sent back (for an edit), the generated image is the model's input as any image is
-            # (its format is read from its bytes, whatever the URL says).
-            image = {"url": f"data:image/png;base64,{item['result']}"}
-            rest = {k: v for k, v in item.items() if k != "result"}
-            total += image_part_tokens(image) + opaque_tokens(counter, rest)
-        elif kind == "reasoning" or kind in _BUILT_IN:
-            total += opaque_tokens(counter, item)
+        if kind == "reasoning" or kind in _BUILT_IN:
+            total += _unseen_tokens(counter, item)
         elif nat.get("kind") == "output" and kind not in _TEXT_OUTPUTS:
-            total += _output_tokens(counter, item.get("output"))
+            total += opaque_tokens(counter, item.get("output"), _image_of)
     return total
 
 
-def _output_tokens(counter: TokenCounter, output: Any) -> int:
-    """An output the projection does not show: a computer-use screenshot is an image to the
-    model (the tile rule, as an `input_image`, never its base64 as text); the rest as text."""
-    if isinstance(output, Mapping) and output.get("type") == "computer_screenshot":
-        image = _part_to_chat({**output, "type": "input_image"})
-        if image is not None:
-            return image_part_tokens(image["image_url"])
-    return opaque_tokens(counter, output)
+def _unseen_tokens(counter: TokenCounter, item: Any) -> int:
+    """An item the projection does not show. Sent back (for an edit), a generated image is the
+    model's input as any image is (its format is read from its bytes, whatever the URL says)."""
+    if (
+        isinstance(item, Mapping)
+        and item.get("type") == "image_generation_call"
+        and isinstance(item.get("result"), str)
+    ):
+        image = {"url": f"data:image/png;base64,{item['result']}"}
+        rest = {k: v for k, v in item.items() if k != "result"}
+        return image_part_tokens(image) + opaque_tokens(counter, rest)
+    return opaque_tokens(counter, item, _image_of)
+
+
+def _image_of(part: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """An `input_image` part's or a computer-use screenshot's chat payload: the tile rule counts
+    it, as the model sees it (never its base64 as text)."""
+    if part.get("type") not in ("input_image", "computer_screenshot"):
+        return None
+    image = _part_to_chat({**part, "type": "input_image"})
+    return image["image_url"] if image is not None else None
 
 
 def _rebuild(message: Message, nat: Mapping[str, Any]) -> list[Any]:

@@ -178,3 +178,27 @@ def test_text_and_content_documents_count_as_their_text() -> None:
             projected = MESSAGES.messages(body(msgs))
             assert projected is not None
             assert counter.count_messages(projected) >= base.count_text(text), source["type"]
+
+
+def test_images_in_pinned_messages_count_as_images_not_as_their_base64() -> None:
+    import struct
+    from base64 import b64encode
+
+    from proxy.media import IMAGE_UNKNOWN, image_tokens
+    from proxy.tokens import Tokenizers
+
+    counter = MESSAGES.counter(Tokenizers(encodings=["o200k_base"]).counter("o200k_base"))
+    ihdr = struct.pack(">IIBBBBB", 1280, 800, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + bytes(range(256)) * 400
+    data = {"type": "base64", "media_type": "image/png", "data": b64encode(png).decode()}
+
+    def cost(source: Json) -> int:
+        # A result whose tool_use is not right before it: pinned, kept verbatim, still counted.
+        image = {"type": "image", "source": source}
+        result = {"type": "tool_result", "tool_use_id": "t1", "content": [image]}
+        messages = MESSAGES.messages(body([{"role": "user", "content": [result]}])) or []
+        assert native(messages[0])["kind"] == "pinned"
+        return counter.count_messages(messages)
+
+    remote = cost({"type": "url", "url": "https://example.com/shot.png"})
+    assert cost(data) - remote == image_tokens(1280, 800) - IMAGE_UNKNOWN

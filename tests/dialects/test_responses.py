@@ -306,3 +306,30 @@ def test_a_generated_image_counts_as_an_image_not_as_its_base64() -> None:
 
     # Sent back for an edit, the image is the model's input as any image is: the tile rule.
     assert cost(_png(1024, 1024)) - cost(None) == image_tokens(1024, 1024)
+
+
+def test_images_in_pinned_items_count_as_images_not_as_their_base64() -> None:
+    base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
+    counter = RESPONSES.counter(base)
+    png = f"data:image/png;base64,{_png(1280, 800)}"
+
+    def cost(shot: Json, part: Json, generated: str | None) -> int:
+        # Outputs whose calls are not right before them, and a run whose call is never
+        # answered: pinned, kept verbatim, and counted as what the model reads.
+        items = [
+            {"role": "user", "content": "open settings"},
+            {"type": "computer_call_output", "call_id": "c", "output": shot},
+            {"type": "function_call_output", "call_id": "f", "output": [part]},
+            {"type": "function_call", "call_id": "g", "name": "draw", "arguments": "{}"},
+            {"type": "image_generation_call", "id": "ig_1", "result": generated},
+            {"role": "user", "content": "go on"},
+        ]
+        messages = RESPONSES.messages(body(items)) or []
+        assert [native(m)["kind"] for m in messages[1:4]] == ["pinned"] * 3
+        return counter.count_messages(messages)
+
+    low = {"file_id": "file-1", "detail": "low"}
+    shot, part = {"type": "computer_screenshot"}, {"type": "input_image"}
+    with_images = cost({**shot, "image_url": png}, {**part, "image_url": png}, _png(1024, 1024))
+    without = cost({**shot, **low}, {**part, **low}, None)
+    assert with_images - without == 2 * (image_tokens(1280, 800) - 85) + image_tokens(1024, 1024)
