@@ -273,7 +273,7 @@ async def relay(
     flush: Callable[[], bytes] | None = None,
     *,
     body: AsyncIterator[bytes] | None = None,
-    error_event: bytes | None = None,
+    error_event: bytes | Callable[[], bytes] | None = None,
     reframed: bool = False,
 ) -> RelayResult:
     """Stream the upstream response to the client as it arrives; always closes the upstream.
@@ -284,7 +284,7 @@ async def relay(
 
     A failure after the headers went out cannot change the status: an SSE stream ends with an
     `error` event (never a fake `[DONE]`, which would make a truncated answer look complete;
-    `error_event` in the API's own shape, OpenAI's by default);
+    `error_event` in the API's own shape, OpenAI's by default; a callable makes it when needed);
     any other body is cut off by raising, so the client sees a broken connection, not a short body.
     So that the error event is an event of its own, an uncompressed stream's bytes go out one
     complete event at a time (no client acts on part of one), and an event the upstream left
@@ -319,11 +319,11 @@ async def relay(
         log.warning("upstream failed mid-response", extra={"error": type(exc).__name__})
         if not sse:
             raise UpstreamUnreachableError(result.error) from exc
+        event = error_event() if callable(error_event) else error_event
         await send(
             {
                 "type": "http.response.body",
-                "body": error_event
-                or sse_error_event("The upstream connection failed mid-stream."),
+                "body": event or sse_error_event("The upstream connection failed mid-stream."),
                 "more_body": True,
             }
         )

@@ -7,7 +7,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -24,9 +24,9 @@ from proxy.asgi import (
 from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
 from proxy.decision import REWRITTEN, ChatRequest, Outcome
-from proxy.dialects.apis import Api, compacted_api, is_anthropic
+from proxy.dialects.apis import RESPONSES_API, Api, compacted_api, is_anthropic
 from proxy.dialects.confirm import Confirm, confirmer
-from proxy.dialects.errors import anthropic_sse_error, send_api_error
+from proxy.dialects.errors import ResponsesStreamError, anthropic_sse_error, send_api_error
 from proxy.errors import BodyTooLargeError, ProxyError
 from proxy.expand import Expander, ExpandPlan, add_usage
 from proxy.forward import Upstream, is_event_stream, peek, relay, route
@@ -131,7 +131,8 @@ class Handler:
 
         async def exchange() -> None:
             response = await upstream.send(method, url, headers, content)
-            await relay(send, response, [], error_event=_error_event(anthropic))
+            end = _stream_end(responses=_is_responses(named), anthropic=anthropic)
+            await relay(send, response, [], end.see, error_event=end.event)
 
         try:
             await until_disconnect(exchange(), receive, stream.done)
@@ -197,9 +198,39 @@ def _sub_path(scope: Scope) -> bytes:
     return raw_path[len(b"/v1") :]
 
 
-def _error_event(anthropic: bool) -> bytes | None:
-    """The event ending a stream that fails mid-way, in the API's shape (None: OpenAI's)."""
-    return anthropic_sse_error("The upstream connection failed mid-stream.") if anthropic else None
+_MID_STREAM = "The upstream connection failed mid-stream."
+Feed = Callable[[bytes], bytes]
+"""What the relay passes every chunk through (`relay`'s `tap`)."""
+
+
+@dataclass(frozen=True)
+class _StreamEnd:
+    """How a stream that fails mid-way ends: `event` in its API's shape (None: OpenAI's chat
+    shape), made when needed from what `see` was shown of the relayed bytes."""
+
+    event: bytes | Callable[[], bytes] | None = None
+    see: Feed | None = None
+
+
+def _stream_end(*, responses: bool, anthropic: bool) -> _StreamEnd:
+    if anthropic:
+        return _StreamEnd(anthropic_sse_error(_MID_STREAM))
+    if responses:
+        error = ResponsesStreamError(_MID_STREAM)
+        return _StreamEnd(error.event, error.see)
+    return _StreamEnd()
+
+
+def _is_responses(named: bytes) -> bool:
+    """A Responses API path (a response created, or a stored one's stream resumed)."""
+    return named == b"/responses" or named.startswith(b"/responses/")
+
+
+def _watched(feed: Feed | None, see: Feed | None) -> Feed | None:
+    """`feed`, with `see` shown what it lets out."""
+    if feed is None or see is None:
+        return feed or see
+    return lambda chunk: see(feed(chunk))
 
 
 class _ChatExchange:
@@ -331,14 +362,16 @@ class _ChatExchange:
                 else _Copy(JSON_USAGE_LIMIT)
             )
         flush = tap.close if isinstance(tap, SSEUsageTap) else None
+        api = self.route.api
+        end = _stream_end(responses=api is RESPONSES_API, anthropic=api.anthropic)
         result = await relay(
             self.send,
             response,
             self._our_headers(),
-            tap.feed if tap else None,
+            _watched(tap.feed if tap else None, end.see),
             flush,
             body=body,
-            error_event=_error_event(self.route.api.anthropic),
+            error_event=end.event,
             reframed=stripping,
         )
         self.error = self.error or result.error

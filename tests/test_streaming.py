@@ -7,6 +7,7 @@ import sys
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.upstream import hang, respond, sse_chunks, stream
@@ -121,6 +122,62 @@ async def test_openai_sdk_raises_api_error_on_mid_stream_failure(upstream, make_
                 got.append(chunk.choices[0].delta.content or "")
         await sdk.close()
     assert got == ["a", "b"]
+
+
+def _responses_events(words: list[str]) -> list[bytes]:
+    """A Responses stream's typed events, numbered from 0 as the API numbers them."""
+    created = {"type": "response.created", "response": {"id": "resp_1", "status": "in_progress"}}
+    deltas = [{"type": "response.output_text.delta", "delta": w} for w in words]
+    return [
+        b"event: %s\ndata: %s\n\n" % (e["type"].encode(), orjson.dumps({**e, "sequence_number": i}))
+        for i, e in enumerate([created, *deltas])
+    ]
+
+
+@pytest.mark.parametrize("path", ["/v1/responses", "/v1/responses/resp_1?stream=true"])
+async def test_a_responses_stream_failing_mid_way_ends_with_the_apis_error_event(
+    upstream, make_proxy, path
+) -> None:
+    fake, base = upstream
+    fake.then(stream(_responses_events(["a", "b", "c"]), fail_after=3))
+    body = b'{"model":"gpt-5","stream":true,"input":"hi"}'
+    async with make_proxy(base) as url, httpx.AsyncClient() as client:
+        if path == "/v1/responses":
+            r = await client.post(f"{url}{path}", content=body)
+        else:  # a background response's stream, resumed: forwarded as it is
+            r = await client.get(f"{url}{path}")
+    last = r.content.strip().split(b"\n\n")[-1]
+    assert last.startswith(b"event: error\ndata: ")
+    error = orjson.loads(last.partition(b"data: ")[2])
+    message = "The upstream connection failed mid-stream."
+    assert error == {
+        "type": "error",
+        "code": "upstream_error",
+        "message": message,
+        "param": None,
+        "sequence_number": 3,  # the next after the last event relayed
+        "error": {
+            "type": "server_error",
+            "code": "upstream_error",
+            "message": message,
+            "param": None,
+        },
+    }
+
+
+async def test_openai_sdk_raises_on_a_responses_stream_failing_mid_way(
+    upstream, make_proxy
+) -> None:
+    fake, base = upstream
+    fake.then(stream(_responses_events(["a", "b", "c"]), fail_after=3))
+    async with make_proxy(base) as url:
+        sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="sk-test", max_retries=0)
+        got: list[str] = []
+        with pytest.raises(openai.APIError, match="failed mid-stream"):
+            async for event in await sdk.responses.create(model="gpt-5", input="hi", stream=True):
+                got.append(event.type)
+        await sdk.close()
+    assert got == ["response.created", "response.output_text.delta", "response.output_text.delta"]
 
 
 @pytest.mark.parametrize("declared", [True, False])
