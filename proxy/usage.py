@@ -16,12 +16,15 @@ from typing import Any
 
 import orjson
 
+from proxy.skim import Skim
+
 _EOL = re.compile(rb"\r\n|\r|\n")
 _USAGE_KEY = b'"usage"'
 _USAGE_NULL = b'"usage":null'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 MAX_EVENT_BYTES = 1 << 20
-"""Longest SSE event the tap holds (`accounting.max_sse_event_bytes`); past it, it stops."""
+"""Longest SSE event the tap holds (`accounting.max_sse_event_bytes`); a longer one is read
+without its long strings (`proxy.skim`), or passed over."""
 MAX_JSON_BYTES = 16 << 20
 """Most bytes a compressed JSON body is inflated to when reading its usage."""
 # zlib with 32 + MAX_WBITS accepts both gzip and zlib-wrapped deflate streams.
@@ -161,6 +164,7 @@ class SSEUsageTap:
         self._cr = False  # a CR was seen: use the general line scanner from now on
         self._closed = not readable
         self._max_event = max_event_bytes
+        self._skim: Skim | None = None  # the event over the limit now arriving, if any
         self._gave_up = False
         self.usage: Usage | None = None
         """The last `usage` seen in the stream."""
@@ -173,16 +177,24 @@ class SSEUsageTap:
             return chunk
         if self._closed:
             return chunk if not self._strip else b""
-        data = chunk
-        if self._decoder is not None:
-            try:
-                data = self._decoder.decompress(chunk, self._max_event + 1)
-            except zlib.error:
-                self._buf, self._closed = bytearray(), True  # unreadable: stop looking
-                return chunk
-            if self._decoder.unconsumed_tail:  # inflates past any event we would hold
-                self._give_up()
-                return chunk
+        if self._decoder is None:
+            out = self._take(chunk)
+            return out if self._strip else chunk
+        try:  # copy mode: inflated a limit's worth at a time, so memory stays bounded
+            data = self._decoder.decompress(chunk, self._max_event + 1)
+            self._take(data)
+            while self._decoder.unconsumed_tail and not self._closed:
+                tail = self._decoder.unconsumed_tail
+                self._take(self._decoder.decompress(tail, self._max_event + 1))
+        except zlib.error:
+            self._buf, self._closed = bytearray(), True  # unreadable: stop looking
+        return chunk
+
+    def _take(self, data: bytes) -> bytes:
+        """Read the stream's next bytes; what to emit in strip mode."""
+        data = self._skimmed(data)
+        if not data:
+            return b""
         if not self._cr and b"\r" in data:
             self._cr, self._pos = True, 0  # rescan the held event line by line
         if not self._strip and not self._cr and not self._buf:
@@ -193,18 +205,43 @@ class SSEUsageTap:
                 if cut + 2 != len(data):
                     self._buf += data[cut + 2 :] if cut >= 0 else data
                     self._check_size()
-                return chunk
+                return b""
             self._buf += data
             self._read_usage(final=False, first=found)  # no second search for what we found
             self._check_size()
-            return chunk
+            return b""
         self._buf += data
-        out = self._scan(final=False) + self._check_size()
-        return out if self._strip else chunk
+        return self._scan(final=False) + self._check_size()
 
     def _check_size(self) -> bytes:
-        """One event without an end this long is not one we read: stop holding it."""
-        return self._give_up() if len(self._buf) > self._max_event else b""
+        """One event without an end this long is not held: in copy mode on an LF stream it is
+        read on without its long strings (the held part is one incomplete event); else the
+        tap stops."""
+        if len(self._buf) <= self._max_event:
+            return b""
+        if self._strip or self._cr:
+            return self._give_up()
+        self._skim = Skim(self._max_event)
+        self._skim.feed(bytes(self._buf))
+        self._buf, self._pos = bytearray(), 0
+        return b""
+
+    def _skimmed(self, data: bytes) -> bytes:
+        """`data` after the end of the event over the limit now arriving (b"" while it goes
+        on; all of it if there is none)."""
+        if self._skim is None:
+            return data
+        end = self._skim.feed(data)
+        if end < 0:
+            return b""
+        self._read_skimmed()
+        return data[end:]
+
+    def _read_skimmed(self) -> None:
+        event = self._skim.event() if self._skim is not None else None
+        self._skim = None
+        if event is not None and _USAGE_OBJECT.search(event):
+            self._dispatch(event)
 
     def _give_up(self) -> bytes:
         """Stop reading the stream; the held bytes (strip mode) go out unchanged."""
@@ -219,9 +256,12 @@ class SSEUsageTap:
         self._closed = True
         if self._decoder is not None:
             try:
-                self._buf += self._decoder.flush()
+                rest = self._decoder.flush()
             except zlib.error:
                 return b""
+            self._buf += self._skimmed(rest)
+        if self._skim is not None:  # an unterminated last event, read as far as it came
+            self._read_skimmed()
         out = self._scan(final=True)
         tail = bytes(self._buf)
         self._buf = bytearray()

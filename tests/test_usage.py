@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import itertools
+import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.dialects.usage import responses_usage
 from proxy.usage import SSEUsageTap, Usage, usage_from_json
 
 HEAD = (
@@ -235,3 +238,57 @@ def test_strip_is_byte_exact_for_any_partition(cuts: list[int], crlf: bool) -> N
     tap = SSEUsageTap(strip_usage_chunk=True)
     assert run(tap, pieces) == raw.replace(usage_chunk, b"")
     assert tap.usage == EXPECTED
+
+
+def _image_generation_stream(b64: str) -> bytes:
+    """A Responses image generation stream as the API sends it: a partial image, the finished
+    item, then `response.completed` with the image again and the usage after it."""
+    item = {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": b64}
+    usage = {
+        "input_tokens": 1200,
+        "input_tokens_details": {"cached_tokens": 1024},
+        "output_tokens": 1800,
+        "total_tokens": 3000,
+    }
+    response = {"id": "resp_1", "status": "completed", "output": [item], "usage": usage}
+    events = [
+        {"type": "response.created", "response": {**response, "output": [], "usage": None}},
+        {"type": "response.image_generation_call.partial_image", "partial_image_b64": b64},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": response},
+    ]
+    return b"".join(
+        b"event: %s\ndata: %s\n\n" % (e["type"].encode(), json.dumps(e).encode()) for e in events
+    )
+
+
+@pytest.mark.parametrize("piece", [1000, 65536, 1 << 30])
+@pytest.mark.parametrize("encoding", ["", "gzip"])
+def test_usage_after_events_longer_than_the_limit_is_still_read(piece: int, encoding: str) -> None:
+    # The image's base64 (and a text of escapes) is far over the limit, several times over.
+    b64 = base64.b64encode(bytes(range(256)) * 160).decode()
+    raw = _image_generation_stream(b64 + "\\n\\" * 2000)
+    sent = gzip.compress(raw) if encoding else raw
+    tap = SSEUsageTap(content_encoding=encoding, max_event_bytes=4096, read=responses_usage)
+    pieces = [sent[i : i + piece] for i in range(0, len(sent), piece)]
+    assert b"".join(tap.feed(p) for p in pieces) == sent  # relayed as they came
+    assert tap.close() == b""
+    assert tap.usage == Usage(prompt_tokens=1200, completion_tokens=1800, cached_tokens=1024)
+
+
+def test_an_event_too_long_even_without_its_strings_is_passed_over() -> None:
+    # An event whose structure alone is over the limit is not read; the stream still is.
+    long = b"data: " + json.dumps({"values": list(range(5000))}).encode() + b"\n\n"
+    tap = SSEUsageTap(max_event_bytes=4096)
+    raw = long + chunk(b"[]", USAGE) + DONE
+    assert run(tap, [raw[i : i + 700] for i in range(0, len(raw), 700)]) == raw
+    assert tap.usage == EXPECTED
+
+
+@given(st.lists(st.integers(min_value=0), max_size=40))
+def test_usage_after_long_events_is_read_for_any_partition(cuts: list[int]) -> None:
+    raw = _image_generation_stream("QUJD" * 1500 + '\\"usage\\": {' * 300 + "\\u00e9\\\\")
+    bounds = sorted({0, len(raw), *(c % (len(raw) + 1) for c in cuts)})
+    tap = SSEUsageTap(max_event_bytes=4096, read=responses_usage)
+    run(tap, [raw[a:b] for a, b in itertools.pairwise(bounds)])
+    assert tap.usage == Usage(prompt_tokens=1200, completion_tokens=1800, cached_tokens=1024)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 from typing import Any
 
@@ -124,3 +125,23 @@ async def test_an_agent_run_over_budget_is_compacted_replayed_and_restored(
         assert restored.json()["input"] == items[: len(restored.json()["input"])]
         assert restored.json()["missing_ids"] == []
         await sdk.close()
+
+
+async def test_usage_of_a_streamed_image_generation_is_read_past_its_long_events(
+    fake_responses, make_proxy
+) -> None:
+    fake, base = fake_responses
+    # A generated image's base64 (~1.5 MB) is in three events, each over the 1 MiB limit.
+    image = {"type": "image_generation_call", "id": "ig_1", "status": "completed"}
+    image["result"] = base64.b64encode(bytes(range(256)) * 4500).decode()
+    fake.replies.append(lambda body: {"output": [image, fake.message("Here it is.")]})
+    async with make_proxy(base) as url:
+        sdk = client(url)
+        async with sdk.responses.stream(model="gpt-5", input="Draw a cat.") as stream:
+            final = await stream.get_final_response()
+        await sdk.close()
+        async with httpx.AsyncClient(headers={"authorization": "Bearer sk-alpha"}) as http:
+            metrics = (await http.get(f"{url}/metrics")).text
+    assert final.usage is not None
+    prompt = 'compactd_upstream_usage_tokens_total{api="responses",kind="prompt",model="gpt-5"}'
+    assert f"{prompt} {float(final.usage.input_tokens)}" in metrics
