@@ -280,7 +280,10 @@ def parse_since(text: str, today: date | None = None) -> date:
     m = _SINCE.fullmatch(text)
     if m is not None:
         n = int(m.group(1)) * (7 if m.group(2).lower() == "w" else 1)
-        return today - timedelta(days=n)
+        try:
+            return today - timedelta(days=n)
+        except OverflowError:  # before year 1: a bad argument, as the CLI and the API say
+            raise ValueError(f"since {text!r} reaches back before the year 1") from None
     try:
         return date.fromisoformat(text.strip())
     except ValueError:

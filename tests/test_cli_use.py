@@ -68,6 +68,12 @@ def test_a_bad_since_is_one_line_and_exit_code_two(tmp_path: Path) -> None:
     assert "'yesterday'" in line
 
 
+@pytest.mark.parametrize("since", ["99999999d", "9999999999w"])
+def test_a_since_too_far_back_is_one_line_and_exit_code_two(tmp_path: Path, since: str) -> None:
+    line = _one_line_error(run("stats", "--since", since, data=tmp_path), 2)
+    assert line.startswith("compactd: --since:")
+
+
 def test_a_misspelled_environment_variable_stops_check_config_and_serve(tmp_path: Path) -> None:
     env = {**_env(tmp_path), "COMPACTD_UPSTREAM_ULR": "http://x"}
     for args in (["check-config"], ["serve", "--port", "1"]):
