@@ -236,14 +236,27 @@ def _conversations(args: argparse.Namespace) -> int:
     return _with_store(args, work)
 
 
+def _conversation_id(args: argparse.Namespace) -> str:
+    """The conversation argument, refused as a bad argument if no conversation can have it."""
+    from proxy.store.base import check_ids  # noqa: PLC0415
+
+    try:
+        check_ids(None, args.conversation)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    return str(args.conversation)
+
+
 def _restore(args: argparse.Namespace) -> int:
     from proxy.checkpoint import restore  # noqa: PLC0415
 
+    conversation = _conversation_id(args)
+
     async def work(store: Store, settings: Settings) -> int:
-        info = await store.get_conversation(_tenant(args, settings), args.conversation)
+        info = await store.get_conversation(_tenant(args, settings), conversation)
         restored = restore(info) if info is not None else None
         if info is None or (restored is None and not info.unreadable):
-            print(f"compactd: no compacted conversation {args.conversation!r}", file=sys.stderr)
+            print(f"compactd: no compacted conversation {conversation!r}", file=sys.stderr)
             return 1
         # No checkpoint that decodes: nothing restored, and every unreadable value says why.
         missing = restored.missing_ids if restored else [key for _, key in info.unreadable]
@@ -264,8 +277,10 @@ def _restore(args: argparse.Namespace) -> int:
 
 
 def _purge(args: argparse.Namespace) -> int:
+    conversation = _conversation_id(args)
+
     async def work(store: Store, settings: Settings) -> int:
-        deleted = await store.purge(_tenant(args, settings), args.conversation)
+        deleted = await store.purge(_tenant(args, settings), conversation)
         print("deleted" if deleted else "not found")
         return 0 if deleted else 1
 

@@ -74,6 +74,15 @@ def test_a_since_too_far_back_is_one_line_and_exit_code_two(tmp_path: Path, sinc
     assert line.startswith("compactd: --since:")
 
 
+@pytest.mark.parametrize("command", ["restore", "purge"])
+@pytest.mark.parametrize("conversation", ["caf\u00e9", "a{b}", "x" * 300])
+def test_an_impossible_conversation_id_is_one_line_and_exit_code_two(
+    tmp_path: Path, command: str, conversation: str
+) -> None:
+    line = _one_line_error(run(command, conversation, data=tmp_path), 2)
+    assert line.startswith("compactd: invalid conversation id")
+
+
 def test_a_misspelled_environment_variable_stops_check_config_and_serve(tmp_path: Path) -> None:
     env = {**_env(tmp_path), "COMPACTD_UPSTREAM_ULR": "http://x"}
     for args in (["check-config"], ["serve", "--port", "1"]):
