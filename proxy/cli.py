@@ -249,6 +249,7 @@ def _conversation_id(args: argparse.Namespace) -> str:
 
 def _restore(args: argparse.Namespace) -> int:
     from proxy.checkpoint import restore  # noqa: PLC0415
+    from proxy.dialects import restore as shapes  # noqa: PLC0415
 
     conversation = _conversation_id(args)
 
@@ -260,10 +261,15 @@ def _restore(args: argparse.Namespace) -> int:
             return 1
         # No checkpoint that decodes: nothing restored, and every unreadable value says why.
         missing = restored.missing_ids if restored else [key for _, key in info.unreadable]
+        messages = restored.messages if restored else []
+        # A Responses or Messages conversation is stored as chat projections of its items:
+        # what goes back is the client's own items, in that API's shape.
+        api = shapes.api_of(messages)
         out = {
             "conversation": info.conversation,
+            "api": api,
             "covered_through": restored.checkpoint.covered_through if restored else -1,
-            "messages": restored.messages if restored else [],
+            **shapes.write(api, messages),
             "missing_ids": missing,
         }
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())

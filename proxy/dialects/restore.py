@@ -9,10 +9,11 @@ client sent them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.dialects.messages import MESSAGES
+from proxy.dialects.native import native
 from proxy.dialects.responses import RESPONSES
 
 Message = dict[str, Any]
@@ -39,11 +40,23 @@ def read(body: Any) -> tuple[str, list[Message]]:
     return api, projected
 
 
-def write(api: str, messages: list[Message], body: Mapping[str, Any]) -> dict[str, Any]:
+def write(
+    api: str, messages: list[Message], body: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The restored messages under the API's own key, in its own shape; the items of `body`
-    (the uncompress request) that come back as they were keep their cache breakpoints."""
+    (the uncompress request, if any) that come back as they were keep their cache breakpoints."""
     if api == "responses":
-        return {"input": RESPONSES.emit({"input": body["input"]}, messages)}
+        return {"input": RESPONSES.emit({"input": body["input"]} if body else {}, messages)}
     if api == "messages":
-        return {"messages": MESSAGES.emit({"messages": body["messages"]}, messages)}
+        return {"messages": MESSAGES.emit({"messages": body["messages"]} if body else {}, messages)}
     return {"messages": messages}
+
+
+def api_of(messages: Sequence[Message]) -> str:
+    """The API whose projection these (stored) messages are, by the items they carry: a
+    Responses projection carries `{"kind", "items"}`, a Messages one a message's own fields."""
+    for message in messages:
+        items = native(message)
+        if isinstance(items, Mapping):
+            return "responses" if "items" in items else "messages"
+    return "chat.completions"

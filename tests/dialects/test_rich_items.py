@@ -15,9 +15,12 @@ import base64
 import json
 from typing import Any
 
+import pytest
+
 from tests.api_fakes import FakeMessages, FakeResponses
 from tests.dialects.conversations import tool_output
 from tests.dialects.harness import harness
+from tests.test_cli import run
 
 Json = dict[str, Any]
 SMALL = {"default_policy": {"budget_tokens": 6000}}
@@ -211,3 +214,29 @@ async def test_every_messages_block_kind_is_compacted_validly_and_restored(tmp_p
         assert restored.status_code == 200, restored.text
         assert restored.json()["messages"] == msgs
         assert restored.json()["missing_ids"] == []
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_compactd_restore_prints_the_apis_own_items_as_the_client_sent_them(
+    tmp_path, api: str
+) -> None:
+    field = "input" if api == "responses" else "messages"
+    async with harness(tmp_path, **SMALL) as h:
+        if api == "responses":
+            original = responses_items(h.responses, 30)
+            body = {"model": "gpt-5", "instructions": "You are Codex.", "input": original}
+        else:
+            original = messages_items(h.messages, 30)
+            body = {"model": "claude-sonnet-5", "max_tokens": 2048, "messages": original}
+        await h.compacted(api, body)
+        [listed] = await h.services.store.list_conversations(None)
+    conv = listed.conversation
+    result = run("restore", conv, data=tmp_path / "data")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["api"] == api
+    assert out["missing_ids"] == []
+    restored = out[field]
+    # The client's own items (not compactd's projection of them), as many as the checkpoint covers.
+    assert 0 < len(restored) < len(original)
+    assert restored == original[: len(restored)]
