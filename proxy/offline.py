@@ -20,6 +20,10 @@ from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
 from proxy.tokens import Tokenizers
 
+_MAX_BUDGET = 2**63 - 1
+"""More tokens than any request has; past it the budget would not even serialize (1e300), and
+the line's failure would end the run instead of being that line's error."""
+
 
 @dataclass(frozen=True)
 class Defaults:
@@ -68,9 +72,9 @@ class OfflineCompressor:
         if (
             not isinstance(raw_budget, int | float)
             or isinstance(raw_budget, bool)
-            or raw_budget <= 0
+            or not 0 < raw_budget <= _MAX_BUDGET
         ):
-            raise LineError("'budget' must be a positive number")
+            raise LineError("'budget' must be a positive number (of tokens, below 2**63)")
         budget = int(raw_budget * before) if raw_budget <= 1 else int(raw_budget)
         chain = bound_chain(names, instances, self.policy.options)
         config = compression_config(

@@ -179,6 +179,21 @@ def test_compress_writes_one_line_per_input_line_in_order(tmp_path: Path) -> Non
     assert out[2]["messages"] == history(2)
 
 
+def test_compress_answers_a_budget_past_any_token_count_with_an_error_line_and_goes_on(
+    tmp_path: Path,
+) -> None:
+    lines = [
+        json.dumps({"id": "huge", "messages": history(2), "budget": 1e300}),
+        json.dumps({"id": "next", "messages": history(2), "budget": 100000}),
+    ]
+    result = run("compress", data=tmp_path, stdin=("\n".join(lines) + "\n").encode())
+    assert result.returncode == 0, result.stderr
+    out = [json.loads(x) for x in result.stdout.decode().splitlines()]
+    assert [o.get("id") for o in out] == ["huge", "next"]
+    assert "budget" in out[0]["error"]
+    assert out[1]["messages"] == history(2)
+
+
 def test_check_config_rejects_a_misspelled_provider_option(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(
