@@ -198,7 +198,10 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store, Settings], Awai
 
 
 def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
-    """None (every tenant) unless --key scopes the command to one tenant."""
+    """None (every tenant) unless --key or --tenant scopes the command to one tenant."""
+    chosen = getattr(args, "tenant", None)
+    if chosen is not None:
+        return str(chosen)
     if not getattr(args, "key", None):
         return None
     from proxy.config import data_dir  # noqa: PLC0415
@@ -237,11 +240,14 @@ def _conversations(args: argparse.Namespace) -> int:
 
 
 def _conversation_id(args: argparse.Namespace) -> str:
-    """The conversation argument, refused as a bad argument if no conversation can have it."""
+    """The conversation argument (and --tenant), refused as a bad argument if no conversation
+    can have it."""
     from proxy.store.base import check_ids  # noqa: PLC0415
 
+    if args.tenant is not None and args.key:
+        raise CommandError("--key and --tenant both name a tenant: give one")
     try:
-        check_ids(None, args.conversation)
+        check_ids(args.tenant, args.conversation)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     return str(args.conversation)
@@ -377,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--key", help="scope to the tenant of this API key (default: all)")
         if name in ("restore", "purge"):
             cmd.add_argument("conversation")
+            # Two tenants can have the same conversation id (a digest of how it starts).
+            cmd.add_argument(
+                "--tenant", help="only this tenant's (its id, as `conversations` lists it)"
+            )
         if name in ("conversations", "stats"):
             cmd.add_argument("--json", action="store_true")
         if name == "stats":

@@ -33,13 +33,15 @@ def turn(k: int) -> list[Message]:
     ]
 
 
-async def grow(proxy: Proxy, turns: int) -> tuple[list[Message], list[str], dict[str, Any]]:
+async def grow(
+    proxy: Proxy, turns: int, key: str = "sk-alpha"
+) -> tuple[list[Message], list[str], dict[str, Any]]:
     """A conversation sent turn by turn; (its messages, the actions, the last forwarded body)."""
     messages: list[Message] = [{"role": "system", "content": "You are a coding agent."}]
     actions = []
     for k in range(turns):
         messages += turn(k)
-        r = await proxy.chat({"model": "gpt-4o", "messages": messages})
+        r = await proxy.chat({"model": "gpt-4o", "messages": messages}, key=key)
         actions.append(r.headers["x-compactd-action"])
     return messages, actions, proxy.upstream.last_json()
 
@@ -149,3 +151,59 @@ async def test_an_unreadable_longest_checkpoint_makes_the_restore_incomplete(
     cli = run("restore", conversation, "--config", str(config(tmp_path)), data=tmp_path / "data")
     assert cli.returncode == 1
     assert longest in json.loads(cli.stdout)["missing_ids"]
+
+
+async def test_the_admin_reaches_each_tenants_conversation_of_one_id(tmp_path: Path) -> None:
+    # A conversation id is a digest of how a conversation starts: two tenants of one app have
+    # the same one. The listing shows both; the admin must be able to open, restore and delete
+    # each, not only the one used last.
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        await grow(proxy, 4, key="sk-alpha")
+        await grow(proxy, 4, key="sk-beta")  # the same messages: the same id, used last
+        conv = proxy.conversations[-1]
+        api = proxy.client
+        admin = {"authorization": "Bearer admin-key"}
+        listed = (await api.get("/compactd/v1/conversations", headers=admin)).json()["data"]
+        beta, alpha = (c["tenant"] for c in listed)
+        shown = {
+            t: (await api.get(f"/compactd/v1/conversations/{conv}?tenant={t}", headers=admin))
+            for t in (alpha, beta)
+        }
+        inspected = await api.get(
+            f"/compactd/v1/conversations/{conv}/inspect?tenant={alpha}", headers=admin
+        )
+        # A client naming another tenant learns nothing: it is not there for it.
+        peek = await api.get(
+            f"/compactd/v1/conversations/{conv}/inspect?tenant={beta}",
+            headers={"authorization": "Bearer sk-alpha"},
+        )
+        gone = await api.delete(f"/compactd/v1/conversations/{conv}?tenant={alpha}", headers=admin)
+        left = (await api.get("/compactd/v1/conversations", headers=admin)).json()["data"]
+    assert [c["conversation"] for c in listed] == [conv, conv]
+    assert {t: r.json()["tenant"] for t, r in shown.items()} == {alpha: alpha, beta: beta}
+    assert inspected.json()["tenant"] == alpha
+    assert peek.status_code == 404
+    assert gone.status_code == 200
+    assert [c["tenant"] for c in left] == [beta]
+
+
+async def test_the_cli_restores_and_purges_one_tenants_conversation_by_tenant_id(
+    tmp_path: Path,
+) -> None:
+    policy = {"default_policy": {"budget_tokens": 1500}}
+    async with running(tmp_path, **SECRET, **policy) as proxy:
+        await grow(proxy, 4, key="sk-alpha")
+        await grow(proxy, 4, key="sk-beta")
+        conv = proxy.conversations[-1]
+        infos = await proxy.services.store.list_conversations(None)
+    beta, alpha = (i.tenant for i in infos)
+    path, data = str(config(tmp_path)), tmp_path / "data"
+    restored = run("restore", conv, "--tenant", alpha, "--config", path, data=data)
+    assert restored.returncode == 0, restored.stderr
+    purged = run("purge", conv, "--tenant", alpha, "--config", path, data=data)
+    assert purged.returncode == 0, purged.stderr
+    listed = json.loads(run("conversations", "--json", "--config", path, data=data).stdout)
+    assert [c["tenant"] for c in listed] == [beta]
+    both = run("purge", conv, "--tenant", beta, "--key", "sk-beta", "--config", path, data=data)
+    assert both.returncode == 2

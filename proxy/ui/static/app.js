@@ -154,7 +154,7 @@
     status("Loading…");
     try {
       if (view === "shadow") await renderShadow(params);
-      else if (view === "conversations" && id) await renderInspector(id);
+      else if (view === "conversations" && id) await renderInspector(id, params);
       else if (view === "conversations") await renderConversations(params);
       else await renderSavings(params);
       status("");
@@ -376,7 +376,7 @@
       const shown = list.filter((c) => !q || c.conversation.toLowerCase().includes(q) || c.tenant.toLowerCase().includes(q));
       caption.textContent = `${shown.length} of ${list.length} conversations, most recently used first`;
       body.replaceChildren(...shown.map((c) => el("tr", { "data-conversation": c.conversation },
-        el("th", { scope: "row" }, el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}`, class: "mono" }, c.conversation)),
+        el("th", { scope: "row" }, el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}${me.admin ? `?tenant=${encodeURIComponent(c.tenant)}` : ""}`, class: "mono" }, c.conversation)),
         me.admin ? el("td", { class: "mono" }, c.tenant) : null,
         el("td", { class: "num" }, fmt.int(c.checkpoint_count)),
         el("td", { class: "num" }, fmt.int(c.original_count)),
@@ -454,8 +454,10 @@
       pre, more);
   }
 
-  async function renderInspector(id) {
-    const data = await api(`conversations/${encodeURIComponent(id)}/inspect`);
+  async function renderInspector(id, params) {
+    // Two tenants can share a conversation id (a digest of how it starts): the admin's link names whose.
+    const tenant = params.get("tenant");
+    const data = await api(`conversations/${encodeURIComponent(id)}/inspect${tenant ? `?tenant=${encodeURIComponent(tenant)}` : ""}`);
     const view = $("view");
     const checkpoints = data.checkpoints;
     view.append(
