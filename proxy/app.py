@@ -20,7 +20,7 @@ from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
-from proxy.errors import NotFoundError, error_body
+from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
 from proxy.insight import ROUTES as INSIGHT_ROUTES
@@ -214,10 +214,21 @@ def create_app(
             error_body(err.message, err.type, err.code), 404, media_type="application/json"
         )
 
+    async def not_allowed(request: Request, exc: Exception) -> Response:
+        # Starlette's own answer is plain text; compactd's errors are OpenAI-shaped everywhere.
+        err = MethodNotAllowedError(f"{request.method} is not allowed on {request.url.path}.")
+        allow = getattr(exc, "headers", None) or {}
+        return Response(
+            error_body(err.message, err.type, err.code),
+            405,
+            headers=dict(allow),
+            media_type="application/json",
+        )
+
     router = Starlette(
         routes=[*ROUTES, *INSIGHT_ROUTES, *ui.routes()],
         lifespan=lifespan,
-        exception_handlers={404: not_found, **EXCEPTION_HANDLERS},
+        exception_handlers={404: not_found, 405: not_allowed, **EXCEPTION_HANDLERS},
     )
     app = CompactdApp(router, head_limits(settings))
     return app

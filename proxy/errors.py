@@ -57,6 +57,14 @@ class NotFoundError(ProxyError):
     code = "not_found"
 
 
+class MethodNotAllowedError(ProxyError):
+    """A compactd route that does not take this method."""
+
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
 class UnauthorizedError(ProxyError):
     """The client's key is not admitted by this gateway."""
 

@@ -58,3 +58,17 @@ async def test_an_absurd_stats_window_is_a_400_not_a_500(upstream, make_proxy) -
     assert huge.status_code == 400
     assert digits.status_code == 400
     assert huge.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_a_method_an_endpoint_does_not_take_is_an_openai_shaped_405(
+    upstream, make_proxy
+) -> None:
+    async with make_proxy(upstream[1]) as url, httpx.AsyncClient(headers=KEY) as http:
+        answers = [
+            await http.get(f"{url}/compactd/v1/uncompress"),
+            await http.post(f"{url}/compactd/v1/conversations/c1"),
+            await http.put(f"{url}/compactd/v1/stats"),
+        ]
+    assert [r.status_code for r in answers] == [405, 405, 405]
+    assert all(r.json()["error"]["code"] == "method_not_allowed" for r in answers)
+    assert answers[0].headers["allow"] == "POST"
