@@ -202,13 +202,17 @@ def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
     chosen = getattr(args, "tenant", None)
     if chosen is not None:
         return str(chosen)
-    if not getattr(args, "key", None):
+    if getattr(args, "key", None) is None:
         return None
+    key = _credential(args.key)
+    if key is None:
+        # `--key "$KEY"` with $KEY unset: scoping to nobody must not widen to every tenant.
+        raise CommandError("--key: the key is empty")
     from proxy.config import data_dir  # noqa: PLC0415
     from proxy.tenant import load_or_create_secret, tenant_id  # noqa: PLC0415
 
     secret = load_or_create_secret(settings.server.secret, data_dir(settings))
-    return tenant_id(secret, _credential(args.key))
+    return tenant_id(secret, key)
 
 
 def _credential(text: str) -> str | None:
@@ -244,7 +248,7 @@ def _conversation_id(args: argparse.Namespace) -> str:
     can have it."""
     from proxy.store.base import check_ids  # noqa: PLC0415
 
-    if args.tenant is not None and args.key:
+    if args.tenant is not None and args.key is not None:
         raise CommandError("--key and --tenant both name a tenant: give one")
     try:
         check_ids(args.tenant, args.conversation)

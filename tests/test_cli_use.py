@@ -204,6 +204,23 @@ async def test_conversations_json_has_no_empty_placeholder_fields(tmp_path: Path
     assert "conv-1" in table
 
 
+@pytest.mark.parametrize("key", ["", "Bearer "])
+async def test_an_empty_key_is_refused_instead_of_meaning_every_tenant(
+    tmp_path: Path, key: str
+) -> None:
+    # `compactd purge "$CONV" --key "$KEY"` with $KEY unset must not purge every tenant's.
+    store = await SqliteStore.open(tmp_path / "compactd.db")
+    try:
+        await store.save_compaction(compaction("t1", "conv-1", short_history(6), 3), 3600)
+    finally:
+        await store.close()
+    for args in (["purge", "conv-1"], ["restore", "conv-1"], ["conversations"], ["stats"]):
+        line = _one_line_error(run(*args, "--key", key, data=tmp_path), 2)
+        assert line.startswith("compactd: --key:")
+    listed = json.loads(run("conversations", "--json", data=tmp_path).stdout)
+    assert [c["conversation"] for c in listed] == ["conv-1"]
+
+
 @pytest.mark.parametrize("command", ["conversations", "stats", "purge"])
 def test_an_unreachable_redis_is_one_line_and_exit_code_one(command: str, tmp_path: Path) -> None:
     env = {**_env(tmp_path), "REDIS_URL": "redis://127.0.0.1:1/0"}
