@@ -73,11 +73,15 @@ class RedisStore:
         keys: KeyLayout,
         min_replicas_ack: int = 0,
         usage_client: Client | None = None,
+        slow_client: Client | None = None,
     ) -> None:
         self._client = client
         # Accounting has its own small pool: a batch of counters never takes a connection a
         # compaction write is waiting for.
         self._usage_client = usage_client or client
+        # Calls given the inspection timeout need sockets that wait as long: a socket of the
+        # main pool gives up at the store timeout (200 ms), whatever the call may take.
+        self._slow_client = slow_client or client
         self._timeout = timeout
         self._keys = keys
         self._min_acks = min_replicas_ack
@@ -105,12 +109,15 @@ class RedisStore:
         usage_client = open_client(
             url, timeout=INSPECTION_TIMEOUT_SECONDS, pool_size=USAGE_POOL_SIZE
         )
+        # Connections are made on first use: a pool as large as the main one costs nothing idle.
+        slow_client = open_client(url, timeout=INSPECTION_TIMEOUT_SECONDS, pool_size=pool_size)
         store = cls(
             client,
             timeout=timeout,
             keys=KeyLayout(prefix),
             min_replicas_ack=min_replicas_ack,
             usage_client=usage_client,
+            slow_client=slow_client,
         )
         warm = [store.ping() for _ in range(min(pool_size, 4))]
         await asyncio.gather(*warm, return_exceptions=True)
@@ -127,7 +134,7 @@ class RedisStore:
         """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
         timeout; `usage`: on the accounting pool), errors as StoreError."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        client = self._usage_client if usage else self._client
+        client = self._usage_client if usage else self._slow_client if slow else self._client
         task: asyncio.Task[T] = asyncio.ensure_future(op(client))
         self._inflight.add(task)
         task.add_done_callback(self._settle)
@@ -357,8 +364,9 @@ class RedisStore:
         if self._inflight:
             await asyncio.wait(list(self._inflight), timeout=self._timeout * 2)
         await self._client.aclose()
-        if self._usage_client is not self._client:
-            await self._usage_client.aclose()
+        for other in (self._usage_client, self._slow_client):
+            if other is not self._client:
+                await other.aclose()
 
 
 async def _check_info(r: Client, target: dict[str, Any], name: str) -> list[str]:

@@ -52,6 +52,26 @@ async def test_a_frozen_redis_makes_calls_fail_with_store_error_at_the_timeout(
     await store.close()
 
 
+async def test_restore_and_inspection_wait_out_a_redis_pause_longer_than_the_store_timeout(
+    private_redis: RedisServer,
+) -> None:
+    # The API's and the CLI's reads may take the inspection timeout (10 s), not the 100 ms a
+    # proxied request waits: a big conversation, or a Redis busy for half a second, is no outage.
+    store = await open_store(private_redis, timeout_ms=100)
+    msgs = history(8)
+    await store.save_compaction(compaction(A, "c1", msgs, 4), TTL)
+    for read in (
+        lambda: store.get_conversation(A, "c1"),
+        lambda: store.list_conversations(None),
+        lambda: store.resolve_refs(A, ["0004abcdef"]),
+    ):
+        private_redis.pause()
+        asyncio.get_running_loop().call_later(0.5, private_redis.resume)
+        async with asyncio.timeout(HANG_GUARD):
+            assert await read()
+    await store.close()
+
+
 async def test_the_store_recovers_by_itself_when_redis_comes_back(
     private_redis: RedisServer,
 ) -> None:
