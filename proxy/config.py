@@ -332,6 +332,7 @@ _SECTION_TYPES: dict[str, type[Any]] = {
     "store": StoreSettings,
     "tokens": TokenSettings,
     "accounting": AccountingSettings,
+    "default_policy": PolicySettings,
 }
 
 

@@ -226,6 +226,17 @@ mode = "shadow"
     assert d.policy.mode == "shadow"
 
 
+def test_default_policy_keys_are_set_by_environment_variables_too() -> None:
+    # README: every scalar key can be set as COMPACTD_<SECTION>_<KEY>, [default_policy]'s too.
+    values = {"MODE": "shadow", "BUDGET_TOKENS": "0", "PROVIDERS": "trim, engine"}
+    env = {f"COMPACTD_DEFAULT_POLICY_{k}": v for k, v in {**values, "ALLOW_BYPASS": "no"}.items()}
+    policy = load_settings(None, env=env).default_policy
+    assert (policy.mode, policy.budget_tokens) == ("shadow", 0)
+    assert (policy.providers, policy.allow_bypass) == (("trim", "engine"), False)
+    with pytest.raises(ConfigError, match=r"default_policy\.mode"):
+        load_settings(None, env={"COMPACTD_DEFAULT_POLICY_MODE": "enforcing"})
+
+
 def test_resolve_reads_starlette_headers_whatever_the_config_case() -> None:
     r = resolver(
         PolicySettings(name="search", match_header="X-Team", match_header_values=("search",)),
