@@ -253,6 +253,23 @@ class PolicySettings:
         _check(self.retention_days >= 0, f"{p}.retention_days", "must be >= 0 (0 = store's)")
         _check(self.recency_turns >= 0, f"{p}.recency_turns", "must be >= 0")
         _check(self.keep_head >= 0, f"{p}.keep_head", "must be >= 0")
+        _check(self.max_tool_result_tokens >= 1, f"{p}.max_tool_result_tokens", "must be >= 1")
+        _check(
+            self.reasoning_strip_age_threshold >= 0,
+            f"{p}.reasoning_strip_age_threshold",
+            "must be >= 0",
+        )
+        _check(
+            bool(self.providers),
+            f"{p}.providers",
+            'must name at least one provider ("none" compacts nothing)',
+        )
+        header = self.match_header.strip().lower()
+        _check(
+            not header or _HEADER_NAME.fullmatch(header) is not None,
+            f"{p}.match_header",
+            f"{self.match_header!r} is not a header name",
+        )
         _check(self.expand_max_calls >= 1, f"{p}.expand_max_calls", "must be >= 1")
         _check(
             0 <= self.precompute_ratio < 1, f"{p}.precompute_ratio", "must be in [0, 1) (0 = off)"

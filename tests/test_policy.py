@@ -193,6 +193,20 @@ def test_match_rules_on_default_policy_fail_at_construction() -> None:
         resolver(default=PolicySettings(match_models=("gpt-*",)))
 
 
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("max_tool_result_tokens", -1),
+        ("reasoning_strip_age_threshold", -1),
+        ("providers", []),
+        ("match_header", "x team"),  # no request can carry it: the policy would never match
+    ],
+)
+def test_a_policy_value_no_request_can_use_stops_start_up(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=rf"policies\[0\]\.{key}: "):
+        load_settings(None, env={}, overrides={"policies": [{"name": "x", key: value}]})
+
+
 def test_policies_load_from_toml(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(
