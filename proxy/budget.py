@@ -124,6 +124,13 @@ def _packaged_table() -> Path:
     return Path(__file__).resolve().parent.parent / "config" / "models.toml"
 
 
+def _base_model(name: str) -> str:
+    """The model a gateway's or a fine-tune's name stands for: "openai/gpt-4o" and
+    "azure/gpt-4.1" without the provider, "ft:gpt-4o-mini-2024-07-18:org::id" its base model."""
+    bare = name.rsplit("/", 1)[-1]
+    return bare.split(":")[1] if bare.startswith("ft:") else bare
+
+
 class ModelTable:
     """Glob-matched model entries (first match wins)."""
 
@@ -163,8 +170,8 @@ class ModelTable:
         found = self._memo.get(name)
         if found is None:
             found = self._first_match(name)
-            if found is None and "/" in name:  # gateway names: "openai/gpt-4o", "azure/gpt-4.1"
-                found = self._first_match(name.rsplit("/", 1)[1])
+            if found is None and (base := _base_model(name)) != name:
+                found = self._first_match(base)
             found = found or self.default
             with self._lock:
                 if len(self._memo) >= _MEMO_SIZE:

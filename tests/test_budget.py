@@ -68,6 +68,11 @@ def test_every_key_of_the_table_is_documented_in_its_comments() -> None:
         ("gpt-3.5-turbo-instruct", 4_096, 4_096, "cl100k_base"),
         ("GPT-4O-Mini", 128_000, 16_384, "o200k_base"),  # model names match case-insensitively
         ("openai/gpt-4.1-mini", 1_047_576, 32_768, "o200k_base"),  # a gateway's provider prefix
+        # Fine-tuned models have their base model's window and encoding.
+        ("ft:gpt-4o-mini-2024-07-18:acme::9AbCdEf1", 128_000, 16_384, "o200k_base"),
+        ("ft:gpt-4.1-2025-04-14:acme:support:9AbCdEf1", 1_047_576, 32_768, "o200k_base"),
+        ("ft:gpt-3.5-turbo-0125:acme::9AbCdEf1", 16_385, 4_096, "cl100k_base"),
+        ("openai/ft:gpt-4o-2024-08-06:acme::9AbCdEf1", 128_000, 16_384, "o200k_base"),
         ("gpt-4-1106-vision-preview", 128_000, 4_096, "cl100k_base"),
         ("gpt-5.2-chat-latest", 128_000, 16_384, "o200k_base"),
         ("gpt-6-luna", 1_050_000, 128_000, "o200k_base"),
