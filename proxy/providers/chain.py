@@ -9,6 +9,7 @@ as one checkpoint.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import logging
@@ -93,9 +94,12 @@ async def run_chain(
             break
         name = provider.name
         try:
-            if not provider.should_compress(current, config):
+            # A copy of its own: a provider that edits what it was given in place must not
+            # change the input its result is validated against (nor the request's messages).
+            given = await run_sync(copy.deepcopy, current)
+            if not provider.should_compress(given, config):
                 continue
-            result = await _call(provider, current, config, run_sync)
+            result = await _call(provider, given, config, run_sync)
         except Exception as exc:  # a plugin's failure must not fail the request
             # The traceback only at debug: an exception's text may quote the messages.
             debug = log.isEnabledFor(logging.DEBUG)

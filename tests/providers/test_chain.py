@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,16 @@ class Vandal(ContextProvider):
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
         out = [{"role": "system", "content": "x"}, *messages[1:]]
         return CompactionResult(messages=out, source_digest="", covered_through=0)
+
+
+class InPlace(ContextProvider):
+    """Rewrites the system prompt in the list it was given, then trims that list."""
+
+    name = "in-place"
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        messages[0]["content"] = "x"
+        return TrimProvider().compress(messages, config)
 
 
 class Garbage(ContextProvider):
@@ -132,6 +143,18 @@ async def test_a_result_that_breaks_an_invariant_is_discarded_with_the_provider_
     assert trim.seen == [msgs]
     assert outcome.result is not None
     assert outcome.result.messages[0] == msgs[0]
+
+
+async def test_a_provider_editing_its_input_in_place_changes_nothing_it_was_not_given() -> None:
+    # The validator compares a result with the input: an input the provider rewrote itself
+    # would let the rewrite through, and the request's own messages are the originals stored.
+    msgs = agent_run(8)
+    before = copy.deepcopy(msgs)
+    outcome = await run_chain(msgs, [InPlace(), Recording(TrimProvider())], half(msgs))
+    assert msgs == before
+    assert [f.provider for f in outcome.failures] == ["in-place"]
+    assert outcome.result is not None
+    assert outcome.result.messages[0] == before[0]
 
 
 async def test_malformed_output_is_a_violation_not_a_crash() -> None:
