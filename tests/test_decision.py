@@ -222,6 +222,32 @@ async def test_shadow_relays_a_context_length_error_as_it_is(tmp_path: Path) -> 
     assert "x-compactd-retried" not in r.headers
 
 
+async def test_shadow_learns_a_window_from_the_length_of_what_it_sent(tmp_path: Path) -> None:
+    # Shadow forwards the client's bytes: the upstream's figure is for those, not for the
+    # compacted form shadow reports in x-compactd-tokens-after.
+    raw = body(history(8), model="tiny-1")
+    policy = {"budget_tokens": 600, "mode": "shadow"}
+    upstream = MockUpstream()
+    async with running(
+        tmp_path, upstream, default_policy=policy, tokens=tiny_model(tmp_path)
+    ) as proxy:
+        first = await proxy.chat(raw)
+        sent = int(first.headers["x-compactd-tokens-before"])
+        assert int(first.headers["x-compactd-tokens-after"]) < sent * 0.75
+        message = (
+            f"This model's maximum context length is {sent - 200} tokens. However, your "
+            f"messages resulted in {sent} tokens."
+        )
+        error = {"message": message, "type": "invalid_request_error"}
+        upstream.then(reply(400, {"error": {**error, "code": "context_length_exceeded"}}))
+        r = await proxy.chat(raw)
+        learned = proxy.services.compactor.windows
+    assert r.status_code == 400
+    assert [req.content for req in upstream.received] == [raw, raw]
+    assert learned is not None
+    assert learned.get("tiny-1") == sent - 200
+
+
 async def test_bypass_relays_a_context_length_error_as_it_is(tmp_path: Path) -> None:
     upstream = MockUpstream().then(context_length_error(500))
     raw = body(history(5))
