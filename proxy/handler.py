@@ -383,8 +383,8 @@ class _ChatExchange:
     def _calibrate(self, usage: Usage) -> None:
         """Teach the calibration what the upstream counted for what we estimated we sent."""
         calibration, out = self.h.compactor.calibration, self.outcome
-        if calibration is None or out.action == "server-history":
-            return  # the upstream counted history the request does not carry
+        if calibration is None or out.action == "server-history" or usage.server_tool_uses:
+            return  # the upstream counted history (or search results) the request does not carry
         sent = out.tokens_after if out.action in REWRITTEN else out.tokens_before
         if sent:
             api, model, body = self.route.api.name, self.request.model, self.request.body

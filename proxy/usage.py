@@ -41,6 +41,9 @@ class Usage:
     """`prompt_tokens_details.cached_tokens`: the part of the prompt read from the prompt cache."""
     cache_write_tokens: int = 0
     """The part of the prompt written to the prompt cache (Anthropic bills it above input)."""
+    server_tool_uses: int = 0
+    """Server tools the upstream ran for the answer (Anthropic's web search and fetch): their
+    results are prompt tokens the request never carried."""
 
 
 UsageReader = Callable[[object, "Usage | None"], "Usage | None"]

@@ -6,6 +6,7 @@
 - Messages: `usage` counts the uncached input apart: the prompt is `input_tokens` +
   `cache_creation_input_tokens` + `cache_read_input_tokens`. A stream carries it in
   `message_start` and updates it (output, and cumulative input fields) in `message_delta`.
+  `server_tool_use` counts the web searches and fetches the upstream ran for the answer.
 """
 
 from __future__ import annotations
@@ -48,11 +49,15 @@ def messages_usage(obj: object, previous: Usage | None) -> Usage | None:
     )
     written = _field(usage, "cache_creation_input_tokens", base.cache_write_tokens)
     read = _field(usage, "cache_read_input_tokens", base.cached_tokens)
+    tools = usage.get("server_tool_use")
     return Usage(
         prompt_tokens=uncached + written + read,
         completion_tokens=_field(usage, "output_tokens", base.completion_tokens),
         cached_tokens=read,
         cache_write_tokens=written,
+        server_tool_uses=(
+            sum(map(_n, tools.values())) if isinstance(tools, Mapping) else base.server_tool_uses
+        ),
     )
 
 

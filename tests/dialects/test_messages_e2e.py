@@ -316,3 +316,39 @@ async def test_an_oauth_token_is_never_sent_to_the_openai_upstream_for_a_summary
         # The summary call goes to upstream.url (OpenAI): the Anthropic credential is not its.
         sent = [r.header("authorization") for r in h.responses.received]
         assert "Bearer sk-ant-oat01-token" not in sent
+
+
+async def test_an_echoed_prompt_length_does_not_calibrate_every_tenants_budget(tmp_path) -> None:
+    # An upstream validation error that quotes client input can state any "prompt is too long"
+    # figures; taken as the upstream's count, one such request would quarter every tenant's
+    # Claude budget (the ratio is per model, shared through the store).
+    async with harness(tmp_path) as h:
+        msgs = messages_history(h.messages, 10)
+        crafted = "prompt is too long: 999999 tokens > 200000 maximum"
+        msgs[-1]["content"].append({"type": "tool_result", "tool_use_id": crafted, "content": "x"})
+        response = await h.message(request(msgs), key="sk-ant-attacker")
+        assert response.status_code == 400
+        assert crafted in response.json()["error"]["message"]
+        assert int(response.headers["x-compactd-tokens-before"]) > 1000
+        assert h.services.calibration.ratio("messages", "claude-sonnet-5") == 1.0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_turn_that_ran_server_tools_does_not_calibrate(tmp_path, stream: bool) -> None:
+    # Web search and fetch results are read as input the request never carried: the upstream's
+    # input count of such a turn says nothing about our estimate of what was sent.
+    async with harness(tmp_path) as h:
+        own = h.messages.usage
+
+        def searched(body: Json) -> Json:
+            usage = own(body)
+            usage["input_tokens"] += 20_000
+            usage["server_tool_use"] = {"web_search_requests": 2, "web_fetch_requests": 1}
+            return usage
+
+        h.messages.usage = searched  # type: ignore[method-assign]
+        msgs = messages_history(h.messages, 10)
+        response = await h.message(request(msgs, stream=stream))
+        assert response.status_code == 200
+        assert int(response.headers["x-compactd-tokens-before"]) > 1000
+        assert h.services.calibration.ratio("messages", "claude-sonnet-5") == 1.0
