@@ -184,6 +184,22 @@ class ModelTable:
         return self.match(model)
 
 
+LONG_CONTEXT_BETA = "context-1m-"
+LONG_CONTEXT_WINDOW = 1_000_000
+"""Anthropic's 1M-token context window, opted into per request (`anthropic-beta:
+context-1m-2025-08-07`) on models whose own window is smaller."""
+
+
+def requested_window(info: ModelInfo, anthropic_beta: str) -> ModelInfo:
+    """`info` with the window a Messages request opts into through its `anthropic-beta` flags."""
+    flags = (flag.strip() for flag in anthropic_beta.split(","))
+    if info.context_window < LONG_CONTEXT_WINDOW and any(
+        flag.startswith(LONG_CONTEXT_BETA) for flag in flags
+    ):
+        return info.with_window(LONG_CONTEXT_WINDOW)
+    return info
+
+
 @dataclass(frozen=True)
 class Budget:
     """Token figures for one request: compaction runs above `trigger` and aims for `target`."""

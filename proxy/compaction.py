@@ -24,7 +24,14 @@ from typing import Any
 
 from proxy import rewrite
 from proxy.bodycache import BodyCache
-from proxy.budget import Budget, ModelTable, compute_budget, requested_output
+from proxy.budget import (
+    Budget,
+    ModelInfo,
+    ModelTable,
+    compute_budget,
+    requested_output,
+    requested_window,
+)
 from proxy.calibration import HIGH, LOW, Calibration, scaled
 from proxy.checkpoint import (
     CompactionError,
@@ -256,7 +263,7 @@ class Compactor:
         learned."""
         if sent <= 0:
             return None
-        info = self.models.lookup(request.model)
+        info = self._model(request)
         minimum = self.settings.tokens.min_learned_window
         learned = validated_window(
             upstream_message,
@@ -277,7 +284,7 @@ class Compactor:
     ) -> _Counted:
         assert request.body is not None
         assert request.messages is not None
-        info = self.models.lookup(request.model)
+        info = self._model(request)
         if window is not None:
             info = info.with_window(window)
         elif self.windows is not None:
@@ -299,6 +306,14 @@ class Compactor:
         else:
             counted = counter.count_messages(request.messages)
         return _Counted(budget, counter, fixed, fixed + counted, raw)
+
+    def _model(self, request: ChatRequest) -> ModelInfo:
+        """The model's table entry, with the window the request opts into (on the Messages
+        API, Anthropic's 1M-context beta)."""
+        info = self.models.lookup(request.model)
+        if request.dialect.name != "messages":
+            return info
+        return requested_window(info, request.headers.get("anthropic-beta", ""))
 
     async def _confirmed(
         self, request: ChatRequest, counted: _Counted, confirm: Confirm

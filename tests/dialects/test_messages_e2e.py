@@ -11,7 +11,7 @@ import pytest
 
 from tests.dialects.conversations import messages_history, tool_output
 from tests.dialects.harness import harness
-from tests.tiny_model import tiny_model
+from tests.tiny_model import table_entry, tiny_model
 
 SMALL = {"default_policy": {"budget_tokens": 4000}}
 THINKING = {"type": "enabled", "budget_tokens": 2000}
@@ -352,3 +352,21 @@ async def test_a_turn_that_ran_server_tools_does_not_calibrate(tmp_path, stream:
         assert response.status_code == 200
         assert int(response.headers["x-compactd-tokens-before"]) > 1000
         assert h.services.calibration.ratio("messages", "claude-sonnet-5") == 1.0
+
+
+async def test_the_1m_context_beta_gives_a_claude_request_its_window(tmp_path) -> None:
+    # Claude Code's "[1m]" models send anthropic-beta: context-1m-...: a request past the
+    # model's 200k-style window goes out as sent rather than compacted to fit it.
+    models = tmp_path / "models.toml"
+    models.write_text(
+        table_entry("default", 32_768, 4_096) + table_entry("[models]", 20_000, 1_000, "claude-*")
+    )
+    async with harness(tmp_path, tokens={"models_file": str(models)}) as h:
+        msgs = messages_history(h.messages, 60)
+        beta = {"anthropic-beta": "interleaved-thinking-2025-05-14, context-1m-2025-08-07"}
+        wide = await h.message(request(msgs), **beta)
+        assert wide.status_code == 200
+        assert int(wide.headers["x-compactd-tokens-before"]) > 20_000
+        assert wide.headers["x-compactd-action"] == "passthrough"
+        assert h.messages.last.body == h.sent[-1]
+        assert (await h.message(request(msgs))).headers["x-compactd-action"] == "compacted"
