@@ -31,9 +31,10 @@ _FIELDS = (
     "cached_input_price",
     "output_price",
 )
-_INT_FIELDS = frozenset({"context_window", "max_output"})
-_OPTIONAL = frozenset({"cache_write_price"})
-"""Fields an entry may leave out (a cache write costs the input price unless it says otherwise)."""
+_INT_FIELDS = frozenset({"context_window", "max_output", "max_input"})
+_OPTIONAL = frozenset({"cache_write_price", "max_input"})
+"""Fields an entry may leave out (a cache write costs the input price unless it says otherwise;
+the input is limited by the window alone unless it says otherwise)."""
 
 # Model names come from clients, so the lookup memo is bounded.
 _MEMO_SIZE = 4096
@@ -53,6 +54,9 @@ class ModelInfo:
     cache_write_price: float = -1.0
     """USD per 1M tokens written to the prompt cache (Anthropic: 1.25x input for 5 minutes);
     the input price when the table does not say."""
+    max_input: int = 0
+    """Most input tokens the model takes whatever output is reserved (GPT-5: 272k of its 400k);
+    0: only the window minus the reserved output limits it."""
 
     def __post_init__(self) -> None:
         if self.cache_write_price < 0:
@@ -86,6 +90,8 @@ def _entry(table: Any, key: str, *, with_pattern: bool) -> ModelInfo:
         elif not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"{full}: must be a number >= 0, not {value!r}")
         values[name] = float(value) if name.endswith("price") else value
+    if values.get("max_input", 0) > values["context_window"]:
+        raise ConfigError(f"{key}.max_input: must not exceed context_window")
     pattern = table.get("pattern", "*")
     if not isinstance(pattern, str) or not pattern.strip():
         raise ConfigError(f"{key}.pattern: must be a non-empty string, not {pattern!r}")
@@ -229,8 +235,8 @@ def compute_budget(
     safety_margin: int,
     api: str = "chat.completions",
 ) -> Budget:
-    """Budget = window - reserved output - margin, capped by the policy (for the APIs of its
-    `cap_apis`); never below a floor.
+    """Budget = window - reserved output - margin (at most the model's input limit - margin),
+    capped by the policy (for the APIs of its `cap_apis`); never below a floor.
 
     The reserved output is the request's `max_completion_tokens` (or `max_tokens`, or the
     Responses API's `max_output_tokens`), else the model's default max output. When the
@@ -242,7 +248,10 @@ def compute_budget(
     reserved = requested_output(body) or info.max_output
     margin = max(0, safety_margin)
     floor = max(1, window // 32)
-    budget = max(window - reserved - margin, floor)
+    room = window - reserved
+    if info.max_input:
+        room = min(room, info.max_input)
+    budget = max(room - margin, floor)
     if api in policy.cap_apis:
         if policy.budget_tokens > 0:
             budget = min(budget, policy.budget_tokens)

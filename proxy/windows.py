@@ -128,6 +128,8 @@ def validated_window(
     total = found.total if found.total is not None else found.prompt + requested_output
     if max(total, found.prompt) <= found.limit:
         return None  # it would have fitted: the figures do not describe an overflow
+    if info.max_input and found.limit >= info.max_input:
+        return None  # the model's own input limit, which budgets already keep to
     learned = max(found.limit, floor_for(info, minimum))
     if learned >= info.context_window:
         return None  # nothing to learn: only ever lower the table's window

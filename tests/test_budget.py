@@ -118,6 +118,8 @@ def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
         (("models", 1, "encoding"), "p50k_base", "models[1].encoding: must be one of"),
         (("models", 1, "input_price"), -1, "models[1].input_price: must be a number >= 0"),
         (("models", 1, "pattern"), "", "models[1].pattern: must be a non-empty string"),
+        (("models", 1, "max_input"), 2_000_000, "models[1].max_input: must not exceed"),
+        (("models", 1, "max_input"), 0, "models[1].max_input: must be a positive"),
         (("default", "encoding"), "gpt2", "default.encoding"),
         (("default",), ..., "default: missing"),
         (("tiers",), {}, "tiers: unknown key"),
@@ -194,6 +196,9 @@ def test_budget_reserves_what_the_request_asks_for(body: dict[str, Any], reserve
         ("gpt-4.1", {"max_tokens": 4_000}, 1_047_576 - 4_000 - 64),
         ("gpt-4", {"max_tokens": 1_000}, 8_192 - 1_000 - 64),
         ("o3", {"max_completion_tokens": 50_000}, 200_000 - 50_000 - 64),
+        # GPT-5 takes at most 272k of input whatever output a request reserves of its 400k.
+        ("gpt-5-mini", {"max_completion_tokens": 10_000}, 272_000 - 64),
+        ("gpt-5.1", {"max_output_tokens": 2_000}, 272_000 - 64),
     ],
 )
 def test_budgets_of_real_models(

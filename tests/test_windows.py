@@ -100,6 +100,20 @@ def test_untrustworthy_errors_teach_nothing(message: str, sent: int, why: str) -
     assert learned is None, why
 
 
+def test_the_models_own_input_limit_is_not_learned_as_its_window() -> None:
+    # GPT-5 refuses input past 272k of its 400k: taken as the window, every request would then
+    # reserve its output out of 272k (budget 144k) for a day.
+    gpt5 = ModelInfo("gpt-5*", 400_000, 128_000, "o200k_base", 0, 0, 0, max_input=272_000)
+    message = (
+        "Input tokens exceed the configured limit of 272,000 tokens. Your messages resulted in "
+        "300,512 tokens."
+    )
+    learned = validated_window(
+        message, sent=300_000, requested_output=10_000, info=gpt5, minimum=8192
+    )
+    assert learned is None
+
+
 def test_a_crafted_tiny_window_is_raised_to_the_floor() -> None:
     # An upstream echoing client input can state any figures consistent with the request.
     message = "maximum context length is 64 tokens. However, your messages resulted in 8792 tokens."
