@@ -22,6 +22,7 @@ import orjson
 
 from proxy.config import ConfigError, PolicySettings
 from proxy.encodings import BUNDLED
+from proxy.media import TILES, ImageRule
 
 _FIELDS = (
     "context_window",
@@ -35,6 +36,12 @@ _INT_FIELDS = frozenset({"context_window", "max_output", "max_input"})
 _OPTIONAL = frozenset({"cache_write_price", "max_input"})
 """Fields an entry may leave out (a cache write costs the input price unless it says otherwise;
 the input is limited by the window alone unless it says otherwise)."""
+_IMAGE_KEYS = {
+    "tiles": frozenset({"image_base", "image_tile"}),
+    "patches": frozenset({"image_multiplier"}),
+    "pixels": frozenset(),
+}
+"""The keys each `image_rule` takes (an entry without one bills images by GPT-4o's tiles)."""
 
 # Model names come from clients, so the lookup memo is bounded.
 _MEMO_SIZE = 4096
@@ -57,6 +64,8 @@ class ModelInfo:
     max_input: int = 0
     """Most input tokens the model takes whatever output is reserved (GPT-5: 272k of its 400k);
     0: only the window minus the reserved output limits it."""
+    image: ImageRule = TILES
+    """How the model bills an image (`proxy.media`)."""
 
     def __post_init__(self) -> None:
         if self.cache_write_price < 0:
@@ -70,11 +79,14 @@ class ModelInfo:
 def _entry(table: Any, key: str, *, with_pattern: bool) -> ModelInfo:
     if not isinstance(table, dict):
         raise ConfigError(f"{key}: must be a table")
-    known = {"pattern", *_FIELDS, *_OPTIONAL} if with_pattern else {*_FIELDS, *_OPTIONAL}
+    image = _image_rule(table, key)
+    known = {*_FIELDS, *_OPTIONAL, "image_rule", *_IMAGE_KEYS[image.kind]}
+    if with_pattern:
+        known.add("pattern")
     for name in table:
         if name not in known:
             raise ConfigError(f"{key}.{name}: unknown key (known: {', '.join(sorted(known))})")
-    for name in sorted(known - _OPTIONAL):
+    for name in sorted({*_FIELDS, *(["pattern"] if with_pattern else [])}):
         if name not in table:
             raise ConfigError(f"{key}.{name}: missing")
     values: dict[str, Any] = {}
@@ -95,7 +107,31 @@ def _entry(table: Any, key: str, *, with_pattern: bool) -> ModelInfo:
     pattern = table.get("pattern", "*")
     if not isinstance(pattern, str) or not pattern.strip():
         raise ConfigError(f"{key}.pattern: must be a non-empty string, not {pattern!r}")
-    return ModelInfo(pattern=pattern.lower(), **values)
+    return ModelInfo(pattern=pattern.lower(), image=image, **values)
+
+
+def _image_rule(table: Mapping[str, Any], key: str) -> ImageRule:
+    kind = table.get("image_rule", "tiles")
+    if kind not in _IMAGE_KEYS:
+        raise ConfigError(f"{key}.image_rule: must be one of {sorted(_IMAGE_KEYS)}, not {kind!r}")
+    if kind == "patches":
+        multiplier = table.get("image_multiplier")
+        if (
+            not isinstance(multiplier, int | float)
+            or isinstance(multiplier, bool)
+            or multiplier <= 0
+        ):
+            raise ConfigError(f"{key}.image_multiplier: must be a number > 0, not {multiplier!r}")
+        return ImageRule("patches", multiplier=float(multiplier))
+    if kind == "pixels":
+        return ImageRule("pixels")
+    figures = {"image_base": TILES.base, "image_tile": TILES.tile}
+    for name, default in figures.items():
+        value = table.get(name, default)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"{key}.{name}: must be a positive integer, not {value!r}")
+        figures[name] = value
+    return ImageRule("tiles", base=figures["image_base"], tile=figures["image_tile"])
 
 
 def _parse(data: Mapping[str, Any]) -> tuple[tuple[ModelInfo, ...], ModelInfo]:

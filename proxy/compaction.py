@@ -161,7 +161,7 @@ class Compactor:
         self.request_stream_usage = settings.accounting.request_stream_usage
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
         self.calibration = calibration
-        self._counters: dict[tuple[str, str], Counting] = {}
+        self._counters: dict[tuple[str, TokenCounter], Counting] = {}
         self.lossless = LosslessTier()
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
@@ -718,8 +718,9 @@ class Compactor:
             self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
 
     def _counter(self, dialect: Dialect, base: TokenCounter) -> Counting:
-        """One counter per API and encoding for the process (each keeps its own cache)."""
-        key = (dialect.name, base.encoding_name)
+        """One counter per API and base counter (encoding and image rule) for the process (each
+        keeps its own cache)."""
+        key = (dialect.name, base)
         found = self._counters.get(key)
         if found is None:
             found = self._counters[key] = dialect.counter(base)

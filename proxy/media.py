@@ -1,8 +1,9 @@
 """Token estimates for what is not text: images, audio and files in content parts.
 
-OpenAI bills an image by its size, so counting needs width and height: for an inline (data: URL)
-image only its header is decoded (PNG, GIF, WebP, JPEG); an image behind an http(s) URL, or in
-another format, is charged the rule's maximum. Audio is estimated from its duration and files
+OpenAI and Anthropic bill an image by its size, so counting needs width and height: for an inline
+(data: URL) image only its header is decoded (PNG, GIF, WebP, JPEG); an image behind an http(s)
+URL, or in another format, is charged its rule's maximum. Which rule, and its figures, depend on
+the model (`ImageRule`, from the model table). Audio is estimated from its duration and files
 from their size, erring high.
 """
 
@@ -13,14 +14,51 @@ import binascii
 import math
 import struct
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
-# Images (OpenAI vision guide): detail "low" is a flat 85; otherwise the image is scaled to fit
-# 2048x2048, then its shortest side to 768, and costs 170 per 512px tile plus 85. An image whose
-# size we cannot read is charged the rule's maximum, 2x4 tiles.
+# Images, OpenAI's tile rule (vision guide, "Calculating costs"): detail "low" is the model's base
+# alone; otherwise the image is scaled to fit 2048x2048, then its shortest side to 768, and costs
+# the base plus a per-512px-tile figure. An image whose size we cannot read is charged the rule's
+# maximum, 2x4 tiles. These are GPT-4o's figures, the table's default.
 IMAGE_BASE = 85
 IMAGE_PER_TILE = 170
 IMAGE_UNKNOWN = IMAGE_BASE + IMAGE_PER_TILE * 8
+# OpenAI's patch rule (GPT-4.1-mini/-nano, o4-mini, GPT-5-mini/-nano): 32px patches, at most
+# 1536 (a larger image is scaled down to fit), times the model's multiplier; no "low" detail.
+_PATCH = 32
+_MAX_PATCHES = 1536
+# Anthropic (vision docs): (width x height) / 750, once an image is scaled down to a long edge of
+# at most 1568 px and the most pixels its size table keeps unscaled (784x1568, ~1.2 MP; 1092x1092
+# for a square), so the estimate errs high.
+_CLAUDE_PIXELS_PER_TOKEN = 750
+_CLAUDE_MAX_EDGE = 1568
+_CLAUDE_MAX_PIXELS = 784 * 1568
+
+ImageRuleKind = Literal["tiles", "patches", "pixels"]
+
+
+@dataclass(frozen=True)
+class ImageRule:
+    """How a model bills an image: OpenAI's `tiles` (a base and a per-tile figure) or `patches`
+    (times a multiplier), or Anthropic's `pixels`."""
+
+    kind: ImageRuleKind = "tiles"
+    base: int = IMAGE_BASE
+    tile: int = IMAGE_PER_TILE
+    multiplier: float = 1.0
+
+    @property
+    def unknown(self) -> int:
+        """Tokens for an image whose size cannot be read: the rule's maximum."""
+        if self.kind == "patches":
+            return math.ceil(_MAX_PATCHES * self.multiplier)
+        if self.kind == "pixels":
+            return math.ceil(_CLAUDE_MAX_PIXELS / _CLAUDE_PIXELS_PER_TOKEN)
+        return self.base + self.tile * 8
+
+
+TILES = ImageRule()
 # Audio input is ~10 tokens per second; compressed audio of unknown bitrate is assumed to be a
 # low 32 kbit/s, so its duration (and count) errs high.
 AUDIO_TOKENS_PER_SECOND = 10
@@ -99,10 +137,7 @@ def data_url_size(url: str) -> tuple[int, int] | None:
         return None
 
 
-def image_tokens(width: int, height: int, detail: str = "auto") -> int:
-    """Tokens for one image of the given size by OpenAI's tile rule."""
-    if detail == "low":
-        return IMAGE_BASE
+def _tile_tokens(width: int, height: int, rule: ImageRule) -> int:
     w, h = float(width), float(height)
     if max(w, h) > 2048:
         scale = 2048 / max(w, h)
@@ -110,16 +145,47 @@ def image_tokens(width: int, height: int, detail: str = "auto") -> int:
     if min(w, h) > 768:
         scale = 768 / min(w, h)
         w, h = w * scale, h * scale
-    return IMAGE_BASE + IMAGE_PER_TILE * math.ceil(w / 512) * math.ceil(h / 512)
+    return rule.base + rule.tile * math.ceil(w / 512) * math.ceil(h / 512)
 
 
-def image_part_tokens(image: Mapping[str, Any]) -> int:
+def _patches(width: int, height: int) -> int:
+    patches = math.ceil(width / _PATCH) * math.ceil(height / _PATCH)
+    if patches > _MAX_PATCHES:
+        # The guide's scaling: shrink to the cap's area, then so whole patches cover each side.
+        r = math.sqrt(_PATCH * _PATCH * _MAX_PATCHES / (width * height))
+        w, h = width * r / _PATCH, height * r / _PATCH
+        r *= min(math.floor(w) / w, math.floor(h) / h)
+        patches = math.ceil(width * r / _PATCH) * math.ceil(height * r / _PATCH)
+    return min(patches, _MAX_PATCHES)
+
+
+def _pixel_tokens(width: int, height: int) -> int:
+    scale = min(
+        1.0,
+        _CLAUDE_MAX_EDGE / max(width, height),
+        math.sqrt(_CLAUDE_MAX_PIXELS / (width * height)),
+    )
+    return math.ceil(width * scale * height * scale / _CLAUDE_PIXELS_PER_TOKEN)
+
+
+def image_tokens(width: int, height: int, detail: str = "auto", rule: ImageRule = TILES) -> int:
+    """Tokens for one image of the given size, by the model's rule (GPT-4o's tiles by default)."""
+    if rule.kind == "patches":
+        return math.ceil(_patches(width, height) * rule.multiplier)
+    if rule.kind == "pixels":
+        return _pixel_tokens(width, height)
+    if detail == "low":
+        return rule.base
+    return _tile_tokens(width, height, rule)
+
+
+def image_part_tokens(image: Mapping[str, Any], rule: ImageRule = TILES) -> int:
     """Tokens for an `image_url` content part's payload ({"url", "detail"})."""
     detail = str(image.get("detail") or "auto")
-    if detail == "low":
-        return IMAGE_BASE
+    if detail == "low" and rule.kind == "tiles":
+        return rule.base
     size = data_url_size(str(image.get("url") or ""))
-    return IMAGE_UNKNOWN if size is None else image_tokens(*size, detail)
+    return rule.unknown if size is None else image_tokens(*size, detail, rule)
 
 
 def base64_bytes(data: str) -> int:

@@ -3,7 +3,7 @@
 Rules (OpenAI cookbook "How to count tokens with tiktoken"): every message costs 3 tokens plus
 its role and content, a `name` costs its text plus 1, and every reply is primed with 3 more.
 Tool schemas follow the cookbook's function-calling formula. What the cookbook does not cover is
-estimated on the safe side: images by OpenAI's published tile rule, audio by its length, files
+estimated on the safe side: images by the model's published rule, audio by its length, files
 by their size. Counts are estimates that match OpenAI on the published examples; the budget's
 safety margin absorbs the rest.
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import orjson
 
 from proxy.encodings import BUNDLED, PRELOADED, EncodingUnavailableError, load_encoding
-from proxy.media import audio_tokens, file_data_tokens, image_part_tokens
+from proxy.media import TILES, ImageRule, audio_tokens, file_data_tokens, image_part_tokens
 from proxy.toolschema import dump, tools_tokens
 
 if TYPE_CHECKING:
@@ -104,8 +104,9 @@ def _cut(text: str, at: int, end: int) -> int:
 class TokenCounter:
     """Counts chat requests with one encoding; per-message counts live in a bounded LRU."""
 
-    def __init__(self, encoding: Encoder, cache_size: int) -> None:
+    def __init__(self, encoding: Encoder, cache_size: int, images: ImageRule = TILES) -> None:
         self.encoding_name = encoding.name
+        self.images = images
         self._encode = encoding.encode_ordinary
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._cache_size = cache_size
@@ -297,7 +298,7 @@ class TokenCounter:
         if kind == "text" and isinstance(part.get("text"), str):
             return self.count_text(part["text"])
         if kind == "image_url" and isinstance(part.get("image_url"), Mapping):
-            return image_part_tokens(part["image_url"])
+            return image_part_tokens(part["image_url"], self.images)
         if kind == "input_audio" and isinstance(part.get("input_audio"), Mapping):
             audio = part["input_audio"]
             return audio_tokens(str(audio.get("data") or ""), str(audio.get("format") or ""))
@@ -339,9 +340,9 @@ class TokenCounter:
 
 
 class Tokenizers:
-    """One counter per encoding, created once per process; an encoding is loaded when first
-    needed (PRELOADED ones up front), so a worker that never sees a GPT-4 model never holds
-    cl100k_base."""
+    """One counter per encoding and image rule, created once per process; an encoding is loaded
+    when first needed (PRELOADED ones up front), so a worker that never sees a GPT-4 model never
+    holds cl100k_base."""
 
     def __init__(
         self,
@@ -353,7 +354,9 @@ class Tokenizers:
         self._cache_dir = cache_dir
         self._cache_size = cache_size
         self._known = tuple(encodings)
-        self._counters: dict[str, TokenCounter] = {}
+        # Per-message counts depend on the image rule, so each (encoding, rule) has its counter.
+        self._counters: dict[tuple[str, ImageRule], TokenCounter] = {}
+        self._encodings: dict[str, Encoder] = {}
         self._lock = threading.Lock()
         for name in preload:
             if name in self._known:
@@ -362,22 +365,24 @@ class Tokenizers:
     @property
     def loaded(self) -> tuple[str, ...]:
         """The encodings loaded so far."""
-        return tuple(self._counters)
+        return tuple(self._encodings)
 
-    def counter(self, encoding: str) -> TokenCounter:
-        """The counter for an encoding name, loading the encoding on first use."""
-        found = self._counters.get(encoding)
+    def counter(self, encoding: str, images: ImageRule = TILES) -> TokenCounter:
+        """The counter for an encoding name and image rule, loading the encoding on first use."""
+        key = (encoding, images)
+        found = self._counters.get(key)
         if found is not None:
             return found
         if encoding not in self._known:
             raise EncodingUnavailableError(f"encoding {encoding!r} is not loaded")
         with self._lock:  # two threads seeing a new model at once load it once
-            found = self._counters.get(encoding)
+            found = self._counters.get(key)
             if found is None:
-                loaded = load_encoding(encoding, self._cache_dir)
-                found = self._counters[encoding] = TokenCounter(loaded, self._cache_size)
+                loaded = self._encodings.get(encoding) or load_encoding(encoding, self._cache_dir)
+                self._encodings[encoding] = loaded
+                found = self._counters[key] = TokenCounter(loaded, self._cache_size, images)
         return found
 
     def for_model(self, info: ModelInfo) -> TokenCounter:
-        """The counter for a model table entry."""
-        return self.counter(info.encoding)
+        """The counter for a model table entry (its encoding, its image rule)."""
+        return self.counter(info.encoding, info.image)

@@ -123,6 +123,10 @@ def _with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
         (("default", "encoding"), "gpt2", "default.encoding"),
         (("default",), ..., "default: missing"),
         (("tiers",), {}, "tiers: unknown key"),
+        (("models", 0, "image_rule"), "squares", "models[0].image_rule: must be one of"),
+        (("models", 0, "image_rule"), "patches", "models[0].image_multiplier: must be a number"),
+        (("models", 0, "image_multiplier"), 1.5, "models[0].image_multiplier: unknown key"),
+        (("models", 0, "image_base"), 0, "models[0].image_base: must be a positive integer"),
     ],
 )
 def test_bad_table_is_rejected_with_the_key_named(

@@ -13,7 +13,7 @@ import tiktoken
 
 from proxy.budget import ModelTable
 from proxy.encodings import EncodingUnavailableError, load_encoding
-from proxy.media import IMAGE_UNKNOWN, data_url_size, image_tokens
+from proxy.media import IMAGE_UNKNOWN, ImageRule, data_url_size, image_tokens
 from proxy.tokens import TokenCounter, Tokenizers, pieces
 
 # The OpenAI cookbook "How to count tokens with tiktoken"
@@ -277,6 +277,76 @@ def test_image_tokens_follow_openais_tile_rule(
     width: int, height: int, detail: str, expected: int
 ) -> None:
     assert image_tokens(width, height, detail) == expected
+
+
+@pytest.mark.parametrize(
+    ("model", "width", "height", "detail", "expected"),
+    [
+        # OpenAI vision guide, "Calculating costs", patch rule: 1024x1024 is 1024 patches; 1800x2400
+        # is scaled to 1056x1408, 33x44 = 1452 patches; then the model's multiplier.
+        ("gpt-4.1-mini", 1024, 1024, "high", 1659),  # 1024 x 1.62 = 1658.88
+        ("gpt-4.1-mini", 1800, 2400, "high", 2353),  # 1452 x 1.62 = 2352.24
+        ("gpt-4.1-nano", 1024, 1024, "high", 2520),  # 1024 x 2.46 = 2519.04
+        ("o4-mini", 1800, 2400, "low", 2498),  # 1452 x 1.72 = 2497.44: no low detail for patches
+        ("gpt-5-mini", 1024, 1024, "high", 1659),
+        # The same guide's tile figures (its worked 1024x1024 = 4 tiles, 2048x4096 = 6 tiles).
+        ("gpt-4o-mini", 1024, 1024, "high", 2833 + 4 * 5667),
+        ("gpt-4o-mini", 2048, 4096, "low", 2833),
+        ("gpt-5", 1024, 1024, "high", 70 + 4 * 140),
+        ("o3", 2048, 4096, "high", 75 + 6 * 150),
+        ("computer-use-preview", 1024, 1024, "high", 65 + 4 * 129),
+        ("gpt-4.1", 1024, 1024, "high", 765),
+        # Anthropic vision docs: tokens = (width x height) / 750; 200x200 ~54, 1000x1000 ~1334,
+        # 1092x1092 ~1590 (its largest unscaled square); a long edge over 1568 px is scaled down.
+        ("claude-sonnet-4-5", 200, 200, "auto", 54),
+        ("claude-sonnet-4-5", 1000, 1000, "low", 1334),
+        ("claude-opus-4-5", 1092, 1092, "high", 1590),
+        ("claude-haiku-4-5", 784, 1568, "auto", 1640),  # its table's largest 1:2, unscaled
+        ("claude-haiku-4-5", 1568 * 2, 784 * 2, "auto", 1640),  # scaled to 1568x784
+    ],
+)
+def test_images_count_by_each_models_documented_rule(
+    table: ModelTable, model: str, width: int, height: int, detail: str, expected: int
+) -> None:
+    assert image_tokens(width, height, detail, table.lookup(model).image) == expected
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gpt-4o", 1445),  # 85 + 8 x 170
+        ("gpt-4o-mini", 2833 + 8 * 5667),
+        ("gpt-4.1-mini", 2489),  # the 1536-patch cap x 1.62
+        ("claude-sonnet-4-5", 1640),
+    ],
+)
+def test_a_remote_image_counts_as_its_models_maximum(
+    tokenizers: Tokenizers, table: ModelTable, model: str, expected: int
+) -> None:
+    counter = _counter_for(model, tokenizers, table)
+    text_only = counter.count_message({"role": "user", "content": "what is this"})
+    remote = _image_message("https://example.com/cat.png")
+    assert counter.count_message(remote) == text_only + expected
+
+
+def test_one_message_counts_its_image_per_model_however_often_it_was_counted(
+    tokenizers: Tokenizers, table: ModelTable
+) -> None:
+    message = _image_message(_data_url("image/png", _png(1024, 1024)))
+    text_only = {"role": "user", "content": "what is this"}
+    costs = {}
+    for model in ("gpt-4o", "gpt-4.1-mini", "gpt-4o-mini", "gpt-4o", "gpt-4.1-mini"):
+        counter = _counter_for(model, tokenizers, table)
+        costs[model] = counter.count_message(message) - counter.count_message(text_only)
+    assert costs == {"gpt-4o": 765, "gpt-4.1-mini": 1659, "gpt-4o-mini": 25501}
+    assert _counter_for("gpt-4o", tokenizers, table) is not _counter_for(
+        "gpt-4.1-mini", tokenizers, table
+    )
+
+
+def test_a_rule_with_no_low_detail_counts_a_low_detail_image_by_its_size() -> None:
+    patches = ImageRule("patches", multiplier=1.0)
+    assert image_tokens(1024, 1024, "low", patches) == image_tokens(1024, 1024, "high", patches)
 
 
 def _png(width: int, height: int) -> bytes:

@@ -81,7 +81,7 @@ def _content_to_chat(content: Any) -> Any:
 
 
 def _image_of(block: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """An image block's chat payload, to count it by the tile rule wherever it is."""
+    """An image block's chat payload, to count it by the model's image rule wherever it is."""
     part = _block_to_chat(block) if block.get("type") == "image" else None
     return part["image_url"] if part is not None else None
 

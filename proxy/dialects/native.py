@@ -74,12 +74,12 @@ ImageOf = Callable[[Mapping[str, Any]], "Mapping[str, Any] | None"]
 def opaque_tokens(counter: TokenCounter, value: Any, image: ImageOf | None = None) -> int:
     """A safe-side estimate for an item the projection does not show: its text is encoded,
     ciphertext and base64 counted by length, ids and framing skipped; what `image` names an
-    image counts by the tile rule, as the model reads it (never its base64 as text)."""
+    image counts by the model's image rule, as the model reads it (never its base64 as text)."""
     if isinstance(value, str):
         return counter.count_text(value)
     if isinstance(value, Mapping):
         if image is not None and (payload := image(value)) is not None:
-            return image_part_tokens(payload)
+            return image_part_tokens(payload, counter.images)
         total = 0
         for key, inner in value.items():
             if key in _SKIPPED_KEYS or inner is None:

@@ -356,13 +356,13 @@ def _unseen_tokens(counter: TokenCounter, item: Any) -> int:
     ):
         image = {"url": f"data:image/png;base64,{item['result']}"}
         rest = {k: v for k, v in item.items() if k != "result"}
-        return image_part_tokens(image) + opaque_tokens(counter, rest)
+        return image_part_tokens(image, counter.images) + opaque_tokens(counter, rest)
     return opaque_tokens(counter, item, _image_of)
 
 
 def _image_of(part: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """An `input_image` part's or a computer-use screenshot's chat payload: the tile rule counts
-    it, as the model sees it (never its base64 as text)."""
+    """An `input_image` part's or a computer-use screenshot's chat payload: the model's image
+    rule counts it, as the model sees it (never its base64 as text)."""
     if part.get("type") not in ("input_image", "computer_screenshot"):
         return None
     image = _part_to_chat({**part, "type": "input_image"})

@@ -202,3 +202,32 @@ def test_images_in_pinned_messages_count_as_images_not_as_their_base64() -> None
 
     remote = cost({"type": "url", "url": "https://example.com/shot.png"})
     assert cost(data) - remote == image_tokens(1280, 800) - IMAGE_UNKNOWN
+
+
+def test_a_claude_image_counts_by_anthropics_pixel_rule_not_openais_tiles() -> None:
+    import struct
+    from base64 import b64encode
+
+    from proxy.budget import ModelTable
+    from proxy.tokens import Tokenizers
+
+    info = ModelTable.load().lookup("claude-sonnet-4-5")
+    counter = MESSAGES.counter(Tokenizers(encodings=["o200k_base"]).for_model(info))
+    ihdr = struct.pack(">IIBBBBB", 1280, 800, 8, 2, 0, 0, 0)
+    png = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + ihdr + b"\0" * 64
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": b64encode(png).decode()},
+    }
+    text = {"type": "text", "text": "what is on the screen?"}
+
+    def cost(content: list[Json]) -> int:
+        return counter.count_messages(
+            MESSAGES.messages(body([{"role": "user", "content": content}])) or []
+        )
+
+    # Anthropic: (1280 x 800) / 750 = 1365.3 (the tile rule said 85 + 6 x 170 = 1105). A URL
+    # image counts as the largest size Claude keeps unscaled, 784x1568: 1640.
+    assert cost([text, image]) - cost([text]) == 1366
+    remote = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    assert cost([text, remote]) - cost([text]) == 1640
