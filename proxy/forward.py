@@ -286,6 +286,8 @@ async def relay(
     `error` event (never a fake `[DONE]`, which would make a truncated answer look complete;
     `error_event` in the API's own shape, OpenAI's by default; a callable makes it when needed);
     any other body is cut off by raising, so the client sees a broken connection, not a short body.
+    So is a compressed (content-encoded) stream: an event appended in plain text would land inside
+    the gzip/deflate body and break the client's decompression instead of telling it anything.
     So that the error event is an event of its own, an uncompressed stream's bytes go out one
     complete event at a time (no client acts on part of one), and an event the upstream left
     unfinished is dropped.
@@ -296,7 +298,8 @@ async def relay(
     sse = is_event_stream(raw)
     if sse:
         extra_headers = [*extra_headers, (b"x-accel-buffering", b"no")]
-    whole = sse and header(raw, b"content-encoding") in (None, b"identity")
+    encoded = header(raw, b"content-encoding") not in (None, b"identity")
+    whole = sse and not encoded
     held = b""
     result = RelayResult(status=response.status_code)
     try:
@@ -317,7 +320,7 @@ async def relay(
     except httpx.HTTPError as exc:
         result.error = f"upstream failed mid-response: {type(exc).__name__}"
         log.warning("upstream failed mid-response", extra={"error": type(exc).__name__})
-        if not sse:
+        if not sse or encoded:
             raise UpstreamUnreachableError(result.error) from exc
         event = error_event() if callable(error_event) else error_event
         await send(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import zlib
 
 import httpx
 import openai
@@ -245,3 +246,26 @@ async def test_start_up_shortens_the_thread_switch_interval(upstream, make_proxy
     sys.setswitchinterval(0.005)
     async with make_proxy(base):
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL, abs=1e-6)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_compressed_stream_failing_mid_way_ends_as_a_broken_connection(
+    upstream, make_proxy, encoding
+) -> None:
+    # Each event is flushed so what arrived decodes; an error event appended in plain text would
+    # sit inside the compressed body and break the client's decompression of everything after.
+    packer = zlib.compressobj(wbits=31 if encoding == "gzip" else 15)
+    events = [
+        packer.compress(e) + packer.flush(zlib.Z_SYNC_FLUSH) for e in sse_chunks(list("abcd"))
+    ]
+    fake, base = upstream
+    fake.then(stream(events, fail_after=2, headers=[(b"content-encoding", encoding.encode())]))
+    got = b""
+    async with make_proxy(base) as url, httpx.AsyncClient() as client:
+        async with client.stream("POST", f"{url}/v1/chat/completions", content=STREAM_BODY) as r:
+            with pytest.raises(httpx.RemoteProtocolError):
+                async for chunk in r.aiter_raw():
+                    got += chunk
+    assert got == b"".join(events[:2])
+    text = zlib.decompressobj(wbits=47).decompress(got)
+    assert text == b"".join(sse_chunks(list("abcd"))[:2])
