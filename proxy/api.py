@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import logging
 from datetime import date
@@ -28,7 +27,7 @@ from proxy.services import Services
 from proxy.stats import GROUP_BY, GroupBy, compute_stats, parse_since, stats_json
 from proxy.store.base import ConversationInfo, Store, StoreError, resolve_readable
 from proxy.tenant import credential
-from proxy.views import conversation_summary
+from proxy.views import conversation_json, conversation_summary
 
 log = logging.getLogger("compactd.api")
 
@@ -111,14 +110,6 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
-def _conversation_json(info: Any, *, originals: bool) -> dict[str, Any]:
-    out = dataclasses.asdict(info)
-    if not originals:
-        out.pop("originals", None)
-        out.pop("checkpoints", None)
-    return out
-
-
 async def list_conversations(request: Request) -> Response:
     """Conversations visible to the caller, with sizes."""
     services = _services(request)
@@ -166,7 +157,7 @@ def grouping(request: Request) -> tuple[GroupBy, date]:
 async def get_conversation(request: Request) -> Response:
     """One conversation: metadata, checkpoints and originals (the caller's own only)."""
     info = await visible_conversation(request, _services(request))
-    return _Json(_conversation_json(info, originals=True))
+    return _Json(conversation_json(info))
 
 
 async def purge_conversation(request: Request) -> Response:

@@ -221,14 +221,15 @@ def worth_it(outcome: ChainOutcome, before: int, budget: Budget, policy: PolicyS
     return fits_now or saved >= policy.min_saving * before
 
 
-def restore(info: ConversationInfo) -> Restored | None:
-    """The originals behind the conversation's longest checkpoint, from what the store returned
-    for it (`get_conversation`): no lookups, no depth. None if it has no checkpoint. A stored
-    checkpoint that did not decode is listed as missing (it may have covered more), and so is
-    every original or ref this restore needed and could not read."""
+def restore(info: ConversationInfo, checkpoint: Checkpoint | None = None) -> Restored | None:
+    """The originals behind the conversation's longest checkpoint (or `checkpoint`, one of its
+    own), from what the store returned for it (`get_conversation`): no lookups, no depth. None
+    if it has no checkpoint. A stored checkpoint that did not decode is listed as missing (it
+    may have covered more), and so is every original or ref this restore needed and could not
+    read."""
     if not info.checkpoints:
         return None
-    cp = max(info.checkpoints, key=lambda c: c.covered_through)
+    cp = checkpoint or max(info.checkpoints, key=lambda c: c.covered_through)
     lost = [key for kind, key in info.unreadable if kind == "checkpoint"]
 
     def originals(ref: str) -> list[Message] | None:

@@ -259,7 +259,7 @@ def _conversation_id(args: argparse.Namespace) -> str:
 
 def _restore(args: argparse.Namespace) -> int:
     from proxy.checkpoint import restore  # noqa: PLC0415
-    from proxy.dialects import restore as shapes  # noqa: PLC0415
+    from proxy.views import restored_json  # noqa: PLC0415
 
     conversation = _conversation_id(args)
 
@@ -269,19 +269,10 @@ def _restore(args: argparse.Namespace) -> int:
         if info is None or (restored is None and not info.unreadable):
             print(f"compactd: no compacted conversation {conversation!r}", file=sys.stderr)
             return 1
-        # No checkpoint that decodes: nothing restored, and every unreadable value says why.
-        missing = restored.missing_ids if restored else [key for _, key in info.unreadable]
-        messages = restored.messages if restored else []
         # A Responses or Messages conversation is stored as chat projections of its items:
         # what goes back is the client's own items, in that API's shape.
-        api = shapes.api_of(messages)
-        out = {
-            "conversation": info.conversation,
-            "api": api,
-            "covered_through": restored.checkpoint.covered_through if restored else -1,
-            **shapes.write(api, messages),
-            "missing_ids": missing,
-        }
+        out = {"conversation": info.conversation, **restored_json(info, restored)}
+        missing = out["missing_ids"]
         print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
         if missing:
             shown = ", ".join(missing[:5])

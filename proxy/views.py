@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from proxy.checkpoint import Restored, restore
+from proxy.dialects import restore as shapes
 from proxy.providers.units import refs_in
 from proxy.store.base import Checkpoint, ConversationInfo, Message
+
+CHAT = "chat.completions"
 
 _SUMMARY_FIELDS = (
     "tenant",
@@ -26,6 +31,44 @@ def conversation_summary(info: ConversationInfo) -> dict[str, Any]:
     return {name: getattr(info, name) for name in _SUMMARY_FIELDS}
 
 
+def conversation_api(info: ConversationInfo) -> str:
+    """The API a stored conversation came through, by the items its messages carry."""
+    stored = [*info.originals.values(), *(m for cp in info.checkpoints for m in cp.messages)]
+    return shapes.api_of(stored)
+
+
+def restored_json(info: ConversationInfo, restored: Restored | None) -> dict[str, Any]:
+    """A restore (`compactd restore`, GET of a Responses or Messages conversation): the
+    conversation's `api`, and its originals in that API's own shape, as the client sent them."""
+    # No checkpoint that decodes: nothing restored, and every unreadable value says why.
+    missing = restored.missing_ids if restored else [key for _, key in info.unreadable]
+    api = conversation_api(info)
+    return {
+        "api": api,
+        "covered_through": restored.checkpoint.covered_through if restored else -1,
+        **shapes.write(api, restored.messages if restored else []),
+        "missing_ids": missing,
+    }
+
+
+def conversation_json(info: ConversationInfo) -> dict[str, Any]:
+    """One conversation with its checkpoints and originals (`GET .../conversations/{id}`).
+
+    A chat conversation is shown as stored. A Responses or Messages one is stored as chat
+    projections of the client's items; it is shown as those items instead: each checkpoint's
+    forwarded items under the API's own key, and the restore of the longest checkpoint (no
+    digest-keyed `originals`: a Messages message can span several projections).
+    """
+    out = dataclasses.asdict(info)
+    api = conversation_api(info)
+    if api == CHAT:
+        return out
+    for cp in out["checkpoints"]:
+        cp.update(shapes.write(api, cp.pop("messages")))
+    del out["originals"], out["refs"]
+    return {**out, **restored_json(info, restore(info))}
+
+
 def inspection(info: ConversationInfo, count: Callable[[Message], int]) -> dict[str, Any]:
     """One conversation for the inspector: every checkpoint, oldest first, message by message,
     with what each forwarded message stands for and every message's token count.
@@ -41,13 +84,14 @@ def inspection(info: ConversationInfo, count: Callable[[Message], int]) -> dict[
         for digest, message in info.originals.items()
     }
     checkpoints = sorted(info.checkpoints, key=lambda c: (c.covered_through, c.created_at))
-    return {
-        **conversation_summary(info),
-        "checkpoints": [
-            _checkpoint_view(n, cp, info, count) for n, cp in enumerate(checkpoints, start=1)
-        ],
-        "originals": originals,
-    }
+    api = conversation_api(info)
+    views = [_checkpoint_view(n, cp, info, count) for n, cp in enumerate(checkpoints, start=1)]
+    if api != CHAT:
+        # What the download saves: the client's own items, which the page cannot rebuild.
+        for view, cp in zip(views, checkpoints, strict=True):
+            restored = restore(info, cp)
+            view["restored"] = shapes.write(api, restored.messages if restored else [])
+    return {**conversation_summary(info), "api": api, "checkpoints": views, "originals": originals}
 
 
 def _checkpoint_view(

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
+from proxy.store.base import ConversationInfo
 from tests.api_fakes import FakeMessages, FakeResponses
 from tests.dialects.conversations import tool_output
-from tests.dialects.harness import harness
+from tests.dialects.harness import KEY, Harness, harness
 from tests.test_cli import run
 
 Json = dict[str, Any]
@@ -216,27 +217,59 @@ async def test_every_messages_block_kind_is_compacted_validly_and_restored(tmp_p
         assert restored.json()["missing_ids"] == []
 
 
+async def _compacted_conversation(h: Harness, api: str) -> tuple[list[Json], ConversationInfo]:
+    """A 30-turn conversation of `api`, compacted: the client's items and its listing."""
+    if api == "responses":
+        original = responses_items(h.responses, 30)
+        body = {"model": "gpt-5", "instructions": "You are Codex.", "input": original}
+    else:
+        original = messages_items(h.messages, 30)
+        body = {"model": "claude-sonnet-5", "max_tokens": 2048, "messages": original}
+    await h.compacted(api, body)
+    [listed] = await h.services.store.list_conversations(None)
+    return original, listed
+
+
+def _assert_the_clients_own(out: Json, api: str, original: list[Json]) -> list[Json]:
+    """The restored items of a restore's JSON, checked to be the client's own (not compactd's
+    projection of them), as many as the checkpoint covers."""
+    assert out["api"] == api
+    assert out["missing_ids"] == []
+    restored: list[Json] = out["input" if api == "responses" else "messages"]
+    assert 0 < len(restored) < len(original)
+    assert restored == original[: len(restored)]
+    return restored
+
+
 @pytest.mark.parametrize("api", ["responses", "messages"])
 async def test_compactd_restore_prints_the_apis_own_items_as_the_client_sent_them(
     tmp_path, api: str
 ) -> None:
-    field = "input" if api == "responses" else "messages"
     async with harness(tmp_path, **SMALL) as h:
-        if api == "responses":
-            original = responses_items(h.responses, 30)
-            body = {"model": "gpt-5", "instructions": "You are Codex.", "input": original}
-        else:
-            original = messages_items(h.messages, 30)
-            body = {"model": "claude-sonnet-5", "max_tokens": 2048, "messages": original}
-        await h.compacted(api, body)
-        [listed] = await h.services.store.list_conversations(None)
+        original, listed = await _compacted_conversation(h, api)
     conv = listed.conversation
     result = run("restore", conv, data=tmp_path / "data")
     assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
-    assert out["api"] == api
-    assert out["missing_ids"] == []
-    restored = out[field]
-    # The client's own items (not compactd's projection of them), as many as the checkpoint covers.
-    assert 0 < len(restored) < len(original)
-    assert restored == original[: len(restored)]
+    _assert_the_clients_own(json.loads(result.stdout), api, original)
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_the_conversation_api_and_the_inspector_download_give_the_apis_own_items(
+    tmp_path, api: str
+) -> None:
+    field = "input" if api == "responses" else "messages"
+    async with harness(tmp_path, **SMALL) as h:
+        original, listed = await _compacted_conversation(h, api)
+        path = f"/compactd/v1/conversations/{listed.conversation}"
+        auth = {"authorization": f"Bearer {KEY}"}
+        got = (await h.client.get(path, headers=auth)).json()
+        view = (await h.client.get(f"{path}/inspect", headers=auth)).json()
+    # GET: the originals as the client sent them, in its API's shape, as `compactd restore` gives.
+    restored = _assert_the_clients_own(got, api, original)
+    assert all(isinstance(cp[field], list) for cp in got["checkpoints"])
+    assert "compactd_native" not in json.dumps(got)
+    # The inspector's download of the latest checkpoint is those same items.
+    assert view["api"] == api
+    latest = view["checkpoints"][-1]
+    assert latest["restored"] == {field: restored}
+    assert "compactd_native" not in json.dumps([cp["restored"] for cp in view["checkpoints"]])

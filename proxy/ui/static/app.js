@@ -501,14 +501,19 @@
   }
 
   function downloadRestored(data, cp) {
+    // A Responses or Messages conversation goes out as the client's own items (`input` or
+    // `messages`, restored by the server), a chat one as its messages.
+    const restored = cp.restored || { messages: restoredMessages(data, cp) };
     const body = {
       conversation: data.conversation,
       tenant: data.tenant,
+      ...(cp.restored ? { api: data.api } : {}),
       checkpoint: cp.number,
       covered_through: cp.covered_through,
-      messages: restoredMessages(data, cp),
+      ...restored,
       missing_ids: cp.missing,
     };
+    const items = body.input || body.messages;
     const blob = new Blob([JSON.stringify(body, null, 2)], { type: "application/json" });
     const url = URL.createObjectURL(blob);
     const link = el("a", { href: url, download: `compactd-${data.conversation}-checkpoint-${cp.number}.json` });
@@ -516,7 +521,7 @@
     link.click();
     link.remove();
     setTimeout(() => URL.revokeObjectURL(url), 1000);
-    status(`Downloaded ${fmt.int(body.messages.length)} original messages of checkpoint #${cp.number}.`);
+    status(`Downloaded ${fmt.int(items.length)} original ${body.input ? "items" : "messages"} of checkpoint #${cp.number}.`);
   }
 
   function checkpointTable(data, cp) {
