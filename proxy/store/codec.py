@@ -172,14 +172,16 @@ def load_conversation(
     )
 
 
-def dump_summary(tenant: str, summary: str) -> bytes:
-    """The stored form of a cached summary."""
-    return orjson.dumps({"t": tenant, "s": summary})
+def dump_summary(tenant: str, digest: str, summary: str) -> bytes:
+    """The stored form of a cached summary of what `digest` names."""
+    return orjson.dumps({"t": tenant, "d": digest, "s": summary})
 
 
-def load_summary(raw: bytes | str, tenant: str) -> str:
-    """A cached summary, if `tenant` wrote it."""
-    return str(_owned(raw, tenant)["s"])
+def load_summary(raw: bytes | str, tenant: str, digest: str) -> str | None:
+    """A cached summary, if `tenant` wrote it; None if it summarizes another digest (Redis
+    keys a summary by the start of its digest; values written before name none)."""
+    value = _owned(raw, tenant)
+    return str(value["s"]) if value.get("d", digest) == digest else None
 
 
 def candidates(index: Mapping[str, int], prefix_digests: Sequence[str]) -> list[str]:

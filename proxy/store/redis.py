@@ -261,11 +261,11 @@ class RedisStore:
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
         raw = await self._io(lambda r: r.get(self._keys.summary(tenant, digest)))
-        return None if raw is None else codec.load_summary(raw, tenant)
+        return None if raw is None else codec.load_summary(raw, tenant, digest)
 
     async def put_summary(self, tenant: str, digest: str, summary: str, ttl_seconds: int) -> None:
         """Cache a summary, expiring after `ttl_seconds`."""
-        raw = codec.dump_summary(tenant, summary)
+        raw = codec.dump_summary(tenant, digest, summary)
         await self._io(lambda r: r.set(self._keys.summary(tenant, digest), raw, ex=ttl_seconds))
 
     async def record_usage(self, record: UsageRecord) -> None:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from proxy.store.base import check_ids
 
+SUMMARY_KEY_CHARS = 10
+"""The length of a ref id (`proxy.providers.canonical.ref_id`: a digest's first characters)."""
+
 
 @dataclass(frozen=True)
 class ConversationKeys:
@@ -73,8 +76,10 @@ class KeyLayout:
         return f"{self.prefix}{{t:{tenant}}}:refidx"
 
     def summary(self, tenant: str, digest: str) -> str:
-        """string: a cached summary."""
-        return f"{self.prefix}{{t:{tenant}}}:sum:{digest}"
+        """string: a cached summary, by the first characters of its digest (the value names it
+        whole): the length of a ref id, which is the start of its span's digest, so a purge
+        finds the summaries of a conversation's spans by its ref ids, with no SCAN."""
+        return f"{self.prefix}{{t:{tenant}}}:sum:{digest[:SUMMARY_KEY_CHARS]}"
 
     def all_conversations(self) -> str:
         """zset (all scores 0, lexicographic): `<conversation>\\t<tenant>` for the admin."""

@@ -179,6 +179,8 @@ async def purge(r: Client, keys: KeyLayout, tenant: str | None, conversation: st
                 p.zrem(keys.tenant_refs(t), *members)
                 p.zrem(keys.tenant_ref_expiry(t), *members)
                 p.hdel(keys.legacy_tenant_refs(t), *refs)
+                # The LLM summaries of its spans (in the tenant's slot, like the indexes).
+                p.delete(*[keys.summary(t, text(ref)) for ref in refs])
             await p.execute()
     return existed
 

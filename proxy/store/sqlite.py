@@ -167,6 +167,8 @@ class SqliteStore:
                 " WHERE conversation = ? AND (tenant = ? OR ? IS NULL)",
                 (conversation, tenant, tenant),
             ).fetchall()
+            for (t,) in owners:
+                sqlite_ops.delete_summaries(con, t, conversation)
             gone = [sqlite_ops.delete_conversation(con, t, conversation) for (t,) in owners]
             return any(gone)
 
@@ -183,11 +185,16 @@ class SqliteStore:
             return None if row is None else bytes(row[0])
 
         raw = await self._run(op, write=False)
-        return None if raw is None else codec.load_summary(raw, tenant)
+        return None if raw is None else codec.load_summary(raw, tenant, digest)
 
     async def put_summary(self, tenant: str, digest: str, summary: str, ttl_seconds: int) -> None:
         """Cache a summary, expiring after `ttl_seconds`."""
-        row = (tenant, digest, codec.dump_summary(tenant, summary), time.time() + ttl_seconds)
+        row = (
+            tenant,
+            digest,
+            codec.dump_summary(tenant, digest, summary),
+            time.time() + ttl_seconds,
+        )
 
         def op(con: sqlite3.Connection) -> None:
             con.execute("INSERT OR REPLACE INTO summaries VALUES (?, ?, ?, ?)", row)

@@ -266,6 +266,19 @@ def delete_conversation(con: sqlite3.Connection, tenant: str, conv: str) -> bool
     return cur.rowcount > 0
 
 
+def delete_summaries(con: sqlite3.Connection, tenant: str, conv: str) -> None:
+    """Delete the tenant's cached LLM summaries of this conversation's spans: those whose digest
+    begins with one of its ref ids (a span's ref id is the start of its digest)."""
+    for (ref,) in con.execute(
+        "SELECT ref_id FROM refs WHERE tenant = ? AND conversation = ?", (tenant, conv)
+    ).fetchall():
+        # A range on the key, not a scan: every digest that begins with `ref` (hex).
+        con.execute(
+            "DELETE FROM summaries WHERE tenant = ? AND digest >= ? AND digest < ?",
+            (tenant, ref, f"{ref}\x7f"),
+        )
+
+
 def resolve_refs(
     con: sqlite3.Connection, tenant: str, ref_ids: Sequence[str]
 ) -> dict[str, list[Message]]:

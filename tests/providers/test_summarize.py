@@ -109,6 +109,15 @@ async def test_a_cached_span_is_never_paid_for_twice() -> None:
     assert a.messages == b.messages
 
 
+async def test_a_summary_is_cached_under_a_digest_its_ref_id_begins() -> None:
+    # What lets a purge find the summaries of a conversation's spans by its stored ref ids.
+    cache = DictCache()
+    result = await run(chat(6), 0.5, FakeCompleter(), cache=cache)
+    (digest,) = cache.data
+    (ref,) = result.verbatim
+    assert digest.startswith(ref)
+
+
 async def test_a_failed_call_escalates_to_the_aggressive_prompt() -> None:
     completer = FakeCompleter(RuntimeError("upstream 500"), SUMMARY)
     result = await run(chat(6), 0.5, completer)

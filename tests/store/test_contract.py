@@ -8,6 +8,7 @@ import time
 import pytest
 
 from proxy.digest import message_digest, prefix_digests
+from proxy.providers import canonical
 from proxy.store.base import (
     Checkpoint,
     Compaction,
@@ -312,6 +313,48 @@ async def test_purge_deletes_the_conversation_its_originals_and_refs(backend: Ba
     assert await backend.store.get_conversation(A, "c1") is None
     assert await backend.store.find_checkpoint(A, "c1", prefixes(msgs)) is None
     assert [i.conversation for i in await backend.store.list_conversations(A)] == ["c2"]
+
+
+def summarized(tenant: str, conv: str, messages: list[dict[str, object]]) -> Compaction:
+    """A compaction of all of `messages` into one summary, under the ref id `summarize` gives
+    it (the start of the digest its LLM summary is cached under)."""
+    digests = [message_digest(m) for m in messages]
+    ref = canonical.ref_id(messages)
+    cp = Checkpoint(
+        tenant=tenant,
+        conversation=conv,
+        source_digest=prefix_digests(digests)[-1],
+        covered_through=len(messages) - 1,
+        messages=[{"role": "user", "content": f"[compactd:ref={ref} … summarized]"}],
+        providers=["summarize"],
+        created_at=time.time(),
+    )
+    return Compaction(cp, dict(zip(digests, messages, strict=True)), {ref: digests})
+
+
+@pytest.mark.parametrize("admin", [False, True])
+async def test_purge_deletes_the_llm_summaries_of_the_conversations_originals(
+    backend: Backend, admin: bool
+) -> None:
+    mine, other = history(6, " mine"), history(6, " other")
+    await backend.store.save_compaction(summarized(A, "c1", mine), TTL)
+    await backend.store.save_compaction(summarized(A, "c2", other), TTL)
+    await backend.store.save_compaction(summarized(B, "c1", other), TTL)
+    for tenant in (A, B):
+        cache = TenantSummaryCache(backend.store, tenant, TTL)
+        await cache.put(canonical.source_digest(mine), f"what {tenant} said")
+        await cache.put(canonical.source_digest(other), f"what else {tenant} said")
+
+    assert await backend.store.purge(None if admin else A, "c1") is True
+
+    assert await backend.store.get_summary(A, canonical.source_digest(mine)) is None
+    # Another conversation's summary stays, and so does another tenant's unless it was purged.
+    assert (
+        await backend.store.get_summary(A, canonical.source_digest(other)) == f"what else {A} said"
+    )
+    left = await backend.store.get_summary(B, canonical.source_digest(other))
+    assert left == (None if admin else f"what else {B} said")
+    assert await backend.store.get_summary(B, canonical.source_digest(mine)) == f"what {B} said"
 
 
 async def test_the_admin_sees_lists_and_purges_every_tenant(backend: Backend) -> None:
