@@ -112,8 +112,7 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
         line = stream.readline()
         if not line:
             return
-        if line.strip():
-            yield line
+        yield line
 
 
 @dataclass
@@ -171,6 +170,9 @@ async def run(
     for raw in lines:
         line_id: Any = None
         try:
+            if not raw.strip():
+                # Answered like any bad line: line n of the output stays line n's answer.
+                raise LineError("a blank line: each line must be a JSON object")  # noqa: TRY301
             line = orjson.loads(raw)
             if not isinstance(line, dict):
                 raise LineError("each line must be a JSON object")  # noqa: TRY301

@@ -179,6 +179,22 @@ def test_compress_writes_one_line_per_input_line_in_order(tmp_path: Path) -> Non
     assert out[2]["messages"] == history(2)
 
 
+def test_compress_answers_a_blank_line_with_an_error_line_in_its_place(tmp_path: Path) -> None:
+    lines = [
+        json.dumps({"id": "a", "messages": history(2), "budget": 100000}),
+        "",
+        "   ",
+        json.dumps({"id": "d", "messages": history(2), "budget": 100000}),
+    ]
+    result = run("compress", data=tmp_path, stdin=("\n".join(lines) + "\n").encode())
+    assert result.returncode == 0, result.stderr
+    out = [json.loads(x) for x in result.stdout.decode().splitlines()]
+    # Line n of the output answers line n of the input (paste, join and diff rely on it).
+    assert [o.get("id") for o in out] == ["a", None, None, "d"]
+    assert "blank line" in out[1]["error"]
+    assert "blank line" in out[2]["error"]
+
+
 def test_compress_answers_a_budget_past_any_token_count_with_an_error_line_and_goes_on(
     tmp_path: Path,
 ) -> None:
