@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -401,10 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         result: int = args.func(args)
+        sys.stdout.flush()  # a reader that has gone is found here, not at exit
     except ConfigError as exc:
         return _fail(f"configuration error: {exc}", 2)
     except CommandError as exc:
         return _fail(str(exc), 2)
+    except BrokenPipeError:
+        return _reader_gone()
     except (StoreError, OSError) as exc:
         return _fail(f"{type(exc).__name__}: {exc}", 1)
     except KeyboardInterrupt:
@@ -412,6 +416,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - a command never ends in a traceback
         return _fail(f"unexpected {type(exc).__name__}: {exc}", 1)
     return result
+
+
+def _reader_gone() -> int:
+    """`compactd restore … | head`: stop quietly, with the status of a Unix tool that SIGPIPE
+    ended (Python ignores the signal, so a write raises instead). Nothing more can reach the
+    reader, so stdout goes to /dev/null, or the interpreter's own flush at exit would fail."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE
 
 
 def _fail(message: str, code: int) -> int:

@@ -82,6 +82,26 @@ def run(*args: str, data: Path, stdin: bytes | None = None) -> subprocess.Comple
     )
 
 
+def run_into_a_closed_pipe(
+    *args: str, data: Path, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """`compactd … | head` once head has gone: stdout is a pipe whose reader is closed."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [PY, "-m", "proxy", *args],
+            input=stdin,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            env=_env(data),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write)
+
+
 @pytest.fixture
 def small_config(tmp_path: Path) -> Path:
     path = tmp_path / "compactd.toml"
@@ -193,6 +213,14 @@ def test_compress_answers_a_blank_line_with_an_error_line_in_its_place(tmp_path:
     assert [o.get("id") for o in out] == ["a", None, None, "d"]
     assert "blank line" in out[1]["error"]
     assert "blank line" in out[2]["error"]
+
+
+def test_compress_into_a_reader_that_has_gone_stops_quietly(tmp_path: Path) -> None:
+    line = json.dumps({"messages": history(2), "budget": 100000})
+    result = run_into_a_closed_pipe("compress", data=tmp_path, stdin=(line + "\n").encode() * 50)
+    # As a Unix tool ended by SIGPIPE: no error message, the shell's 128 + SIGPIPE status.
+    assert result.stderr == b""
+    assert result.returncode == 141
 
 
 def test_compress_answers_a_budget_past_any_token_count_with_an_error_line_and_goes_on(

@@ -10,7 +10,7 @@ from typing import Any
 from proxy.checkpoint import restore
 from proxy.digest import message_digest
 from tests.inprocess import Proxy, running
-from tests.test_cli import run
+from tests.test_cli import run, run_into_a_closed_pipe
 
 Message = dict[str, Any]
 SECRET = {"server": {"secret": "test-secret", "admin_key": "admin-key"}}
@@ -76,12 +76,27 @@ async def test_fifty_compactions_restore_exactly_in_one_call(tmp_path: Path) -> 
     assert json.dumps(json.loads(cli.stdout)["messages"]) == json.dumps(covered)
 
 
-async def test_restore_says_what_is_missing_and_exits_non_zero(tmp_path: Path) -> None:
+async def compacted(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """An 8-turn conversation, compacted along the way: its id and the last forwarded body."""
     policy = {"default_policy": {"budget_tokens": 1500}}
     async with running(tmp_path, **SECRET, **policy) as proxy:
         _, actions, last = await grow(proxy, 8)
         conversation = proxy.conversations[-1]
     assert "compacted" in actions
+    return conversation, last
+
+
+async def test_restore_into_a_reader_that_has_gone_stops_quietly(tmp_path: Path) -> None:
+    conversation, _ = await compacted(tmp_path)
+    args = ("restore", conversation, "--config", str(config(tmp_path)))
+    cli = run_into_a_closed_pipe(*args, data=tmp_path / "data")
+    # `compactd restore … | head`: no BrokenPipeError line, the status of a tool ended by SIGPIPE.
+    assert cli.stderr == b""
+    assert cli.returncode == 141
+
+
+async def test_restore_says_what_is_missing_and_exits_non_zero(tmp_path: Path) -> None:
+    conversation, last = await compacted(tmp_path)
     database = sqlite3.connect(tmp_path / "data" / "compactd.db")
     with database:
         database.execute("DELETE FROM refs")
