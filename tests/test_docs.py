@@ -48,6 +48,28 @@ def test_policy_keys_are_all_documented() -> None:
         assert f"`{f.name}`" in README
 
 
+def _table_row(section: str) -> str:
+    """The Configuration table's row for `section` (`[tokens]`, or both policy headings)."""
+    heading = (
+        "| `[default_policy]`, `[[policies]]` |"
+        if section == "default_policy"
+        else (f"| `[{section}]` |")
+    )
+    rows = [line for line in README.splitlines() if line.startswith(heading)]
+    assert len(rows) == 1, f"no single row for [{section}] in the README's Configuration table"
+    return rows[0]
+
+
+@pytest.mark.parametrize(("section", "cls"), _sections())
+def test_every_key_is_in_its_sections_row_of_the_configuration_table(
+    section: str, cls: type
+) -> None:
+    # A mention anywhere in the README is not enough: the table is where a reader looks.
+    row = _table_row(section)
+    missing = [f.name for f in dataclasses.fields(cls) if f"`{f.name}`" not in row]
+    assert not missing, f"[{section}] row of the README's Configuration table lacks {missing}"
+
+
 def test_every_cli_command_is_in_the_readme() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
