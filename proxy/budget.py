@@ -173,6 +173,15 @@ def _base_model(name: str) -> str:
     return bare.split(":")[1] if bare.startswith("ft:") else bare
 
 
+def model_names(model: str) -> tuple[str, ...]:
+    """The names a model is matched under, in order: the lower-cased name, then the base model
+    it stands for (`_base_model`) if that differs. The model table and the policies' globs
+    both match these, so a policy applies to exactly the requests the table sees as its model."""
+    name = model.lower()
+    base = _base_model(name)
+    return (name,) if base == name else (name, base)
+
+
 class ModelTable:
     """Glob-matched model entries (first match wins)."""
 
@@ -208,13 +217,11 @@ class ModelTable:
 
     def match(self, model: str) -> ModelInfo:
         """The table's entry for `model` (first glob match, else the default), ignoring overlays."""
-        name = model.lower()
+        names = model_names(model)
+        name = names[0]
         found = self._memo.get(name)
         if found is None:
-            found = self._first_match(name)
-            if found is None and (base := _base_model(name)) != name:
-                found = self._first_match(base)
-            found = found or self.default
+            found = next(filter(None, map(self._first_match, names)), self.default)
             with self._lock:
                 if len(self._memo) >= _MEMO_SIZE:
                     self._memo.clear()

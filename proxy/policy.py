@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from proxy.budget import model_names
 from proxy.config import APIS, ConfigError, PolicySettings, Settings
 
 POLICY_HEADER = "x-compactd-policy"
@@ -65,7 +66,9 @@ class _Rule:
             return False
         if self.apis and api not in self.apis:
             return False
-        if self.models is not None and self.models.fullmatch(model) is None:
+        if self.models is not None and not any(
+            self.models.fullmatch(name) for name in model_names(model)
+        ):
             return False
         if self.header:
             value = headers.get(self.header)
@@ -80,7 +83,8 @@ def _compile_globs(globs: tuple[str, ...]) -> re.Pattern[str] | None:
     if not globs:
         return None
     # fnmatch.translate anchors with \Z; one alternation keeps matching a single regex call.
-    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
+    # Lower-cased like the names they are matched against (`model_names`), as the table's are.
+    return re.compile("|".join(f"(?:{fnmatch.translate(g.lower())})" for g in globs))
 
 
 def _rule(policy: PolicySettings, where: str) -> _Rule | None:

@@ -282,3 +282,18 @@ def test_match_apis_picks_a_policy_by_the_api_a_request_came_in_on() -> None:
         load_settings(None, env={}, overrides={"policies": [{"name": "x", "match_apis": ["chat"]}]})
     with pytest.raises(ConfigError, match="cap_apis"):
         load_settings(None, env={}, overrides={"default_policy": {"cap_apis": ["anthropic"]}})
+
+
+def test_model_globs_match_as_the_model_table_does_any_case_and_gateway_prefix() -> None:
+    # The model table finds `openai/gpt-4o-mini` and `GPT-4o-mini` under gpt-4o-mini's entry;
+    # a policy for gpt-4o-mini* must apply to the same requests.
+    r = resolver(PolicySettings(name="minis", match_models=("GPT-4o-mini*",)))
+    for model in ("gpt-4o-mini", "GPT-4o-Mini", "openai/gpt-4o-mini", "azure/GPT-4o-mini-2024"):
+        assert r.resolve(key_fingerprint=None, model=model, headers={}).name == "minis", model
+    assert r.resolve(key_fingerprint=None, model="openai/gpt-4o", headers={}).name == "default"
+
+
+def test_model_globs_can_still_name_a_gateway_prefix() -> None:
+    r = resolver(PolicySettings(name="azure", match_models=("azure/*",)))
+    assert r.resolve(key_fingerprint=None, model="Azure/gpt-4.1", headers={}).name == "azure"
+    assert r.resolve(key_fingerprint=None, model="openai/gpt-4.1", headers={}).name == "default"
