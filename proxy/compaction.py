@@ -50,7 +50,7 @@ from proxy.policy import PolicyResolver
 from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
-from proxy.providers.chain import ChainOutcome, run_chain
+from proxy.providers.chain import ChainOutcome, ChainTimeoutError, run_chain
 from proxy.replay import ReplayChecks
 from proxy.store.base import (
     Checkpoint,
@@ -583,13 +583,19 @@ class Compactor:
         aside = chain_input[kept:]
         config = self._config(request, tenant, counted, policy, aside)
         t0 = time.perf_counter()
-        outcome = await run_chain(
-            chain_input[:kept],
-            self._chains[policy.name],
-            config,
-            check=request.dialect.problems if request.dialect is not CHAT else None,
-            repair=request.dialect.repair if request.dialect is not CHAT else None,
-        )
+        try:
+            outcome = await run_chain(
+                chain_input[:kept],
+                self._chains[policy.name],
+                config,
+                check=request.dialect.problems if request.dialect is not CHAT else None,
+                repair=request.dialect.repair if request.dialect is not CHAT else None,
+                deadline=policy.compaction_timeout_ms / 1000,
+            )
+        except ChainTimeoutError as exc:
+            # Fails open at the boundary as `timeout`; this line names the provider that hung.
+            self._log_provider_failure(request, exc.provider, "timeout", str(exc))
+            raise
         self.metrics.observe_compaction(
             policy=policy.name,
             providers="+".join(outcome.providers) or "none",
@@ -656,19 +662,24 @@ class Compactor:
                 self.metrics.provider_error(failure.provider)
             else:
                 self.metrics.invariant_violation(failure.provider)
-            log.warning(
-                "provider failed",
-                extra={
-                    "provider": failure.provider,
-                    "failure": failure.kind,
-                    "detail": failure.detail[:200],
-                    "tenant": request.key_id,
-                    "model": request.model,
-                },
-            )
+            self._log_provider_failure(request, failure.provider, failure.kind, failure.detail)
         if not outcome.failures or outcome.reached_target:
             return ""
         return outcome.failures[0].describe()
+
+    def _log_provider_failure(
+        self, request: ChatRequest, provider: str, kind: str, detail: str
+    ) -> None:
+        log.warning(
+            "provider failed",
+            extra={
+                "provider": provider,
+                "failure": kind,
+                "detail": detail[:200],
+                "tenant": request.key_id,
+                "model": request.model,
+            },
+        )
 
     async def _replayable(
         self, request: ChatRequest, tenant: str, history: _History, below: int | None = None

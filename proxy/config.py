@@ -33,6 +33,9 @@ class ConfigError(ValueError):
     """A setting is unknown or invalid; the message names the key."""
 
 
+MAX_COMPACTION_TIMEOUT_MS = 600_000
+"""Ten minutes: a longer chain deadline is a hang by another name (clients gave up long before)."""
+
 KEY_ID = re.compile(r"[0-9a-f]{12}")
 """A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
 
@@ -234,6 +237,9 @@ class PolicySettings:
     expand_max_calls: int = 3
     expand_max_tokens: int = 4000
     precompute_ratio: float = 0.0
+    compaction_timeout_ms: int = 60_000
+    """How long the provider chain may run; past it the request is forwarded as sent. Above
+    summarize's two 20 s model calls (its `timeout` option) and the engine pass after them."""
 
     def validate(self, p: str) -> None:
         _check(bool(self.name), f"{p}.name", "must not be empty")
@@ -275,6 +281,11 @@ class PolicySettings:
             0 <= self.precompute_ratio < 1, f"{p}.precompute_ratio", "must be in [0, 1) (0 = off)"
         )
         _check(self.expand_max_tokens >= 100, f"{p}.expand_max_tokens", "must be >= 100")
+        _check(
+            1 <= self.compaction_timeout_ms <= MAX_COMPACTION_TIMEOUT_MS,
+            f"{p}.compaction_timeout_ms",
+            f"must be in 1..{MAX_COMPACTION_TIMEOUT_MS} (milliseconds)",
+        )
         for opt in self.options:
             _check(
                 opt in self.providers, f"{p}.options.{opt}", "options for a provider not in chain"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,10 +55,48 @@ class Vandal(ContextProvider):
         return CompactionResult(messages=messages[:-1], source_digest="x", covered_through=0)
 
 
-def registry() -> ProviderRegistry:
+@dataclass
+class Gate:
+    """What a hanging provider waits on (set by the test)."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+def hanging(gate: Gate) -> type[ContextProvider]:
+    """A sync provider that blocks its thread until `gate.release`, then compacts validly."""
+
+    class Hang(ContextProvider):
+        name = "hang"
+
+        def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+            gate.release.wait()
+            kept = [messages[0], *messages[3:]]  # the oldest turn dropped
+            return CompactionResult(messages=kept, source_digest="x", covered_through=2)
+
+    return Hang
+
+
+def hanging_async(gate: Gate) -> type[ContextProvider]:
+    """An async provider that waits (without blocking the loop) until `gate.release`."""
+
+    class AsyncHang(ContextProvider):
+        name = "async-hang"
+
+        async def compress(
+            self, messages: list[Message], config: CompressionConfig
+        ) -> CompactionResult:
+            await asyncio.to_thread(gate.release.wait)
+            return CompactionResult(messages=messages[1:], source_digest="x", covered_through=0)
+
+    return AsyncHang
+
+
+def registry(*extra: type[ContextProvider]) -> ProviderRegistry:
     found = ProviderRegistry()
     found.register("boom", Boom)
     found.register("vandal", Vandal)
+    for cls in extra:
+        found.register(str(cls.name), cls)
     return found
 
 
@@ -155,6 +196,32 @@ async def test_a_failing_provider_forwards_the_original_and_says_so(
     lines = [rec for rec in caplog.records if getattr(rec, "provider", None) == provider]
     assert lines
     assert lines[0].levelno == logging.WARNING
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_provider_past_the_deadline_forwards_the_original_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    gate = Gate()
+    provider = hanging(gate) if kind == "sync" else hanging_async(gate)
+    raw = body(history(6))
+    # The provider blocks until released, so any deadline passes first: 1 ms keeps the test fast.
+    policy = {"budget_tokens": 600, "providers": [provider.name], "compaction_timeout_ms": 1}
+    caplog.set_level(logging.WARNING, logger="compactd")
+    async with running(tmp_path, registry=registry(provider), default_policy=policy) as proxy:
+        try:
+            r = await proxy.chat(raw)
+        finally:
+            gate.release.set()  # a sync provider's thread cannot be killed: it finishes late
+        stored = await proxy.services.store.list_conversations(None)
+        fail_open = proxy.metric("compactd_fail_open_total", reason="timeout")
+    assert (r.headers["x-compactd-action"], r.headers["x-compactd-error"]) == ("error", "timeout")
+    assert [req.content for req in proxy.upstream.received] == [raw]
+    assert fail_open == 1
+    assert stored == []
+    named = [rec for rec in caplog.records if getattr(rec, "provider", None) == provider.name]
+    assert [getattr(rec, "failure", None) for rec in named] == ["timeout"]
+    assert any(getattr(rec, "reason", None) == "timeout" for rec in caplog.records)
 
 
 async def test_a_result_that_cannot_be_recorded_fails_open_and_says_so(

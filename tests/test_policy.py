@@ -200,6 +200,8 @@ def test_match_rules_on_default_policy_fail_at_construction() -> None:
         ("reasoning_strip_age_threshold", -1),
         ("providers", []),
         ("match_header", "x team"),  # no request can carry it: the policy would never match
+        ("compaction_timeout_ms", 0),  # every compaction would fail open
+        ("compaction_timeout_ms", 600_001),  # past any client's patience: a hang by another name
     ],
 )
 def test_a_policy_value_no_request_can_use_stops_start_up(key: str, value: object) -> None:

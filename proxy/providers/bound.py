@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
+from proxy.providers.chain import call_provider
 
 
 class BoundProvider(ContextProvider):
@@ -30,12 +31,9 @@ class BoundProvider(ContextProvider):
         self, messages: list[Message], config: CompressionConfig
     ) -> CompactionResult:
         """Async providers are awaited; sync ones run in a thread (never on the event loop)."""
-        cfg = self._config(config)
-        out = await asyncio.to_thread(self.inner.compress, messages, cfg)
-        if asyncio.iscoroutine(out) or isinstance(out, asyncio.Future):
-            out = await out
-        assert isinstance(out, CompactionResult)
-        return out
+        # An async one awaited here, not made in a thread: a chain past its deadline cancelled
+        # in that thread hop would leave its coroutine never awaited.
+        return await call_provider(self.inner, messages, self._config(config), asyncio.to_thread)
 
     def _config(self, config: CompressionConfig) -> CompressionConfig:
         return dataclasses.replace(config, extra_config=self.options)

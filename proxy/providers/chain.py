@@ -4,6 +4,10 @@ Every provider's output is validated against that provider's input; a result tha
 invariant, or a provider that raises, is discarded and the next provider starts from the last good
 messages. The chain's result is expressed against the ORIGINAL input, so the caller can store it
 as one checkpoint.
+
+With a `deadline`, a chain still running past it raises `ChainTimeoutError` and is abandoned: async
+providers are cancelled; a sync provider's thread cannot be stopped, so it runs on and whatever
+it returns goes to a task nobody awaits (never used, never stored).
 """
 
 from __future__ import annotations
@@ -70,6 +74,19 @@ class ChainOutcome:
     """Every provider that raised or whose result was discarded, in order."""
 
 
+class ChainTimeoutError(TimeoutError):
+    """The chain ran past its deadline; `provider` was running (or about to)."""
+
+    def __init__(self, provider: str, seconds: float) -> None:
+        super().__init__(f"provider {provider or '(none)'} still running after {seconds:g} s")
+        self.provider = provider
+
+
+@dataclass
+class _Progress:
+    provider: str = ""
+
+
 async def run_chain(
     messages: list[Message],
     providers: Sequence[ContextProvider],
@@ -78,9 +95,54 @@ async def run_chain(
     run_sync: RunSync = asyncio.to_thread,
     check: Check | None = None,
     repair: Repair | None = None,
+    deadline: float | None = None,
 ) -> ChainOutcome:
     """Run `providers` in order on `messages` until the request costs at most `config.limit`;
-    a result that breaks `check_result` (or `check`, if given, after `repair`) is discarded."""
+    a result that breaks `check_result` (or `check`, if given, after `repair`) is discarded.
+    `deadline`: seconds after which it raises `ChainTimeoutError` without waiting for the chain."""
+    progress = _Progress()
+    work = _run(
+        messages,
+        providers,
+        config,
+        run_sync=run_sync,
+        check=check,
+        repair=repair,
+        progress=progress,
+    )
+    if deadline is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    try:
+        # Not asyncio.timeout: it waits for the cancelled work to finish, and a provider that
+        # swallows the cancellation would hang the request again.
+        done, _ = await asyncio.wait((task,), timeout=deadline)
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(_abandoned)
+    if not done:
+        raise ChainTimeoutError(progress.provider, deadline)
+    return task.result()
+
+
+def _abandoned(task: asyncio.Future[ChainOutcome]) -> None:
+    """A chain past its deadline ended after all: its outcome is nobody's (retrieved so asyncio
+    does not log it as unhandled)."""
+    if not task.cancelled():
+        task.exception()
+
+
+async def _run(
+    messages: list[Message],
+    providers: Sequence[ContextProvider],
+    config: CompressionConfig,
+    *,
+    run_sync: RunSync,
+    check: Check | None,
+    repair: Repair | None,
+    progress: _Progress,
+) -> ChainOutcome:
     tokens_before = config.count_tokens(messages)
     current, tokens = messages, tokens_before
     verbatim: dict[str, list[Message]] = {}
@@ -92,14 +154,15 @@ async def run_chain(
     for provider in providers:
         if tokens <= config.limit:
             break
-        name = provider.name
+        name = progress.provider = provider.name
         try:
             # A copy of its own: a provider that edits what it was given in place must not
             # change the input its result is validated against (nor the request's messages).
-            given = await run_sync(copy.deepcopy, current)
-            if not provider.should_compress(given, config):
+            # should_compress is plugin code too: in the thread, where the deadline can leave it.
+            given, wanted = await run_sync(_prepare, provider, current, config)
+            if not wanted:
                 continue
-            result = await _call(provider, given, config, run_sync)
+            result = await call_provider(provider, given, config, run_sync)
         except Exception as exc:  # a plugin's failure must not fail the request
             # The traceback only at debug: an exception's text may quote the messages.
             debug = log.isEnabledFor(logging.DEBUG)
@@ -144,7 +207,15 @@ async def run_chain(
     )
 
 
-async def _call(
+def _prepare(
+    provider: ContextProvider, messages: list[Message], config: CompressionConfig
+) -> tuple[list[Message], bool]:
+    """The provider's own copy of `messages`, and whether it wants to compress them."""
+    given = copy.deepcopy(messages)
+    return given, bool(provider.should_compress(given, config))
+
+
+async def call_provider(
     provider: ContextProvider, messages: list[Message], config: CompressionConfig, run_sync: RunSync
 ) -> CompactionResult:
     """Await async providers; run sync ones off the event loop."""

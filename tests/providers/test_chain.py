@@ -2,8 +2,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from proxy.providers.base import (
     CompactionResult,
@@ -12,7 +15,7 @@ from proxy.providers.base import (
     Message,
     compute_source_digest,
 )
-from proxy.providers.chain import run_chain
+from proxy.providers.chain import ChainTimeoutError, run_chain
 from proxy.providers.middle_out import MiddleOutProvider
 from proxy.providers.none import NoneProvider
 from proxy.providers.trim import TrimProvider
@@ -123,6 +126,107 @@ async def test_the_next_provider_starts_from_the_previous_output_and_verbatims_m
     assert set(trimmed.verbatim) <= set(outcome.result.verbatim)
     restored = uncompress(outcome.result.messages, outcome.result.verbatim, recursive=True)
     assert restored.messages == msgs
+
+
+class Stubborn(ContextProvider):
+    """Ignores being cancelled and waits on until released (a badly behaved plugin)."""
+
+    name = "stubborn"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.cancellations = 0
+
+    async def compress(
+        self, messages: list[Message], config: CompressionConfig
+    ) -> CompactionResult:
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancellations += 1
+        return CompactionResult(messages=messages[1:], source_digest="", covered_through=0)
+
+
+class Blocking(ContextProvider):
+    """A sync provider that blocks its thread until released, then returns a valid result."""
+
+    name = "blocking"
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.returned = threading.Event()
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        self.release.wait()
+        out = TrimProvider().compress(messages, config)
+        self.returned.set()
+        return out
+
+
+async def inline(fn: Callable[..., Any], *args: Any) -> Any:
+    """run_sync without a thread: the chain reaches its provider before anything can time out."""
+    return fn(*args)
+
+
+class CompressInThread:
+    """run_sync that runs the provider's compress in a thread of its own (which, unlike an
+    executor's queued job, cannot be cancelled before it starts) and the rest inline, so the
+    provider surely runs, and returns late."""
+
+    def __init__(self, provider: ContextProvider) -> None:
+        self.provider = provider
+        self.threads: list[threading.Thread] = []
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if fn != self.provider.compress:
+            return fn(*args)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def work() -> None:
+            out = fn(*args)
+            loop.call_soon_threadsafe(lambda: done.cancelled() or done.set_result(out))
+
+        self.threads.append(threading.Thread(target=work, daemon=True))
+        self.threads[-1].start()
+        return await done
+
+
+async def test_a_chain_past_its_deadline_is_left_even_when_its_provider_ignores_cancellation() -> (
+    None
+):
+    msgs = agent_run(8)
+    stubborn = Stubborn()
+    with pytest.raises(ChainTimeoutError) as raised:
+        await run_chain(msgs, [stubborn], half(msgs), run_sync=inline, deadline=0.001)
+    assert raised.value.provider == "stubborn"
+    await asyncio.sleep(0)  # the abandoned chain receives its cancellation
+    assert stubborn.cancellations == 1  # asked to stop, and not waited for
+    stubborn.release.set()
+    for _ in range(3):
+        await asyncio.sleep(0)  # it finishes; its result goes nowhere
+
+
+async def test_a_sync_providers_late_result_is_dropped_without_an_error() -> None:
+    msgs = agent_run(8)
+    blocking = Blocking()
+    run_sync = CompressInThread(blocking)
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    try:
+        with pytest.raises(ChainTimeoutError):
+            await run_chain(msgs, [blocking], half(msgs), run_sync=run_sync, deadline=0.001)
+        blocking.release.set()
+        for thread in run_sync.threads:
+            await asyncio.to_thread(thread.join)
+        for _ in range(3):
+            await asyncio.sleep(0)  # the late result reaches the loop and is dropped
+    finally:
+        loop.set_exception_handler(None)
+    assert blocking.returned.is_set()
+    assert unhandled == []
 
 
 async def test_a_raising_provider_is_recorded_and_skipped() -> None:
