@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
 import time
 from collections.abc import Iterable, Mapping
@@ -24,6 +25,7 @@ TENANT_HEX_CHARS = 24
 FINGERPRINT_HEX_CHARS = 12
 SECRET_FILE = "secret"  # noqa: S105 - a file name, not a secret
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+_SCHEME_AND_TOKEN = re.compile(r"([^ \t]*)[ \t]*(.*)", re.DOTALL)
 
 
 def load_or_create_secret(settings_secret: str, data_dir: Path) -> bytes:
@@ -80,10 +82,7 @@ def key_fingerprint(secret: bytes, api_key: str | None) -> str:
 
 def bearer_key(authorization_header: str | None) -> str | None:
     """The key of an `Authorization: Bearer <key>` header (scheme case-insensitive)."""
-    if not authorization_header:
-        return None
-    scheme, _, key = authorization_header.strip().partition(" ")
-    key = key.strip()
+    scheme, key = _scheme_and_token(authorization_header or "")
     if scheme.lower() != "bearer" or not key:
         return None
     return key
@@ -93,21 +92,36 @@ def credential(headers: Mapping[str, str], names: Iterable[str] = CREDENTIAL_HEA
     """The client's credential: the first of `names` (lower case) that carries one, else None.
 
     `Authorization: Bearer <key>` gives the key, so a key sent as `api-key` or `x-api-key` is
-    the same tenant; any other `Authorization` scheme gives its whole value (`Basic dXNlcg==`).
-    `headers` maps lower-case names to values (starlette's `Headers` or a plain dict).
+    the same tenant; any other `Authorization` scheme gives `Scheme token` (`Basic dXNlcg==`),
+    however the client spelled the scheme. `headers` maps lower-case names to values
+    (starlette's `Headers` or a plain dict).
     """
     for name in names:
-        value = headers.get(name)
-        if not value:
-            continue
-        value = value.strip()
-        if name == "authorization":
-            scheme, _, rest = value.partition(" ")
-            if scheme.lower() == "bearer":
-                value = rest.strip()
+        value = (headers.get(name) or "").strip()
+        if value and name == "authorization":
+            value = _authorization_credential(value)
         if value:
             return value
     return None
+
+
+def _authorization_credential(value: str) -> str:
+    scheme, token = _scheme_and_token(value)
+    if scheme.lower() == "bearer":
+        return token
+    if not token:
+        return scheme  # a bare key, no scheme
+    # The scheme is case-insensitive (RFC 9110 11.1); `Basic`, the usual spelling, keeps the
+    # tenant and key id it had before case was ignored.
+    return f"{scheme.capitalize()} {token}"
+
+
+def _scheme_and_token(value: str) -> tuple[str, str]:
+    # Any run of spaces or tabs separates them: the grammar says spaces, clients send tabs too,
+    # and one credential must stay one tenant. Only those two: a latin-1 header value holds
+    # U+00A0 and U+0085, halves of a UTF-8 key, that str.split would take for whitespace.
+    found = _SCHEME_AND_TOKEN.fullmatch(value.strip(" \t"))
+    return (found[1], found[2]) if found else ("", "")
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,14 @@ def test_key_id_prints_the_fingerprint_policies_match(tmp_path: Path) -> None:
     assert result.stdout.decode().strip() == key_fingerprint(b"test-secret", "sk-abc")
 
 
+def test_key_id_ignores_how_the_scheme_is_spelled(tmp_path: Path) -> None:
+    from proxy.tenant import Tenancy
+
+    result = run("key-id", "basic\tdXNlcg==", data=tmp_path)
+    served = Tenancy(b"test-secret").identify({"authorization": "Basic dXNlcg=="})
+    assert result.stdout.decode().strip() == served.fingerprint
+
+
 def test_providers_lists_the_builtins(tmp_path: Path) -> None:
     out = run("providers", data=tmp_path).stdout.decode()
     for name in ("trim", "engine", "summarize", "middle-out", "none"):

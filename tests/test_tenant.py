@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from proxy.gate import Gate
 from proxy.tenant import (
     Tenancy,
     bearer_key,
     credential,
     key_fingerprint,
     load_or_create_secret,
+    raw_header_map,
     tenant_id,
 )
 
@@ -101,6 +103,49 @@ def test_the_same_key_is_the_same_tenant_in_every_header() -> None:
     }
 
     assert tenants == {tenant_id(b"s", "k")}
+
+
+@pytest.mark.parametrize(
+    "spellings",
+    [
+        (
+            "Basic dXNlcg==",
+            "basic dXNlcg==",
+            "BASIC  dXNlcg==",
+            "Basic\tdXNlcg==",
+            " basic dXNlcg== ",
+        ),
+        ("Bearer sk-1", "bearer sk-1", "BEARER\tsk-1", "Bearer \t sk-1"),
+        ("Token abc", "token abc", "TOKEN\tabc"),
+    ],
+)
+def test_a_scheme_however_spelled_is_the_same_tenant(spellings: tuple[str, ...]) -> None:
+    tenancy = Tenancy(b"s")
+    identities = {tenancy.identify({"authorization": v}) for v in spellings}
+
+    assert len(identities) == 1
+    assert None not in {i.tenant for i in identities}
+
+
+def test_the_usual_spelling_of_a_scheme_keeps_its_tenant() -> None:
+    # Tenants and key ids (match_keys, allowed_keys) made before scheme case was ignored.
+    assert credential({"authorization": "basic dXNlcg=="}) == "Basic dXNlcg=="
+    assert credential({"authorization": "Bearer\tsk-1"}) == "sk-1"
+    assert bearer_key("bearer\tsk-1") == "sk-1"
+
+
+def test_only_spaces_and_tabs_separate_the_scheme() -> None:
+    # "à" is C3 A0 in UTF-8: read as latin-1, its second half is U+00A0 (no-break space).
+    sent = "sk-àb".encode()
+    assert credential(raw_header_map([(b"authorization", sent)])) == sent.decode("latin-1")
+
+
+def test_the_gate_admits_a_listed_key_however_its_scheme_is_spelled() -> None:
+    tenancy = Tenancy(b"s")
+    gate = Gate(tenancy, "up", frozenset({key_fingerprint(b"s", "Basic dXNlcg==")}))
+    sent = [(b"authorization", b"basic\tdXNlcg=="), (b"accept", b"*/*")]
+
+    assert gate.authorize(sent) == [(b"accept", b"*/*"), (b"authorization", b"Bearer up")]
 
 
 def test_other_schemes_and_raw_values_are_tenants_of_their_own() -> None:
