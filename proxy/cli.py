@@ -166,7 +166,7 @@ def _key_id(args: argparse.Namespace) -> int:
     from proxy.config import data_dir  # noqa: PLC0415
     from proxy.tenant import key_fingerprint, load_or_create_secret  # noqa: PLC0415
 
-    key = sys.stdin.readline().strip() if args.key == "-" else args.key
+    key = sys.stdin.buffer.readline().strip() if args.key == "-" else args.key
     if not key:
         raise CommandError("no key given (pass it, or - to read it from stdin)")
     settings = _settings(args)
@@ -216,11 +216,14 @@ def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
     return tenant_id(secret, key)
 
 
-def _credential(text: str) -> str | None:
+def _credential(typed: str | bytes) -> str | None:
     """A key as typed (`sk-…`, `Bearer sk-…`, `Basic …`): the credential a request would carry."""
-    from proxy.tenant import credential  # noqa: PLC0415
+    from proxy.tenant import credential, header_text  # noqa: PLC0415
 
-    return credential({"authorization": text})
+    # The server reads a header's bytes, not text: a client sends the bytes typed here (argv's
+    # own, as fsencode gives them back), so the key id is computed from those, as it reads them.
+    raw = typed if isinstance(typed, bytes) else os.fsencode(typed)
+    return credential({"authorization": header_text(raw)})
 
 
 def _conversations(args: argparse.Namespace) -> int:

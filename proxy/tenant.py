@@ -164,9 +164,14 @@ class Tenancy:
         return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
+def header_text(raw: bytes) -> str:
+    """A header's bytes as the server reads them: latin-1, one character a byte (as starlette)."""
+    return raw.decode("latin-1")
+
+
 def raw_header_map(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     """Raw ASGI headers as {lower-case name: first value}, decoded as latin-1."""
     out: dict[str, str] = {}
     for k, v in headers:
-        out.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+        out.setdefault(header_text(k).lower(), header_text(v))
     return out

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from tests.inprocess import running
 from tests.test_compaction_e2e import history
 
 PY = sys.executable
@@ -184,6 +185,22 @@ def test_key_id_ignores_how_the_scheme_is_spelled(tmp_path: Path) -> None:
     result = run("key-id", "basic\tdXNlcg==", data=tmp_path)
     served = Tenancy(b"test-secret").identify({"authorization": "Basic dXNlcg=="})
     assert result.stdout.decode().strip() == served.fingerprint
+
+
+@pytest.mark.parametrize("given", ["argument", "stdin"])
+async def test_key_id_of_a_non_ascii_key_is_the_one_the_server_computes(
+    tmp_path: Path, given: str
+) -> None:
+    key = "sk-clé-ü"
+    if given == "argument":
+        result = run("key-id", key, data=tmp_path)
+    else:
+        result = run("key-id", "-", data=tmp_path, stdin=key.encode() + b"\n")
+    async with running(tmp_path, server={"secret": "test-secret"}) as proxy:
+        sent = [(b"authorization", b"Bearer " + key.encode())]  # the bytes a client sends
+        me = (await proxy.client.get("/compactd/v1/me", headers=sent)).json()
+
+    assert result.stdout.decode().strip() == me["key_id"]
 
 
 def test_providers_lists_the_builtins(tmp_path: Path) -> None:
