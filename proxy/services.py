@@ -25,7 +25,7 @@ from proxy.providers.base import Completer, ContextProvider, Message, OptionErro
 from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
 from proxy.store.base import Store
 from proxy.store.factory import open_store
-from proxy.tenant import Tenancy, load_or_create_secret
+from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
 from proxy.tokens import Tokenizers
 from proxy.windows import LearnedWindows
 
@@ -72,12 +72,12 @@ def completer_factory(upstream: Upstream, upstream_key: str) -> CompleterFactory
     """LLM calls for providers (summarize), with the tenant's own key or the gateway's."""
 
     def for_key(api_key: str | None) -> Completer:
-        key = upstream_key or api_key
+        key = _summary_key(upstream_key, api_key)
 
         async def complete(messages: list[Message], model: str, timeout: float) -> str:  # noqa: ASYNC109
             headers = [(b"content-type", b"application/json")]
-            if key:
-                headers.append((b"authorization", b"Bearer " + key.encode()))
+            if key is not None:
+                headers.append(key)
             body = orjson.dumps({"model": model, "messages": messages})
             url = upstream.url(b"/chat/completions", b"")
 
@@ -103,6 +103,16 @@ def completer_factory(upstream: Upstream, upstream_key: str) -> CompleterFactory
         return complete
 
     return for_key
+
+
+def _summary_key(upstream_key: str, api_key: str | None) -> tuple[bytes, bytes] | None:
+    """The credential header of a summary call: the gateway's key, else the client's own, in
+    the header and with the bytes the client sent it (`Bearer` or Azure's `api-key`)."""
+    if upstream_key:
+        return (b"authorization", b"Bearer " + upstream_key.encode())
+    if not api_key:
+        return None
+    return (api_key if isinstance(api_key, ClientKey) else ClientKey(api_key)).as_header()
 
 
 async def build_services(

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 ANONYMOUS = "anonymous"
 TENANT_HEX_CHARS = 24
@@ -124,6 +125,36 @@ def _scheme_and_token(value: str) -> tuple[str, str]:
     return (found[1], found[2]) if found else ("", "")
 
 
+class ClientKey(str):
+    """A client's own key, which a call made on its behalf to the same upstream (a summary)
+    may present, in the header the client sent it in; never logged."""
+
+    header: str
+    """`authorization` (sent as `Bearer <key>`) or `api-key` (Azure OpenAI)."""
+
+    def __new__(cls, key: str, header: str = "authorization") -> Self:
+        """`key` as read from the client's `header` (latin-1, `header_text`)."""
+        self = super().__new__(cls, key)
+        self.header = header
+        return self
+
+    def as_header(self) -> tuple[bytes, bytes]:
+        """The header presenting this key as the client did, with the client's own bytes."""
+        raw = self.encode("latin-1")
+        if self.header == "authorization":
+            return (b"authorization", b"Bearer " + raw)
+        return (self.header.encode(), raw)
+
+
+def client_key(headers: Mapping[str, str]) -> ClientKey | None:
+    """The key a client lends to summaries: its bearer key, else its Azure `api-key`."""
+    bearer = bearer_key(headers.get("authorization"))
+    if bearer:
+        return ClientKey(bearer)
+    azure = (headers.get("api-key") or "").strip(" \t")
+    return ClientKey(azure, "api-key") if azure else None
+
+
 @dataclass(frozen=True)
 class Identity:
     """Who sent a request, as far as compactd stores and scopes things."""
@@ -132,8 +163,8 @@ class Identity:
     """Where its data lives; None: no credential (and no shared anonymous tenant), store nothing."""
     fingerprint: str
     """The credential's public id (policies' match_keys, logs); "anonymous" without one."""
-    api_key: str | None
-    """The bearer key, for calls made on the client's behalf (summaries); never logged."""
+    api_key: ClientKey | None
+    """The client's key, for calls made on its behalf (summaries); never logged."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +184,7 @@ class Tenancy:
         return Identity(
             tenant=tenant_id(self.secret, found),
             fingerprint=key_fingerprint(self.secret, found),
-            api_key=bearer_key(headers.get("authorization")),
+            api_key=client_key(headers),
         )
 
     def without_credentials(

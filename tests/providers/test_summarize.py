@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,8 +18,11 @@ from proxy.providers.summarize import (
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
+from tests.inprocess import MockUpstream, reply, running
 from tests.providers.build import agent_run, assistant, system, user, words
 from tests.providers.tokens import count_tokens, make_config
+from tests.test_compaction_e2e import history
+from tests.upstream import chat_completion
 
 SUMMARY = "User asked to fix src/app.py; KeyError user_7 traced to warm_cache(); decided to retry."
 
@@ -214,6 +218,31 @@ async def test_summarize_against_a_real_http_upstream(
 
     assert seen[0]["model"] == "gpt-4o-mini"
     assert SUMMARY in message_text(result.messages[1])
+
+
+@pytest.mark.parametrize(
+    "credential",
+    [
+        (b"authorization", b"Bearer sk-cl\xc3\xa9"),
+        (b"api-key", b"azure-cl\xc3\xa9"),  # Azure OpenAI: no Authorization header at all
+    ],
+)
+async def test_the_summary_call_presents_the_clients_key_as_the_client_did(
+    tmp_path: Path, credential: tuple[bytes, bytes]
+) -> None:
+    upstream = MockUpstream(default=reply(body=chat_completion(SUMMARY)))
+    policy = {"budget_tokens": 600, "providers": ["summarize"]}
+    async with running(tmp_path, upstream, default_policy=policy) as proxy:
+        body = json.dumps({"model": "gpt-4o", "messages": history(12)}).encode()
+        headers = [credential, (b"content-type", b"application/json")]
+        response = await proxy.client.post("/v1/chat/completions", content=body, headers=headers)
+
+    assert response.headers["x-compactd-action"] == "compacted"
+    summaries = [r for r in upstream.received if json.loads(r.content)["model"] == "gpt-4o-mini"]
+    assert summaries
+    for sent in summaries:
+        keys = [(k, v) for k, v in sent.headers.raw if k in (b"authorization", b"api-key")]
+        assert keys == [credential]
 
 
 async def test_the_engine_finishes_on_top_of_a_summary_and_both_undo() -> None:
