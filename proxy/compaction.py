@@ -40,7 +40,17 @@ from proxy.checkpoint import (
     worth_it,
 )
 from proxy.config import PolicySettings, Settings
-from proxy.decision import CHAT, REWRITTEN, Action, ChatRequest, Dialect, Outcome, read_request
+from proxy.decision import (
+    CHAT,
+    MAX_MESSAGES,
+    REWRITTEN,
+    Action,
+    ChatRequest,
+    Dialect,
+    Outcome,
+    TooManyMessagesError,
+    read_request,
+)
 from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting
 from proxy.expand import ExpandPlan, with_tool
@@ -284,6 +294,8 @@ class Compactor:
     ) -> _Counted:
         assert request.body is not None
         assert request.messages is not None
+        if len(request.messages) > MAX_MESSAGES:
+            raise TooManyMessagesError  # every step from here on costs per message
         info = self._model(request)
         if window is not None:
             info = info.with_window(window)
@@ -834,6 +846,8 @@ def _reason(exc: BaseException) -> str:
         return "store"
     if isinstance(exc, TimeoutError):
         return "timeout"
+    if isinstance(exc, TooManyMessagesError):
+        return "too_many_messages"
     return type(exc).__name__
 
 

@@ -47,6 +47,10 @@ REWRITTEN: frozenset[str] = frozenset({"lossless", "replayed", "compacted"})
 """Actions whose bytes are ours; every other action sends the client's own bytes."""
 
 CONVERSATION_HEADER = "x-compactd-conversation-id"
+MAX_MESSAGES = 50_000
+"""More messages than this are forwarded as sent without being digested, counted or compacted
+(`x-compactd-error: too_many_messages`): every step costs per message, so ~900k tiny ones (a
+32 MB body) held a worker for ~50 s. At this many, a 1M-token window leaves ~20 tokens each."""
 _SAFE_CONV = re.compile(r"[A-Za-z0-9._:-]{1,96}")
 
 
@@ -188,7 +192,7 @@ def read_request(
     model = body.get("model")
     messages = dialect.messages(body)
     conversation = ""
-    if messages is not None:
+    if messages is not None and len(messages) <= MAX_MESSAGES:
         try:
             conversation = _conversation(headers.get(CONVERSATION_HEADER), messages)
         except (orjson.JSONEncodeError, RecursionError):
@@ -206,6 +210,10 @@ def read_request(
         dialect=dialect,
         started=started,
     )
+
+
+class TooManyMessagesError(Exception):
+    """The request has more than `MAX_MESSAGES` messages: too many to compact (fails open)."""
 
 
 def _conversation(header: str | None, messages: Sequence[Message]) -> str:

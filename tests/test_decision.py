@@ -14,7 +14,7 @@ import pytest
 
 from proxy import compaction
 from proxy.checkpoint import CompactionError
-from proxy.decision import Outcome
+from proxy.decision import MAX_MESSAGES, Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
 from tests.inprocess import MockUpstream, context_length_error, reply, running
@@ -130,6 +130,40 @@ async def test_a_message_too_deep_to_digest_is_the_upstreams_to_answer(
     assert r.status_code == 200
     assert r.headers["x-compactd-action"] == "passthrough"
     assert proxy.upstream.last.content == raw
+
+
+class Spy(ContextProvider):
+    """A provider that records every call (and changes nothing)."""
+
+    name = "spy"
+    calls = 0
+
+    def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
+        Spy.calls += 1
+        return CompactionResult(messages=messages, source_digest="x", covered_through=0)
+
+
+# A body of ~900k tiny messages (32 MB) held the event loop for seconds and compacted for ~17 s
+# before failing open on a store timeout; past the limit nothing per message is done at all.
+async def test_a_request_with_too_many_messages_fails_open_before_any_work(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    msgs: list[Message] = [{"role": "assistant", "content": "x"}] * (MAX_MESSAGES + 1)
+    raw = body(msgs)
+    found = registry()
+    found.register("spy", Spy)
+    caplog.set_level(logging.WARNING, logger="compactd")
+    policy = {"budget_tokens": 600, "providers": ["spy"]}
+    async with running(tmp_path, registry=found, default_policy=policy) as proxy:
+        r = await proxy.chat(raw)
+        fail_open = proxy.metric("compactd_fail_open_total", reason="too_many_messages")
+    assert r.headers["x-compactd-action"] == "error"
+    assert r.headers["x-compactd-error"] == "too_many_messages"
+    assert "x-compactd-tokens-before" not in r.headers  # not even counted
+    assert "x-compactd-conversation" not in r.headers  # nor digested
+    assert proxy.upstream.last.content == raw
+    assert (fail_open, Spy.calls) == (1, 0)
+    assert any(getattr(rec, "reason", "") == "too_many_messages" for rec in caplog.records)
 
 
 async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> None:
