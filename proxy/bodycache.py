@@ -103,6 +103,11 @@ class BodyCache:
         known.extend(message_digest(m) for m in messages[len(known) :])
         return list(known)
 
+    def undigested(self, messages: Sequence[Message]) -> int:
+        """How many of `messages` `digests` would compute (not known from an earlier body)."""
+        seen = self._entry(messages)
+        return len(messages) - (0 if seen is None else len(seen.digests))
+
     def prefixes(self, messages: Sequence[Message], digests: Sequence[str]) -> list[str]:
         """`prefix_digests(digests)`, where `digests` are `self.digests(messages)`, hashing
         only the prefixes of messages new since a body this one extends."""

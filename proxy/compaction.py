@@ -50,9 +50,11 @@ from proxy.decision import (
     Outcome,
     TooManyMessagesError,
     read_request,
+    with_conversation,
 )
 from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting
+from proxy.digest import root_length
 from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier, StoredForms
 from proxy.metrics import Metrics
@@ -80,6 +82,8 @@ log = logging.getLogger("compactd.compaction")
 # Counting a large body cold takes tens of milliseconds; tiktoken releases the GIL, so a thread
 # keeps the event loop responsive for everyone else.
 COUNT_IN_THREAD_BYTES = 128 * 1024
+DIGEST_IN_THREAD_MESSAGES = 1000
+"""More messages than this are digested in a thread (~3 ms of the event loop's time here)."""
 REPLAY_ATTEMPTS = 4
 """Stored checkpoints tried, longest first, before the request is compacted afresh."""
 
@@ -180,11 +184,18 @@ class Compactor:
             p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
         }
 
-    def read(
+    async def read(
         self, raw: bytes, headers: Sequence[tuple[bytes, bytes]], dialect: Dialect = CHAT
     ) -> ChatRequest:
         """The request value for these bytes and the client's headers (tenant from their key)."""
-        return read_request(raw, headers, self.tenancy, dialect, parse=self.bodies.parse)
+        # Parsed here (the body cache is the event loop's), digested in a thread if long.
+        request = read_request(
+            raw, headers, self.tenancy, dialect, parse=self.bodies.parse, identify=False
+        )
+        messages = request.messages
+        if messages is not None and root_length(messages) > DIGEST_IN_THREAD_MESSAGES:
+            return await asyncio.to_thread(with_conversation, request)
+        return with_conversation(request)
 
     async def decide(
         self, request: ChatRequest, *, window: int | None = None, confirm: Confirm | None = None
@@ -541,9 +552,11 @@ class Compactor:
         forms: Lossless | None = None,
     ) -> _Plan:
         assert request.messages is not None
-        digests = self.bodies.digests(request.messages)  # computed for new messages only
-        messages = list(request.messages)
-        history = _History(messages, digests, self.bodies.prefixes(request.messages, digests))
+        if self.bodies.undigested(request.messages) > DIGEST_IN_THREAD_MESSAGES:
+            history = await asyncio.to_thread(self._history, request.messages)
+        else:
+            history = self._history(request.messages)
+        messages, digests = history.messages, history.digests
         base = await self._replayable(request, tenant, history)
         sent = forms.messages if forms is not None else messages
         candidate = sent
@@ -643,6 +656,12 @@ class Compactor:
             return dataclasses.replace(replay, failure=f"providers {label}: {exc}"[:200])
         providers = (*(("lossless",) if forms else ()), *outcome.providers)
         return _Plan(result.messages, "compacted", providers, compaction, history=history)
+
+    def _history(self, messages: Sequence[Message]) -> _History:
+        """The messages with their digests and prefix digests (of new messages only, for a
+        body the cache knows)."""
+        digests = self.bodies.digests(messages)
+        return _History(list(messages), digests, self.bodies.prefixes(messages, digests))
 
     def _candidate_tokens(
         self,

@@ -13,6 +13,7 @@ fail-open) stays the same for all three.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -175,10 +176,13 @@ def read_request(
     tenancy: Tenancy,
     dialect: Dialect = CHAT,
     parse: Callable[[bytes], Any] = orjson.loads,
+    *,
+    identify: bool = True,
 ) -> ChatRequest:
     """Parse the body once and derive everything the decision needs from it and the headers
     (the tenant in one call, `Tenancy.identify`). `parse`: orjson.loads or a drop-in that
-    reuses earlier parses (proxy.bodycache)."""
+    reuses earlier parses (proxy.bodycache). `identify=False`: without the conversation id
+    (`with_conversation` adds it)."""
     started = time.perf_counter()
     headers = raw_header_map(raw_headers)
     identity = tenancy.identify(headers)
@@ -190,26 +194,33 @@ def read_request(
     if not isinstance(body, dict):
         return ChatRequest(raw, frozen, identity, dialect=dialect, started=started)
     model = body.get("model")
-    messages = dialect.messages(body)
-    conversation = ""
-    if messages is not None and len(messages) <= MAX_MESSAGES:
-        try:
-            conversation = _conversation(headers.get(CONVERSATION_HEADER), messages)
-        except (orjson.JSONEncodeError, RecursionError):
-            # Nested deeper than a digest can be taken (orjson parses 1,024 levels, serializes
-            # 254): nothing to compact, the upstream judges the bytes.
-            messages = None
-    return ChatRequest(
+    request = ChatRequest(
         raw=raw,
         headers=frozen,
         identity=identity,
         body=body,
-        messages=messages,
+        messages=dialect.messages(body),
         model=model if isinstance(model, str) else "",
-        conversation=conversation,
         dialect=dialect,
         started=started,
     )
+    return with_conversation(request) if identify else request
+
+
+def with_conversation(request: ChatRequest) -> ChatRequest:
+    """The request with its conversation id: the client's, else the digest of the messages up
+    to the first user message (per message of those: `Compactor.read` takes a long one's in a
+    thread)."""
+    messages = request.messages
+    if messages is None or len(messages) > MAX_MESSAGES:
+        return request
+    try:
+        conversation = _conversation(request.headers.get(CONVERSATION_HEADER), messages)
+    except (orjson.JSONEncodeError, RecursionError):
+        # Nested deeper than a digest can be taken (orjson parses 1,024 levels, serializes
+        # 254): nothing to compact, the upstream judges the bytes.
+        return dataclasses.replace(request, messages=None)
+    return dataclasses.replace(request, conversation=conversation)
 
 
 class TooManyMessagesError(Exception):

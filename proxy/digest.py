@@ -65,23 +65,42 @@ class RollingPrefixes:
     those (a long conversation's next turn, see proxy.bodycache)."""
 
     def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self.values: list[str] = []
+        # One attribute, replaced whole: a long history is extended in a thread, and a copy
+        # taken meanwhile on the event loop (the next turn's) must see the hash and the values
+        # of the same digests.
+        self._state: tuple[Any, list[str]] = (hashlib.sha256(), [])
+
+    @property
+    def values(self) -> list[str]:
         """prefix_digests of every digest given so far."""
+        return self._state[1]
 
     def extend(self, digests: Iterable[str]) -> None:
         """Append the prefix digests of `digests`, which follow those given so far."""
-        h = self._hash
-        for d in digests:
+        new = list(digests)
+        if not new:
+            return
+        h, values = self._state
+        h, values = h.copy(), list(values)
+        for d in new:
             h.update(d.encode())
-            self.values.append(h.copy().hexdigest()[:32])
+            values.append(h.copy().hexdigest()[:32])
+        self._state = (h, values)
 
     def copy(self) -> RollingPrefixes:
         """An independent copy (to extend along one branch)."""
+        h, values = self._state
         other = RollingPrefixes()
-        other._hash = self._hash.copy()
-        other.values = list(self.values)
+        other._state = (h.copy(), list(values))
         return other
+
+
+def root_length(messages: Sequence[Message]) -> int:
+    """How many messages the conversation's root is: up to and including the first user one."""
+    for i, m in enumerate(messages):
+        if m.get("role") == "user":
+            return i + 1
+    return len(messages)
 
 
 def conversation_id(messages: Sequence[Message]) -> str:

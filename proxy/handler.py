@@ -163,7 +163,7 @@ class Handler:
         raw = await read_body(receive, self.max_body, content_length(scope))
         headers = route.gate.authorize(list(scope["headers"]))
         # The request value is read once, from the client's own headers (its key is its tenant).
-        request = self.compactor.read(raw, scope["headers"], route.api.dialect)
+        request = await self.compactor.read(raw, scope["headers"], route.api.dialect)
         if route.upstream is not self.upstream:
             # Summaries are asked of `upstream.url`: another provider's key is never sent there.
             keyless = dataclasses.replace(request.identity, api_key=None)

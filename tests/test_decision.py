@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from proxy import compaction
+from proxy import bodycache, compaction, decision
 from proxy.checkpoint import CompactionError
+from proxy.compaction import DIGEST_IN_THREAD_MESSAGES
 from proxy.decision import MAX_MESSAGES, Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
@@ -164,6 +165,33 @@ async def test_a_request_with_too_many_messages_fails_open_before_any_work(
     assert proxy.upstream.last.content == raw
     assert (fail_open, Spy.calls) == (1, 0)
     assert any(getattr(rec, "reason", "") == "too_many_messages" for rec in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("turns", "where"), [(40, "loop"), (DIGEST_IN_THREAD_MESSAGES + 1, "thread")]
+)
+async def test_a_long_history_is_digested_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turns: int, where: str
+) -> None:
+    # Digests cost per message: at 50,000 they held the event loop ~150 ms at a time.
+    loop = threading.current_thread()
+    seen: dict[str, set[str]] = {"root": set(), "messages": set()}
+
+    def spied(name: str, real: Any) -> Any:
+        def digest(arg: Any) -> Any:
+            seen[name].add("loop" if threading.current_thread() is loop else "thread")
+            return real(arg)
+
+        return digest
+
+    monkeypatch.setattr(decision, "conversation_id", spied("root", decision.conversation_id))
+    monkeypatch.setattr(bodycache, "message_digest", spied("messages", bodycache.message_digest))
+    # No user message: the conversation's root is the whole history.
+    msgs: list[Message] = [{"role": "assistant", "content": f"step {i} " * 9} for i in range(turns)]
+    async with running(tmp_path, **SMALL) as proxy:
+        r = await proxy.chat(body(msgs))
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert seen == {"root": {where}, "messages": {where}}
 
 
 async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> None:
@@ -378,7 +406,7 @@ async def test_decide_is_a_pure_function_of_the_request_value(tmp_path: Path) ->
     headers = [(b"authorization", b"Bearer sk-alpha")]
     async with running(tmp_path, **SMALL) as proxy:
         compactor = proxy.services.compactor
-        request = compactor.read(raw, headers)
+        request = await compactor.read(raw, headers)
         first = await compactor.decide(request)
         again = await compactor.decide(request)
         forced = await compactor.decide(request, window=2000)
