@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy import rewrite
 from proxy.bodycache import BodyCache
@@ -62,7 +62,7 @@ from proxy.policy import PolicyResolver
 from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
-from proxy.providers.chain import ChainOutcome, ChainTimeoutError, run_chain
+from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
 from proxy.replay import ReplayChecks
 from proxy.store.base import (
     Checkpoint,
@@ -82,12 +82,11 @@ log = logging.getLogger("compactd.compaction")
 # Counting a large body cold takes tens of milliseconds; tiktoken releases the GIL, so a thread
 # keeps the event loop responsive for everyone else.
 COUNT_IN_THREAD_BYTES = 128 * 1024
-DIGEST_IN_THREAD_MESSAGES = 1000
-"""More messages than this are digested in a thread (~3 ms of the event loop's time here)."""
 REPLAY_ATTEMPTS = 4
 """Stored checkpoints tried, longest first, before the request is compacted afresh."""
 
 CompleterFactory = Callable[[str | None], Completer]
+T = TypeVar("T")
 
 
 def compression_config(
@@ -193,7 +192,7 @@ class Compactor:
             raw, headers, self.tenancy, dialect, parse=self.bodies.parse, identify=False
         )
         messages = request.messages
-        if messages is not None and root_length(messages) > DIGEST_IN_THREAD_MESSAGES:
+        if messages is not None and root_length(messages) > LONG_HISTORY:
             return await asyncio.to_thread(with_conversation, request)
         return with_conversation(request)
 
@@ -552,7 +551,7 @@ class Compactor:
         forms: Lossless | None = None,
     ) -> _Plan:
         assert request.messages is not None
-        if self.bodies.undigested(request.messages) > DIGEST_IN_THREAD_MESSAGES:
+        if self.bodies.undigested(request.messages) > LONG_HISTORY:
             history = await asyncio.to_thread(self._history, request.messages)
         else:
             history = self._history(request.messages)
@@ -562,7 +561,7 @@ class Compactor:
         candidate = sent
         if base is not None:
             candidate = [*base.messages, *sent[base.covered_through + 1 :]]
-        cand_tokens = self._candidate_tokens(request, counted, base, candidate, forms)
+        cand_tokens = await self._candidate_tokens(request, counted, base, candidate, forms)
         if base is not None and PRECOMPUTED in base.providers:
             # Computed ahead of time: replayed only from the turn the one before no longer fits,
             # so the prefix changes when it would have anyway, not earlier.
@@ -635,7 +634,9 @@ class Compactor:
         if aside:
             result = dataclasses.replace(result, messages=[*result.messages, *aside])
         try:
-            compaction = compaction_for(
+            compaction = await _per_message(
+                messages,
+                compaction_for,
                 messages=messages,
                 digests=digests,
                 prefixes=history.prefixes,
@@ -663,7 +664,7 @@ class Compactor:
         digests = self.bodies.digests(messages)
         return _History(list(messages), digests, self.bodies.prefixes(messages, digests))
 
-    def _candidate_tokens(
+    async def _candidate_tokens(
         self,
         request: ChatRequest,
         counted: _Counted,
@@ -683,7 +684,7 @@ class Compactor:
             )
             if after is not None:
                 return counted.fixed + counter.count_messages(base.messages) + after
-        return counted.fixed + counter.count_messages(candidate)
+        return counted.fixed + await _per_message(candidate, counter.count_messages, candidate)
 
     def _report_failures(self, request: ChatRequest, outcome: ChainOutcome) -> str:
         """Count and log every provider that failed; the reason to fail open, unless a later
@@ -858,6 +859,15 @@ class Compactor:
             injected_usage=injected,
             **kw,
         )
+
+
+async def _per_message(
+    history: Sequence[Message], fn: Callable[..., T], /, *args: Any, **kw: Any
+) -> T:
+    """`fn(*args, **kw)`, work that costs per message of `history`: in a thread if it is long."""
+    if len(history) > LONG_HISTORY:
+        return await asyncio.to_thread(fn, *args, **kw)
+    return fn(*args, **kw)
 
 
 def _reason(exc: BaseException) -> str:

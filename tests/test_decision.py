@@ -14,9 +14,9 @@ import pytest
 
 from proxy import bodycache, compaction, decision
 from proxy.checkpoint import CompactionError
-from proxy.compaction import DIGEST_IN_THREAD_MESSAGES
 from proxy.decision import MAX_MESSAGES, Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
+from proxy.providers.chain import LONG_HISTORY
 from proxy.providers.registry import ProviderRegistry
 from tests.inprocess import MockUpstream, context_length_error, reply, running
 from tests.tiny_model import tiny_model
@@ -167,31 +167,30 @@ async def test_a_request_with_too_many_messages_fails_open_before_any_work(
     assert any(getattr(rec, "reason", "") == "too_many_messages" for rec in caplog.records)
 
 
-@pytest.mark.parametrize(
-    ("turns", "where"), [(40, "loop"), (DIGEST_IN_THREAD_MESSAGES + 1, "thread")]
-)
-async def test_a_long_history_is_digested_off_the_event_loop(
+@pytest.mark.parametrize(("turns", "where"), [(40, "loop"), (LONG_HISTORY + 1, "thread")])
+async def test_a_long_history_is_digested_and_recorded_off_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turns: int, where: str
 ) -> None:
     # Digests cost per message: at 50,000 they held the event loop ~150 ms at a time.
     loop = threading.current_thread()
-    seen: dict[str, set[str]] = {"root": set(), "messages": set()}
+    seen: dict[str, set[str]] = {"root": set(), "messages": set(), "record": set()}
 
     def spied(name: str, real: Any) -> Any:
-        def digest(arg: Any) -> Any:
+        def work(*args: Any, **kw: Any) -> Any:
             seen[name].add("loop" if threading.current_thread() is loop else "thread")
-            return real(arg)
+            return real(*args, **kw)
 
-        return digest
+        return work
 
     monkeypatch.setattr(decision, "conversation_id", spied("root", decision.conversation_id))
     monkeypatch.setattr(bodycache, "message_digest", spied("messages", bodycache.message_digest))
+    monkeypatch.setattr(compaction, "compaction_for", spied("record", compaction.compaction_for))
     # No user message: the conversation's root is the whole history.
     msgs: list[Message] = [{"role": "assistant", "content": f"step {i} " * 9} for i in range(turns)]
     async with running(tmp_path, **SMALL) as proxy:
         r = await proxy.chat(body(msgs))
     assert r.headers["x-compactd-action"] == "compacted"
-    assert seen == {"root": {where}, "messages": {where}}
+    assert seen == {"root": {where}, "messages": {where}, "record": {where}}
 
 
 async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> None:

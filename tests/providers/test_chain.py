@@ -15,7 +15,7 @@ from proxy.providers.base import (
     Message,
     compute_source_digest,
 )
-from proxy.providers.chain import ChainTimeoutError, run_chain
+from proxy.providers.chain import LONG_HISTORY, ChainTimeoutError, run_chain
 from proxy.providers.middle_out import MiddleOutProvider
 from proxy.providers.none import NoneProvider
 from proxy.providers.trim import TrimProvider
@@ -301,6 +301,25 @@ async def test_async_providers_are_awaited_and_sync_work_goes_through_run_sync()
     calls.clear()
     await run_chain(msgs, [TrimProvider()], half(msgs), run_sync=run_sync)
     assert [getattr(fn, "__name__", "") for fn in calls].count("compress") == 1
+
+
+@pytest.mark.parametrize(("size", "counted_through_run_sync"), [(8, False), (LONG_HISTORY, True)])
+async def test_a_long_history_is_counted_through_run_sync(
+    size: int, counted_through_run_sync: bool
+) -> None:
+    # Counting costs per message, cached or not: a long history's counts leave the event loop.
+    msgs = [system(), *([user("q"), assistant(words(20))] * (size // 2))]
+    calls: list[Any] = []
+
+    async def run_sync(fn: Callable[..., Any], *args: Any) -> Any:
+        calls.append(fn)
+        return fn(*args)
+
+    config = half(msgs)
+    await run_chain(msgs, [TrimProvider()], config, run_sync=run_sync)
+    assert (config.count_tokens in calls) is counted_through_run_sync
+    # should_compress runs with the provider's copy of its input, off the loop, at any length.
+    assert [getattr(fn, "__name__", "") for fn in calls].count("_prepare") == 1
 
 
 async def test_covered_through_and_digest_refer_to_the_original_input() -> None:
