@@ -42,7 +42,6 @@ from proxy.checkpoint import (
 from proxy.config import PolicySettings, Settings
 from proxy.decision import (
     CHAT,
-    MAX_MESSAGES,
     REWRITTEN,
     Action,
     ChatRequest,
@@ -206,7 +205,7 @@ class Compactor:
         `confirm`: the upstream's own count of the request, asked for near the trigger
         (`proxy.dialects.confirm`).
         """
-        if request.body is None or request.messages is None:
+        if request.body is None or (request.messages is None and not request.oversized):
             return self._outcome(request, "passthrough")  # not ours to judge: the upstream is
         resolved = self.policies.resolve(
             key_fingerprint=request.key_id,
@@ -302,10 +301,10 @@ class Compactor:
     async def _count(
         self, request: ChatRequest, policy: PolicySettings, window: int | None
     ) -> _Counted:
+        if request.oversized:
+            raise TooManyMessagesError  # every step from here on costs per message
         assert request.body is not None
         assert request.messages is not None
-        if len(request.messages) > MAX_MESSAGES:
-            raise TooManyMessagesError  # every step from here on costs per message
         info = self._model(request)
         if window is not None:
             info = info.with_window(window)

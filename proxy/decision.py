@@ -49,9 +49,10 @@ REWRITTEN: frozenset[str] = frozenset({"lossless", "replayed", "compacted"})
 
 CONVERSATION_HEADER = "x-compactd-conversation-id"
 MAX_MESSAGES = 50_000
-"""More messages than this are forwarded as sent without being digested, counted or compacted
-(`x-compactd-error: too_many_messages`): every step costs per message, so ~900k tiny ones (a
-32 MB body) held a worker for ~50 s. At this many, a 1M-token window leaves ~20 tokens each."""
+"""A history of more items than this is forwarded as sent without being projected, digested,
+counted or compacted (`x-compactd-error: too_many_messages`): every step costs per item, so
+~900k tiny messages (a 32 MB body) held a worker for ~50 s. At this many, a 1M-token window
+leaves ~20 tokens each."""
 _SAFE_CONV = re.compile(r"[A-Za-z0-9._:-]{1,96}")
 
 
@@ -61,6 +62,10 @@ class Dialect(Protocol):
     @property
     def name(self) -> str:
         """The API's name, e.g. `chat.completions`."""
+
+    @property
+    def field(self) -> str:
+        """The body field that holds the history (`messages`, `input`)."""
 
     def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
         """The body's messages as chat messages, or None if it has none we can work on."""
@@ -97,6 +102,7 @@ class ChatCompletions:
     """`POST /v1/chat/completions`: the messages are the body's `messages`, as they are."""
 
     name: str = "chat.completions"
+    field: str = "messages"
     stream_usage_option: bool = True
 
     def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
@@ -158,6 +164,9 @@ class ChatRequest:
     conversation: str = ""
     dialect: Dialect = CHAT
     started: float = field(default_factory=time.perf_counter)
+    oversized: bool = False
+    """More history items than `MAX_MESSAGES`: none projected, digested or counted (the
+    decision fails open at once)."""
 
     @property
     def tenant(self) -> str | None:
@@ -194,15 +203,18 @@ def read_request(
     if not isinstance(body, dict):
         return ChatRequest(raw, frozen, identity, dialect=dialect, started=started)
     model = body.get("model")
+    items = body.get(dialect.field)
+    oversized = isinstance(items, list) and len(items) > MAX_MESSAGES
     request = ChatRequest(
         raw=raw,
         headers=frozen,
         identity=identity,
         body=body,
-        messages=dialect.messages(body),
+        messages=None if oversized else dialect.messages(body),
         model=model if isinstance(model, str) else "",
         dialect=dialect,
         started=started,
+        oversized=oversized,
     )
     return with_conversation(request) if identify else request
 
@@ -212,7 +224,7 @@ def with_conversation(request: ChatRequest) -> ChatRequest:
     to the first user message (per message of those: `Compactor.read` takes a long one's in a
     thread)."""
     messages = request.messages
-    if messages is None or len(messages) > MAX_MESSAGES:
+    if messages is None:
         return request
     try:
         conversation = _conversation(request.headers.get(CONVERSATION_HEADER), messages)

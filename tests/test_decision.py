@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import threading
@@ -18,6 +19,7 @@ from proxy.decision import MAX_MESSAGES, Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.chain import LONG_HISTORY
 from proxy.providers.registry import ProviderRegistry
+from tests.dialects.harness import harness
 from tests.inprocess import MockUpstream, context_length_error, reply, running
 from tests.tiny_model import tiny_model
 
@@ -165,6 +167,30 @@ async def test_a_request_with_too_many_messages_fails_open_before_any_work(
     assert proxy.upstream.last.content == raw
     assert (fail_open, Spy.calls) == (1, 0)
     assert any(getattr(rec, "reason", "") == "too_many_messages" for rec in caplog.records)
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_too_many_items_fail_open_on_every_api_before_they_are_projected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, api: str
+) -> None:
+    module = importlib.import_module(f"proxy.dialects.{api}")
+    projected: list[Any] = []
+    real = module._project
+    monkeypatch.setattr(module, "_project", lambda *a: projected.append(a) or real(*a))
+    one: Message = {"type": "message", "role": "user", "content": "x"}
+    field = "input" if api == "responses" else "messages"
+    if api == "messages":
+        del one["type"]
+    request = {"model": "gpt-4o", "max_tokens": 16, field: [one] * (MAX_MESSAGES + 1)}
+    async with harness(tmp_path) as h:
+        r = await (h.create if api == "responses" else h.message)(request)
+        fail_open = h.metric("compactd_fail_open_total", reason="too_many_messages")
+        fake = h.responses if api == "responses" else h.messages
+        received = fake.last.json()[field]
+    assert r.headers["x-compactd-action"] == "error"
+    assert r.headers["x-compactd-error"] == "too_many_messages"
+    assert len(received) == MAX_MESSAGES + 1
+    assert (fail_open, projected) == (1, [])
 
 
 @pytest.mark.parametrize(("turns", "where"), [(40, "loop"), (LONG_HISTORY + 1, "thread")])
