@@ -16,6 +16,7 @@ becomes a plain text message. What only the native items carry is counted by `Na
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import threading
@@ -224,10 +225,10 @@ def match_originals(sent: Sequence[Message], current: Sequence[Message]) -> list
     for message in sent:
         found = None
         if NATIVE in message:
-            for j in positions.get(message_digest(message), ()):
-                if j >= floor:
-                    found = j
-                    break
+            # The first position at or after floor (a repeated message has many: not a scan).
+            at = positions.get(message_digest(message), [])
+            k = bisect.bisect_left(at, floor)
+            found = at[k] if k < len(at) else None
         if found is not None:
             floor = found + 1
         out.append(Sent(message, found))

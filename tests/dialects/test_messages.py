@@ -231,3 +231,13 @@ def test_a_claude_image_counts_by_anthropics_pixel_rule_not_openais_tiles() -> N
     assert cost([text, image]) - cost([text]) == 1366
     remote = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
     assert cost([text, remote]) - cost([text]) == 1640
+
+
+def test_a_history_of_repeated_messages_goes_back_as_it_came() -> None:
+    # Every repeat of a message is matched to its own original, in order: the way back looked
+    # each one up from the first repeat (8 s of the event loop for 49,000 such messages).
+    request = body([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}] * 300)
+    projected = MESSAGES.messages(request)
+    assert projected is not None
+    sent = MESSAGES.with_messages(request, projected[:10] + projected[-100:])
+    assert json.loads(sent)["messages"] == request["messages"][:10] + request["messages"][-100:]
