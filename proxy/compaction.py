@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import orjson
 
 from proxy import rewrite
 from proxy.bodycache import BodyCache
@@ -186,9 +189,21 @@ class Compactor:
         self, raw: bytes, headers: Sequence[tuple[bytes, bytes]], dialect: Dialect = CHAT
     ) -> ChatRequest:
         """The request value for these bytes and the client's headers (tenant from their key)."""
-        # Parsed here (the body cache is the event loop's), digested in a thread if long.
+        # Parsed here (the body cache is the event loop's), the rest in a thread if long.
+        started = time.perf_counter()
+        try:
+            body = self.bodies.parse(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        parse = functools.partial(_given, body)
+        items = body.get(dialect.field) if isinstance(body, dict) else None
+        if dialect is not CHAT and isinstance(items, list) and len(items) > LONG_HISTORY:
+            # Projected onto chat messages item by item, in Python: all of it in a thread.
+            return await asyncio.to_thread(
+                read_request, raw, headers, self.tenancy, dialect, parse=parse, started=started
+            )
         request = read_request(
-            raw, headers, self.tenancy, dialect, parse=self.bodies.parse, identify=False
+            raw, headers, self.tenancy, dialect, parse=parse, identify=False, started=started
         )
         messages = request.messages
         if messages is not None and root_length(messages) > LONG_HISTORY:
@@ -418,7 +433,11 @@ class Compactor:
             cp = plan.compaction.checkpoint if plan.compaction is not None else None
             after = cp.covered_through if cp is not None else plan.generation
             unstored = await self._store_forms(request, policy, forms, after=after) or unstored
-        content = request.dialect.with_messages(request.body, sent)
+        if request.dialect is CHAT:  # orjson's: it holds the GIL in a thread too
+            content = request.dialect.with_messages(request.body, sent)
+        else:  # matched to the request's items and rebuilt in Python, message by message
+            history = request.messages or sent
+            content = await _per_message(history, request.dialect.with_messages, request.body, sent)
         expand = self._expand_plan(request, policy, sent, forms)
         if expand is not None:
             content = rewrite.with_messages(expand.body, sent)
@@ -858,6 +877,12 @@ class Compactor:
             injected_usage=injected,
             **kw,
         )
+
+
+def _given(body: Any, raw: bytes) -> Any:
+    """`parse` for `read_request` when the body was parsed already."""
+    del raw
+    return body
 
 
 async def _per_message(

@@ -187,12 +187,13 @@ def read_request(
     parse: Callable[[bytes], Any] = orjson.loads,
     *,
     identify: bool = True,
+    started: float | None = None,
 ) -> ChatRequest:
     """Parse the body once and derive everything the decision needs from it and the headers
     (the tenant in one call, `Tenancy.identify`). `parse`: orjson.loads or a drop-in that
     reuses earlier parses (proxy.bodycache). `identify=False`: without the conversation id
-    (`with_conversation` adds it)."""
-    started = time.perf_counter()
+    (`with_conversation` adds it). `started`: when reading began, if before this call."""
+    started = time.perf_counter() if started is None else started
     headers = raw_header_map(raw_headers)
     identity = tenancy.identify(headers)
     frozen = MappingProxyType(headers)

@@ -219,6 +219,35 @@ async def test_a_long_history_is_digested_and_recorded_off_the_event_loop(
     assert seen == {"root": {where}, "messages": {where}, "record": {where}}
 
 
+@pytest.mark.parametrize(("turns", "where"), [(20, "loop"), (LONG_HISTORY // 2 + 1, "thread")])
+async def test_a_long_messages_history_is_projected_and_goes_back_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, turns: int, where: str
+) -> None:
+    loop = threading.current_thread()
+    seen: dict[str, set[str]] = {"_project": set(), "emit_all": set()}
+    module = importlib.import_module("proxy.dialects.messages")
+
+    def spied(name: str, real: Any) -> Any:
+        def work(*args: Any) -> Any:
+            seen[name].add("loop" if threading.current_thread() is loop else "thread")
+            return real(*args)
+
+        return work
+
+    for name in seen:
+        monkeypatch.setattr(module, name, spied(name, getattr(module, name)))
+    history = [
+        {"role": role, "content": f"turn {t} " + "lorem ipsum " * 12}
+        for t in range(turns)
+        for role in ("user", "assistant")
+    ]
+    request = {"model": "claude-sonnet-4-5", "max_tokens": 16, "messages": [*history[:-1]]}
+    async with harness(tmp_path, default_policy={"budget_tokens": 600}) as h:
+        r = await h.message(request)
+    assert r.headers["x-compactd-action"] == "compacted"
+    assert seen == {"_project": {where}, "emit_all": {where}}
+
+
 async def test_over_budget_is_compacted_and_restores_exactly(tmp_path: Path) -> None:
     original = history(6)
     async with running(tmp_path, **SMALL) as proxy:
