@@ -4,9 +4,10 @@ Both are ASGI apps (served on a real socket with `tests.upstream.serve`, or in-p
 `httpx.ASGITransport`). They record every request and refuse, with the API's own 400, what the
 real API refuses:
 
-- Responses: a `reasoning` item not followed by the model output it belongs to (an assistant
-  message, a call), or whose encrypted content this upstream never issued; a function/custom
-  call without its output, an output answering no call; a `compaction` item it never issued.
+- Responses: a `reasoning` item (or an `item_reference` to one) not followed by the model
+  output it belongs to (an assistant message, a call), or whose encrypted content this
+  upstream never issued; a function/custom call without its output, an output answering no
+  call; a `compaction` item it never issued.
 - Messages: a `tool_use` not answered by `tool_result` blocks at the start of the next user
   turn (consecutive same-role messages are one turn, as the API combines them), a result
   answering no `tool_use` of the turn right before; a thinking block whose signature is not
@@ -110,6 +111,12 @@ def _model_output(item: Json) -> bool:
     return kind != "reasoning" and not str(kind).endswith("_output")
 
 
+def _reasoning_reference(item: Json) -> bool:
+    """Whether an item is a reference to a stored reasoning item (which the API resolves to
+    the item itself, with the same rule on what follows it)."""
+    return item.get("type") == "item_reference" and str(item.get("id")).startswith("rs_")
+
+
 @dataclass
 class FakeResponses(_Base):
     """`POST /v1/responses` with reasoning, function calls and compaction items."""
@@ -153,9 +160,9 @@ class FakeResponses(_Base):
         answered: set[str] = set()
         for i, item in enumerate(items):
             kind = item.get("type")
-            if kind == "reasoning":
-                if item.get("encrypted_content") not in self.issued:
-                    raise InvalidRequestError(f"reasoning item {i} was altered or never issued")
+            if kind == "reasoning" and item.get("encrypted_content") not in self.issued:
+                raise InvalidRequestError(f"reasoning item {i} was altered or never issued")
+            if kind == "reasoning" or _reasoning_reference(item):
                 if i + 1 >= len(items) or not _model_output(items[i + 1]):
                     raise InvalidRequestError(
                         f"Item '{item.get('id')}' of type 'reasoning' was provided without its "

@@ -10,10 +10,11 @@ Items are grouped into the units compaction knows:
   always travels with the item it precedes, and a unit is reasoning + call + the call's output;
 - each output (`function_call_output` …) answering that run is one `tool` message.
 
-Everything compaction must never touch or cannot pair — `compaction` items, item references,
-configuration updates, types this adapter does not know, an output whose call is not right
-before it, a call whose output is not right after it — is projected as a `system` message: the
-chat rules keep those verbatim and never drop them. `instructions` and `tools` are outside the
+Everything compaction must never touch or cannot pair — `compaction` items, item references
+(and the run right after a reference to a reasoning item), configuration updates, types this
+adapter does not know, an output whose call is not right before it, a call whose output is not
+right after it — is projected as a `system` message: the chat rules keep those verbatim and
+never drop them. `instructions` and `tools` are outside the
 input and never touched; they are counted as the request's fixed cost.
 
 A request that continues server-side history (`previous_response_id`, `conversation`) is
@@ -23,6 +24,7 @@ compacted (`x-compactd-action: server-history`).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,8 +148,22 @@ def _groups(items: Sequence[Any]) -> list[_Group]:
             groups[-1].items.append(item)
         else:
             groups.append(_Group(kind, [item]))
+    _pin_after_reasoning_references(groups)
     _pin_unpaired(groups)
     return groups
+
+
+def _pin_after_reasoning_references(groups: list[_Group]) -> None:
+    """A reference to a stored reasoning item (`rs_...`) is pinned, so the run right after it,
+    the item that reasoning belongs to, is too: the API refuses reasoning not followed by it."""
+    for before, group in itertools.pairwise(groups):
+        last = before.items[-1]
+        if (
+            group.kind == "model"
+            and last.get("type") == "item_reference"
+            and str(last.get("id")).startswith("rs_")
+        ):
+            group.kind = "pinned"
 
 
 def _pin_unpaired(groups: list[_Group]) -> None:

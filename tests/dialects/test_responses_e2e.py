@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 import pytest
 
+from tests.api_fakes import FakeResponses
 from tests.dialects.conversations import responses_input
 from tests.dialects.harness import harness
 
 SMALL = {"default_policy": {"budget_tokens": 4000}}
+TRIM = {"default_policy": {"budget_tokens": 3000, "providers": ["trim"]}}
+PROSE = "The service switches blue-green, with a health check on every node. " * 12
 Json = dict[str, Any]
 
 
@@ -24,6 +28,15 @@ def request(items: list[Json], **extra: Any) -> Json:
         "store": False,
         **extra,
     }
+
+
+def research(fake: FakeResponses, turns: int, run: Callable[[int], list[Json]]) -> list[Json]:
+    """A research conversation: each turn a question and the model's `run(turn)` for it."""
+    items: list[Json] = [{"role": "user", "content": "Research the deployment."}]
+    for t in range(turns):
+        fake.counter += 1
+        items += [{"role": "user", "content": f"And part {t}?"}, *run(t)]
+    return [*items, {"role": "user", "content": "Summarize."}]
 
 
 async def test_under_budget_the_request_goes_upstream_byte_for_byte(tmp_path) -> None:
@@ -161,22 +174,19 @@ async def test_a_policy_can_match_the_api_and_metrics_carry_it(tmp_path) -> None
 
 
 async def test_a_run_with_two_answers_is_rewritten_into_a_request_the_api_accepts(tmp_path) -> None:
-    prose = "The service switches blue-green, with a health check on every node. " * 12
-    policy = {"default_policy": {"budget_tokens": 3000, "providers": ["trim"]}}
-    async with harness(tmp_path, **policy) as h:
+    async with harness(tmp_path, **TRIM) as h:
         fake = h.responses
-        items: list[Json] = [{"role": "user", "content": "Research the deployment."}]
-        for t in range(12):
-            fake.counter += 1
-            items += [
-                {"role": "user", "content": f"And part {t}?"},
+        items = research(
+            fake,
+            12,
+            lambda t: [
                 fake.reasoning(f"search for part {t}"),
-                fake.message(f"Part {t}, first: {prose}") | {"id": f"msg_a{t}"},
+                fake.message(f"Part {t}, first: {PROSE}") | {"id": f"msg_a{t}"},
                 {"type": "web_search_call", "id": f"ws_{t}", "status": "completed", "action": {}},
                 fake.reasoning(f"answer part {t}"),
-                fake.message(f"Part {t}, then: {prose}") | {"id": f"msg_b{t}"},
-            ]
-        items.append({"role": "user", "content": "Summarize."})
+                fake.message(f"Part {t}, then: {PROSE}") | {"id": f"msg_b{t}"},
+            ],
+        )
         # Runs are rewritten (their text in their first message), not only dropped.
         sent = await h.compacted("responses", request(items))
         rewritten = [i for i in sent if "compactd:ref" in json.dumps(i) and "id" in i]
@@ -197,3 +207,19 @@ async def test_a_restore_keeps_the_breakpoints_of_the_items_sent_as_they_were(tm
         restored = await h.uncompress({"api": "responses", "input": sent})
         # What the client resends from a restore is cached where it asked for it.
         assert restored.json()["input"] == items
+
+
+async def test_the_run_after_a_reference_to_reasoning_is_kept_with_it(tmp_path) -> None:
+    async with harness(tmp_path, **TRIM) as h:
+
+        def answer(t: int) -> list[Json]:
+            reasoning = h.responses.reasoning(f"think about part {t}")
+            return [reasoning, h.responses.message(f"Part {t}: {PROSE}") | {"id": f"msg_{t}"}]
+
+        items = research(h.responses, 24, answer)
+        # A client with `store: true` sends the reasoning of an old turn by reference: pinned,
+        # and the answer it belongs to must stay right after it.
+        items[2] = {"type": "item_reference", "id": items[2]["id"]}
+        sent = await h.compacted("responses", request(items, store=True))
+        at = sent.index(items[2])
+        assert sent[at + 1] == items[3]
