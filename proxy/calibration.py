@@ -37,11 +37,12 @@ _MAX_MODELS = 512
 
 def sees_all(body: Mapping[str, Any] | None) -> bool:
     """Whether our estimate of this request saw all the upstream counts: not with an image or
-    document by URL or file id, or MCP servers (the upstream fetches their contents). Such a
-    request's count is not a tokenizer's ratio, and it would move every tenant's."""
+    document by URL or file id, or MCP servers (the upstream fetches their contents), nor with
+    `context_management` (the upstream clears old tool results or thinking before it counts).
+    Such a request's count is not a tokenizer's ratio, and it would move every tenant's."""
     if body is None:
         return True
-    if body.get("mcp_servers"):
+    if body.get("mcp_servers") or body.get("context_management"):
         return False
     return not any(_by_reference(m.get("content")) for m in _mappings(body.get("messages")))
 

@@ -44,6 +44,7 @@ def _with(*blocks: dict[str, object]) -> dict[str, object]:
 INLINE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iV"}}
 BY_URL = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
 BY_ID = {"type": "document", "source": {"type": "file", "file_id": "file_1"}}
+CLEAR = {"type": "clear_tool_uses_20250919", "keep": {"type": "tool_uses", "value": 3}}
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,7 @@ BY_ID = {"type": "document", "source": {"type": "file", "file_id": "file_1"}}
         (_with(BY_ID), False),
         (_with({"type": "tool_result", "tool_use_id": "t", "content": [BY_URL]}), False),
         ({**_with(INLINE), "mcp_servers": [{"type": "url", "url": "https://mcp.test"}]}, False),
+        ({**_with(INLINE), "context_management": {"edits": [CLEAR]}}, False),
     ],
 )
 def test_a_request_with_input_the_estimate_never_sees_teaches_nothing(
