@@ -306,12 +306,13 @@ class Compactor:
             info=info,
             minimum=minimum,
         )
+        retry = retry_window(upstream_message, sent=sent, info=info, minimum=minimum)
         if learned is None:
-            return retry_window(upstream_message, sent=sent, info=info, minimum=minimum)
+            return retry
         if self.windows is not None:
             self.windows.learn(request.model, learned)
         log.info("learned context window", extra={"model": request.model, "window": learned})
-        return learned
+        return min(learned, retry)  # the retry in our units, the window learned as stated
 
     async def _count(
         self, request: ChatRequest, policy: PolicySettings, window: int | None

@@ -137,10 +137,19 @@ def validated_window(
 
 
 def retry_window(message: str, *, sent: int, info: ModelInfo, minimum: int) -> int:
-    """The window one refused request is retried under when nothing could be learned: the
-    stated limit or 70 % of what was sent, within the same bounds (used once, never stored)."""
+    """The window one refused request is retried under: the stated limit or 70 % of what was
+    sent, within the same bounds (used once, never stored). The limit is in the upstream's
+    units; when it also states a plausible count of the request (within `TOLERANCE` of ours)
+    above ours, the limit is scaled to ours (limit * sent / its count), or a budget of the
+    limit in our units would still be too long in its."""
     found = parse_overflow(message)
     guess = found.limit if found is not None else int(sent * 0.7)
+    if (
+        found is not None
+        and found.prompt is not None
+        and sent < found.prompt <= sent + TOLERANCE * sent
+    ):
+        guess = found.limit * sent // found.prompt
     return max(min(guess, info.context_window), floor_for(info, minimum))
 
 

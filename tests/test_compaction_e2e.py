@@ -37,6 +37,18 @@ def history(turns: int) -> list[dict[str, Any]]:
     return msgs
 
 
+def overflow_error(message: str) -> dict[str, Any]:
+    """An OpenAI context-length 400 body with this message."""
+    return {
+        "error": {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
 def sdk(url: str, key: str = "sk-alpha") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
@@ -209,6 +221,25 @@ async def test_bypass_is_honoured_only_when_the_policy_allows_it(
     assert (fake.last.body == body) is allowed
 
 
+async def refused_once(
+    fake: Any, client: Any, msgs: list[dict[str, Any]], limit: int, theirs: Any
+) -> tuple[httpx.Headers, httpx.Headers]:
+    """Send `msgs` once, then again with the upstream refusing it once as longer than `limit`,
+    stating `theirs(sent)` tokens: the two answers' headers."""
+    first = await chat(client, msgs, model="tiny-1")
+    sent = int(first["x-compactd-tokens-before"])
+    fake.then(
+        respond(
+            400,
+            overflow_error(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"messages resulted in {theirs(sent)} tokens."
+            ),
+        )
+    )
+    return first, await chat(client, msgs, model="tiny-1")
+
+
 async def test_context_length_error_is_retried_once_compacted(
     upstream, make_proxy, tmp_path
 ) -> None:
@@ -218,18 +249,7 @@ async def test_context_length_error_is_retried_once_compacted(
         base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
     ) as url:
         client = sdk(url)
-        sent = int((await chat(client, msgs, model="tiny-1"))["x-compactd-tokens-before"])
-        overflow = {
-            "error": {
-                "message": f"This model's maximum context length is 1100 tokens. However, your "
-                f"messages resulted in {sent} tokens.",
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
-        }
-        fake.then(respond(400, overflow))
-        h = await chat(client, msgs, model="tiny-1")
+        _, h = await refused_once(fake, client, msgs, 1100, lambda sent: sent)
         # The window is remembered: the next request is compacted before it is sent.
         h2 = await chat(
             client,
@@ -242,6 +262,27 @@ async def test_context_length_error_is_retried_once_compacted(
     assert h["x-compactd-action"] == "compacted"
     assert int(h["x-compactd-tokens-after"]) < 1100
     assert h2["x-compactd-action"] in ("compacted", "replayed")
+
+
+async def test_a_retry_targets_the_stated_window_in_our_units(
+    upstream, make_proxy, tmp_path
+) -> None:
+    # The upstream counts more than we do: its window (the table's) in our units is smaller,
+    # so the request that fitted ours is compacted on the retry rather than the 400 relayed.
+    fake, base = upstream
+    msgs = history(24)
+    async with make_proxy(
+        base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
+    ) as url:
+        client = sdk(url)
+        first, h = await refused_once(fake, client, msgs, 4000, lambda sent: sent * 6 // 5)
+        await client.close()
+    sent = int(first["x-compactd-tokens-before"])
+    theirs = sent * 6 // 5
+    assert first["x-compactd-action"] == "passthrough"
+    assert 4000 * sent // theirs < sent
+    assert h["x-compactd-retried"] == "context-length"
+    assert int(h["x-compactd-tokens-after"]) < 4000 * sent // theirs
 
 
 async def test_a_gzip_encoded_context_length_error_is_retried_too(

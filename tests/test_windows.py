@@ -148,6 +148,18 @@ def test_a_retry_without_a_lesson_is_bounded_the_same_way() -> None:
     ) == (32_768)
 
 
+def test_a_retry_is_targeted_in_our_units_when_the_upstream_counts_more() -> None:
+    # Our count of what was sent is below the upstream's: its limit, in our units, is smaller.
+    message = (
+        "This model's maximum context length is 128000 tokens. However, your messages resulted "
+        "in 130000 tokens."
+    )
+    assert retry_window(message, sent=120_000, info=GPT4O, minimum=8192) == 118_153
+    # An implausible count (not about what we sent) is not scaled by.
+    far = message.replace("130000", "400000")
+    assert retry_window(far, sent=120_000, info=GPT4O, minimum=8192) == 128_000
+
+
 def test_scopes_differ_per_upstream() -> None:
     assert upstream_scope("https://a.example/v1") == upstream_scope("https://a.example/v1/")
     assert upstream_scope("https://a.example/v1") != upstream_scope("https://b.example/v1")
