@@ -243,7 +243,8 @@ class TooManyMessagesError(Exception):
 def _conversation(header: str | None, messages: Sequence[Message]) -> str:
     if header:
         header = header.strip()
-        if _SAFE_CONV.fullmatch(header) and valid_id(header):
+        # "." and ".." are URL dot-segments: no path to the API could name them.
+        if _SAFE_CONV.fullmatch(header) and valid_id(header) and header not in (".", ".."):
             return header
         return "h-" + message_digest({"conversation": header})[:24]
     return conversation_id(messages)
