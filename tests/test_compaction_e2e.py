@@ -6,6 +6,8 @@ import asyncio
 import gzip
 import json
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -221,6 +223,19 @@ async def test_bypass_is_honoured_only_when_the_policy_allows_it(
     assert (fake.last.body == body) is allowed
 
 
+@asynccontextmanager
+async def uncapped_client(make_proxy: Any, base: str, tmp_path: Any) -> AsyncIterator[Any]:
+    """An SDK client of compactd in front of `base`: the tiny model, a budget no request reaches."""
+    async with make_proxy(
+        base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
+    ) as url:
+        client = sdk(url)
+        try:
+            yield client
+        finally:
+            await client.close()
+
+
 async def refused_once(
     fake: Any, client: Any, msgs: list[dict[str, Any]], limit: int, theirs: Any
 ) -> tuple[httpx.Headers, httpx.Headers]:
@@ -245,10 +260,7 @@ async def test_context_length_error_is_retried_once_compacted(
 ) -> None:
     fake, base = upstream
     msgs = history(8)
-    async with make_proxy(
-        base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
-    ) as url:
-        client = sdk(url)
+    async with uncapped_client(make_proxy, base, tmp_path) as client:
         _, h = await refused_once(fake, client, msgs, 1100, lambda sent: sent)
         # The window is remembered: the next request is compacted before it is sent.
         h2 = await chat(
@@ -256,7 +268,6 @@ async def test_context_length_error_is_retried_once_compacted(
             [*msgs, {"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}],
             model="tiny-1",
         )
-        await client.close()
     assert len(fake.received) == 4
     assert h["x-compactd-retried"] == "context-length"
     assert h["x-compactd-action"] == "compacted"
@@ -271,12 +282,8 @@ async def test_a_retry_targets_the_stated_window_in_our_units(
     # so the request that fitted ours is compacted on the retry rather than the 400 relayed.
     fake, base = upstream
     msgs = history(24)
-    async with make_proxy(
-        base, default_policy={"budget_tokens": 100000}, tokens=tiny_model(tmp_path)
-    ) as url:
-        client = sdk(url)
+    async with uncapped_client(make_proxy, base, tmp_path) as client:
         first, h = await refused_once(fake, client, msgs, 4000, lambda sent: sent * 6 // 5)
-        await client.close()
     sent = int(first["x-compactd-tokens-before"])
     theirs = sent * 6 // 5
     assert first["x-compactd-action"] == "passthrough"

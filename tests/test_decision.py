@@ -475,7 +475,7 @@ async def test_decide_is_a_pure_function_of_the_request_value(tmp_path: Path) ->
 
 def test_a_dot_segment_conversation_id_is_hashed_as_ids_no_path_can_name_are() -> None:
     # "." and ".." are URL dot-segments: /compactd/v1/conversations/.. never reaches such an id,
-    # so the API, the dashboard and the CLI's --id could not find the conversation again.
+    # so the API and the dashboard could not find the conversation again.
     for header in (".", "..", " .. "):
         conversation = decision._conversation(header, [])
         assert conversation.startswith("h-"), header
