@@ -190,6 +190,7 @@ def create_app(
             strip_usage_null=settings.accounting.strip_usage_null,
             max_sse_event_bytes=settings.accounting.max_sse_event_bytes,
             retry_context_errors=settings.upstream.retry_context_errors,
+            stream_overflow_wait=settings.upstream.stream_overflow_wait_ms / 1000,
             anthropic=services.anthropic,
             # Upstream-key mode for Anthropic only with an Anthropic key: else clients' own.
             anthropic_gate=Gate(

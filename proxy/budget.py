@@ -319,6 +319,12 @@ def context_overflow_message(body: bytes) -> str | None:
         return None
     if not isinstance(error, dict):
         return None
+    return overflow_message(error)
+
+
+def overflow_message(error: Mapping[str, Any]) -> str | None:
+    """An API error object's message (its code if it has none) if it says the context window
+    was exceeded: a 400's `error`, or a Responses stream's `error` event."""
     message = str(error.get("message") or "")
     code = str(error.get("code") or "")
     lowered = message.lower()

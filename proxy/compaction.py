@@ -344,6 +344,16 @@ class Compactor:
             counted = counter.count_messages(request.messages)
         return _Counted(budget, counter, fixed, fixed + counted, raw)
 
+    def input_window(self, request: ChatRequest) -> int:
+        """The most input tokens the request's model takes, as far as compactd knows (a window
+        learned from the upstream's refusals included)."""
+        info = self._model(request)
+        if self.windows is not None:
+            info = self.windows.apply(request.model, info)
+        if info.max_input:
+            return min(info.context_window, info.max_input)
+        return info.context_window
+
     def _model(self, request: ChatRequest) -> ModelInfo:
         """The model's table entry, with the window the request opts into (on the Messages
         API, Anthropic's 1M-context beta)."""

@@ -95,6 +95,7 @@ class UpstreamSettings:
     api_key: str = ""
     allowed_keys: tuple[str, ...] = ()
     retry_context_errors: bool = True
+    stream_overflow_wait_ms: int = 2000
     max_response_header_bytes: int = 16 * 1024
     anthropic_url: str = DEFAULT_ANTHROPIC_UPSTREAM
     anthropic_api_key: str = ""
@@ -109,6 +110,11 @@ class UpstreamSettings:
         _check(self.connect_timeout > 0, f"{p}.connect_timeout", "must be > 0")
         _check(self.read_timeout >= 0, f"{p}.read_timeout", "must be >= 0 (0 = no limit)")
         _check(self.max_connections > 0, f"{p}.max_connections", "must be > 0")
+        _check(
+            self.stream_overflow_wait_ms >= 0,
+            f"{p}.stream_overflow_wait_ms",
+            "must be >= 0 (0 = never hold a stream)",
+        )
         _check(self.keepalive_seconds > 0, f"{p}.keepalive_seconds", "must be > 0")
         _check(
             self.max_response_header_bytes >= 1024,

@@ -34,6 +34,7 @@ from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, request_headers, response_headers
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
+from proxy.opening import read_opening
 from proxy.rewrite import upstream_headers
 from proxy.stats import fail_open_reason
 from proxy.store.base import Store, UsageRecord, resolve_readable
@@ -45,6 +46,12 @@ log = logging.getLogger("compactd.handler")
 
 # An upstream 400 is read (to look for a context-length error) only up to this size.
 OVERFLOW_BODY_LIMIT = 64 * 1024
+# A Responses stream's opening events are held (to look for an overflow reported inside it) up
+# to this size: `response.created` repeats the request's instructions and tools.
+OPENING_LIMIT = 1 << 20
+# ... and only when what was sent is at least this share of the model's input window: no
+# count of the upstream's is that far above ours.
+NEAR_WINDOW = 0.5
 JSON_USAGE_LIMIT = 4 * 1024 * 1024
 
 
@@ -78,6 +85,8 @@ class Handler:
     strip_usage_null: bool = True
     max_sse_event_bytes: int = MAX_EVENT_BYTES
     retry_context_errors: bool = True
+    stream_overflow_wait: float = 2.0
+    """Seconds a Responses stream near its window may be held for an overflow it reports."""
     anthropic: Upstream | None = None
     """The upstream for Anthropic's paths (`upstream.anthropic_url`); None: `upstream`."""
     anthropic_gate: Gate | None = None
@@ -262,6 +271,7 @@ class _ChatExchange:
         self.expander: Expander | None = None
 
     async def run(self) -> None:
+        body = None
         try:
             response = await self._send(self.outcome)
             if (
@@ -273,6 +283,8 @@ class _ChatExchange:
                 if retried is None:
                     return
                 response = retried
+            elif self._holds_opening(response):
+                response, body = await self._opened(response)
             if self.outcome.expand is not None and response.status_code == 200:
                 response = await self._expanded(response, self.outcome.expand)
         except ProxyError as exc:
@@ -281,7 +293,52 @@ class _ChatExchange:
             anthropic = self.route.api.anthropic
             await send_api_error(self.send, exc, self._our_headers(), anthropic=anthropic)
             return
-        await self._relay(response)
+        await self._relay(response, body)
+
+    def _holds_opening(self, response: httpx.Response) -> bool:
+        """Whether this answer may be a Responses stream reporting an overflow that a retry
+        could fix (`proxy.opening`): a stream of a request near its window that compactd would
+        decide again (not bypassed, shadowed or holding server-side history)."""
+        out, raw = self.outcome, response.headers.raw
+        if (
+            self.route.api is not RESPONSES_API
+            or not self.h.retry_context_errors
+            or self.h.stream_overflow_wait <= 0
+            or response.status_code != 200
+            or self.request.body is None
+            or self.request.body.get("stream") is not True
+            or out.retried
+            or out.expand is not None
+            or out.action in ("bypass", "shadow", "server-history")
+            or not is_event_stream(raw)
+            or header(raw, b"content-encoding")
+        ):
+            return False
+        sent = (out.tokens_after if out.action in REWRITTEN else out.tokens_before) or 0
+        return sent >= NEAR_WINDOW * self.h.compactor.input_window(self.request)
+
+    async def _opened(
+        self, response: httpx.Response
+    ) -> tuple[httpx.Response, AsyncIterator[bytes] | None]:
+        """The answer to relay after a Responses stream's opening was read: the same stream,
+        or, when it reports an overflow a retry can fix, the retry's answer."""
+        opening = await read_opening(
+            response, seconds=self.h.stream_overflow_wait, limit=OPENING_LIMIT
+        )
+        retry = None
+        if opening.overflow is not None:
+            retry = await self.h.compactor.after_overflow(
+                self.request, self.outcome, opening.overflow
+            )
+        if retry is None:
+            return response, opening.body
+        await response.aclose()
+        log.info(
+            "retrying after context overflow in the stream", extra={"model": self.request.model}
+        )
+        self.outcome = retry
+        self.error = retry.error
+        return await self._send(retry), None
 
     async def _send(self, outcome: Outcome) -> httpx.Response:
         self.overhead = time.perf_counter() - self.request.started

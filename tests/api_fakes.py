@@ -101,6 +101,14 @@ class _Base:
 
 # --- Responses ---------------------------------------------------------------------------------
 
+OVERFLOW_MESSAGE = (
+    "Your input exceeds the context window of this model. Please adjust your input and try again."
+)
+
+
+def sse_event(kind: str, data: Json) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps(data)}\n\n".encode()
+
 
 def _model_output(item: Json) -> bool:
     """Whether an item is model output a reasoning item may belong to (not an input message,
@@ -124,6 +132,9 @@ class FakeResponses(_Base):
     issued: set[str] = field(default_factory=set)
     """Encrypted contents this upstream gave out (reasoning and compaction items)."""
     counter: int = 0
+    window: int | None = None
+    """The model's context window: a request whose input exceeds it is refused, with a 400, or
+    when it streams, as the API does, inside a 200 (`overflow_events`)."""
 
     def answer(self, req: Received) -> tuple[int, bytes, bool]:
         if req.method == "POST" and req.path == "/v1/chat/completions":
@@ -137,6 +148,13 @@ class FakeResponses(_Base):
             self.refused.append(str(exc))
             error = {"message": str(exc), "type": "invalid_request_error", "param": "input"}
             return 400, json.dumps({"error": {**error, "code": None}}).encode(), False
+        if self.window is not None and true_tokens(body.get("input")) > self.window:
+            self.refused.append(OVERFLOW_MESSAGE)
+            if body.get("stream"):
+                return 200, self.overflow_events(body), True
+            error = {"message": OVERFLOW_MESSAGE, "type": "invalid_request_error"}
+            error.update(param="input", code="context_length_exceeded")
+            return 400, json.dumps({"error": error}).encode(), False
         output = self.output(body)
         usage = self.usage(body, output)
         response = {
@@ -275,6 +293,34 @@ class FakeResponses(_Base):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": total,
         }
+
+    def overflow_events(self, body: Json) -> bytes:
+        """The stream the API answers a streamed request over its window with: announced, then
+        an `error` event and `response.failed`."""
+        response = {
+            "id": f"resp_{self.counter}",
+            "object": "response",
+            "created_at": 1700000000,
+            "status": "in_progress",
+            "model": body.get("model"),
+            "output": [],
+            "usage": None,
+            "error": None,
+        }
+        error = {"code": "context_length_exceeded", "message": OVERFLOW_MESSAGE, "param": "input"}
+        failed = {**response, "status": "failed", "error": {"code": error["code"]}}
+        failed["error"] = {"code": error["code"], "message": OVERFLOW_MESSAGE}
+        return b"".join(
+            sse_event(kind, {"type": kind, "sequence_number": seq, **data})
+            for seq, (kind, data) in enumerate(
+                [
+                    ("response.created", {"response": response}),
+                    ("response.in_progress", {"response": response}),
+                    ("error", error),
+                    ("response.failed", {"response": failed}),
+                ]
+            )
+        )
 
     def events(self, response: Json) -> bytes:
         out = []

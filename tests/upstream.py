@@ -141,8 +141,9 @@ def stream(
     gate: asyncio.Event | None = None,
     fail_after: int | None = None,
     headers: list[tuple[bytes, bytes]] | None = None,
+    gate_at: int = 1,
 ) -> Behaviour:
-    """SSE: `gate` (if given) must be set before events after the first are sent;
+    """SSE: `gate` (if given) must be set before events after the first `gate_at` are sent;
     `fail_after` breaks the connection after that many events."""
 
     async def run(ctx: Ctx) -> None:
@@ -163,7 +164,7 @@ def stream(
                     return
                 if fail_after is not None and i == fail_after:
                     raise ConnectionAbortedError("scripted mid-stream failure")
-                if i == 1 and gate is not None:
+                if i == gate_at and gate is not None:
                     await gate.wait()
                 await ctx.send({"type": "http.response.body", "body": ev, "more_body": True})
                 if delay:
