@@ -1,11 +1,13 @@
 """The embedded store: SQLite in WAL mode, safe with several worker processes on one machine.
 
 Statements run on dedicated threads, each owning one connection: a writer and a reader of the
-store's file, and one for the usage aggregates, which live in a file of their own so that
-accounting never holds the lock a compaction write needs. The event loop never blocks on disk,
-no connection is used from two threads, and a replay lookup never waits behind a compaction's
-fsync (WAL readers do not block on the writer). A cancelled caller does not stop a statement
-half-way: the thread finishes (or rolls back) the transaction.
+store's file for requests, whose SQLite waits for a lock no longer than the store timeout; one
+for the calls given the inspection timeout (restore, inspection, purge, learned windows), whose
+SQLite waits as long; and one for the usage aggregates, which live in a file of their own so
+that accounting never holds the lock a compaction write needs. The event loop never blocks on
+disk, no connection is used from two threads, and a replay lookup never waits behind a
+compaction's fsync (WAL readers do not block on the writer). A cancelled caller does not stop a
+statement half-way: the thread finishes (or rolls back) the transaction.
 
 The files hold verbatim originals: they are created 0600 (SQLite gives its -wal and -shm files
 the database's mode) in a directory created 0700.
@@ -48,9 +50,15 @@ _IDLE_S = 1.0
 class SqliteStore:
     """The Store protocol over one SQLite file."""
 
-    def __init__(self, writer: _Lane, reader: _Lane, usage: _Lane, timeout: float) -> None:
+    def __init__(
+        self, writer: _Lane, reader: _Lane, slow: _Lane, usage: _Lane, timeout: float
+    ) -> None:
         self._writer = writer
         self._reader = reader
+        # Calls given the inspection timeout need a connection that waits as long for a lock:
+        # on the writer's, an operator's purge gave up after the store timeout while another
+        # worker was writing, and waiting there would hold up this worker's compactions.
+        self._slow = slow
         self._usage = usage
         self._timeout = timeout
         self._next_purge = 0.0
@@ -65,11 +73,13 @@ class SqliteStore:
             _private(file)
         # Another worker may hold the write lock a while at start-up; wait longer than a request.
         slow_ms = max(timeout_ms, 5000)
+        inspect_ms = max(timeout_ms, round(INSPECTION_TIMEOUT_SECONDS * 1000))
         writer = await _Lane.open(path, slow_ms, timeout_ms, "w", sqlite_ops.connect)
         reader = await _Lane.open(path, timeout_ms, timeout_ms, "r", sqlite_ops.connect)
+        slow = await _Lane.open(path, slow_ms, inspect_ms, "s", sqlite_ops.connect)
         adopt = partial(sqlite_usage.connect, main_path=str(path))
-        usage = await _Lane.open(side, slow_ms, slow_ms, "u", adopt)
-        return cls(writer, reader, usage, timeout_ms / 1000)
+        usage = await _Lane.open(side, slow_ms, inspect_ms, "u", adopt)
+        return cls(writer, reader, slow, usage, timeout_ms / 1000)
 
     async def _run(
         self,
@@ -79,10 +89,10 @@ class SqliteStore:
         slow: bool = False,
         lane: _Lane | None = None,
     ) -> T:
-        """Run `fn(connection, *args)` on the writer's (or reader's, or `lane`'s) thread, within
-        the timeout (`slow`: the inspection timeout)."""
+        """Run `fn(connection, *args)` on the writer's, reader's (or `lane`'s) thread, within
+        the timeout (`slow`: the inspection timeout, on the lane whose locks wait as long)."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        lane = lane or (self._writer if write else self._reader)
+        lane = lane or (self._slow if slow else self._writer if write else self._reader)
         future = lane.call(fn, lane.con, *args)
         # A caller that timed out no longer awaits the statement: retrieve its outcome here, so
         # a late failure is not logged as "Future exception was never retrieved".
@@ -142,20 +152,18 @@ class SqliteStore:
         """Reference id -> original messages, for the ids this tenant owns."""
         if not ref_ids:
             return {}
-        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, write=False, slow=True)
+        return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, slow=True)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:
         """Everything stored for one conversation (admin: the most recently used of that id)."""
         check_ids(tenant, conversation)
-        return await self._run(
-            sqlite_ops.get_conversation, tenant, conversation, write=False, slow=True
-        )
+        return await self._run(sqlite_ops.get_conversation, tenant, conversation, slow=True)
 
     async def list_conversations(self, tenant: str | None) -> list[ConversationInfo]:
         """Conversations with sizes and counts, most recently used first (no originals)."""
-        return await self._run(sqlite_ops.list_conversations, tenant, write=False, slow=True)
+        return await self._run(sqlite_ops.list_conversations, tenant, slow=True)
 
     async def purge(self, tenant: str | None, conversation: str) -> bool:
         """Delete the conversation (admin: every tenant's conversation of that id)."""
@@ -220,7 +228,7 @@ class SqliteStore:
 
     async def windows(self, scope: str) -> dict[str, int]:
         """Every live learned window of an upstream."""
-        return await self._run(windows_ops.sqlite_windows, scope, write=False, slow=True)
+        return await self._run(windows_ops.sqlite_windows, scope, slow=True)
 
     async def put_calibration(self, api: str, model: str, ratio: float, ttl_seconds: int) -> None:
         """Record a calibration ratio (next to the learned windows, see `windows_ops`)."""
@@ -231,7 +239,7 @@ class SqliteStore:
     async def calibrations(self, api: str) -> dict[str, float]:
         """Every live calibration ratio of an API."""
         scope = windows_ops.calibration_scope(api)
-        found = await self._run(windows_ops.sqlite_windows, scope, write=False, slow=True)
+        found = await self._run(windows_ops.sqlite_windows, scope, slow=True)
         return {m: v / windows_ops.CALIBRATION_SCALE for m, v in found.items()}
 
     async def ping(self) -> None:
@@ -247,7 +255,7 @@ class SqliteStore:
 
     async def close(self) -> None:
         """Close each connection on its own thread, then stop the threads."""
-        for lane in (self._usage, self._reader, self._writer):
+        for lane in (self._usage, self._slow, self._reader, self._writer):
             await lane.close()
 
 

@@ -8,8 +8,12 @@ import sqlite3
 from pathlib import Path
 
 import httpx
+import pytest
 
+from proxy.store import sqlite as sqlite_store
+from tests.inprocess import running
 from tests.store.redis_server import RedisServer
+from tests.store.test_contract import A, compaction, history
 
 KEY = {"authorization": "Bearer sk-owner"}
 HANG_GUARD = 30  # seconds: only stops a hung test; no assertion on elapsed time
@@ -48,8 +52,11 @@ async def test_every_api_endpoint_answers_503_while_redis_is_down(
 
 
 async def test_a_locked_sqlite_store_answers_503_not_500(
-    upstream, make_proxy, tmp_path: Path
+    upstream, make_proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A purge waits for the lock as long as restore and inspection may take: shortened here, as
+    # a lock held past it is what this test is about.
+    monkeypatch.setattr(sqlite_store, "INSPECTION_TIMEOUT_SECONDS", 0.2)
     _, base = upstream
     path = tmp_path / "locked.db"
     async with make_proxy(base, store={"url": f"sqlite:///{path}", "timeout_ms": 50}) as url:
@@ -62,3 +69,33 @@ async def test_a_locked_sqlite_store_answers_503_not_500(
             holder.execute("ROLLBACK")
             holder.close()
     assert _is_503(purge)
+
+
+async def test_an_admin_delete_waits_out_a_write_lock_held_past_the_store_timeout(
+    tmp_path: Path,
+) -> None:
+    # Another worker (or process) writing the same file holds the lock a while: the operator's
+    # DELETE waits for it, as restore and inspection do, instead of answering 503 at 50 ms.
+    path = tmp_path / "busy.db"
+    store = {"url": f"sqlite:///{path}", "timeout_ms": 50}
+    async with running(tmp_path, server={"admin_key": "admin-secret"}, store=store) as proxy:
+        await proxy.services.store.save_compaction(compaction(A, "c1", history(8), 4), 1000)
+        other = sqlite3.connect(path, isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        try:
+            delete = asyncio.ensure_future(
+                proxy.client.delete(
+                    "/compactd/v1/conversations/c1",
+                    headers={"authorization": "Bearer admin-secret"},
+                )
+            )
+            await asyncio.wait([delete], timeout=0.5)  # the lock stays held well past 50 ms
+        finally:
+            other.execute("ROLLBACK")
+            other.close()
+        async with asyncio.timeout(HANG_GUARD):
+            deleted = await delete
+        left = await proxy.services.store.get_conversation(None, "c1")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"deleted": True, "id": "c1"}
+    assert left is None

@@ -18,6 +18,7 @@ from tests.store.test_contract import A, compaction, history, prefixes
 
 TTL = 1000
 ROUNDS = 40
+HANG_GUARD = 30  # seconds: only stops a hung test; no assertion is made on elapsed time
 
 
 async def _write(path: Path, worker: int) -> None:
@@ -193,7 +194,7 @@ async def test_a_statement_past_the_timeout_fails_the_call_and_finishes_on_its_t
         with pytest.raises(StoreError, match="did not answer within 50 ms"):
             await store._run(slow, write=False)
         # The lane runs one statement at a time: the next call waits for the slow one.
-        await store._run(lambda con: con.execute("SELECT 1"), write=False, slow=True)
+        await store._run(lambda con: con.execute("SELECT 1"), slow=True, lane=store._reader)
         with pytest.raises(StoreError, match="no such table"):
             await store._run(broken, write=False)
         # The store serves on. 50 ms is a deadline a loaded machine can miss for a real write
@@ -233,3 +234,54 @@ async def test_a_lane_idle_for_a_while_hands_its_allocator_cache_back_and_serves
 
     assert (first, again) == (1, 2)
     assert released[:1] == ["compactd-sqlite-idle"]  # once idle, on the lane's own thread
+
+
+async def test_a_purge_waits_out_another_process_holding_the_write_lock(tmp_path: Path) -> None:
+    # Deleting a conversation is an operator's call, off any request's path: it may wait the
+    # inspection timeout (10 s) for the write lock another worker holds, not the 100 ms a
+    # proxied request waits. A compaction meanwhile still gives up at the store timeout.
+    path = tmp_path / "compactd.db"
+    store = await SqliteStore.open(path, timeout_ms=100)
+    msgs = history(8)
+    await store.save_compaction(compaction(A, "c1", msgs, 4), TTL)
+    other = sqlite3.connect(path, isolation_level=None)  # another process's connection
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        purge = asyncio.ensure_future(store.purge(A, "c1"))
+        with pytest.raises(StoreError):
+            await store.save_compaction(compaction(A, "c2", msgs, 4), TTL)
+        await asyncio.wait([purge], timeout=0.5)  # the lock stays held well past 100 ms
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    try:
+        async with asyncio.timeout(HANG_GUARD):
+            deleted = await purge
+        left = await store.get_conversation(A, "c1")
+    finally:
+        await store.close()
+
+    assert deleted is True
+    assert left is None
+
+
+async def test_only_calls_off_the_request_path_wait_long_for_a_lock(tmp_path: Path) -> None:
+    # SQLite's own wait for a lock (busy_timeout) matches the timeout of the calls on each
+    # connection: a request's reads and writes give up at the store timeout (and free their
+    # thread for the next request), restore, inspection, purge and accounting at 10 s.
+    store = await SqliteStore.open(tmp_path / "compactd.db", timeout_ms=100)
+
+    def busy_ms(con: sqlite3.Connection) -> int:
+        return int(con.execute("PRAGMA busy_timeout").fetchone()[0])
+
+    try:
+        request_path = [await store._run(busy_ms), await store._run(busy_ms, write=False)]
+        off_path = [
+            await store._run(busy_ms, slow=True),
+            await store._run(busy_ms, slow=True, lane=store._usage),
+        ]
+    finally:
+        await store.close()
+
+    assert request_path == [100, 100]
+    assert off_path == [10_000, 10_000]
