@@ -57,6 +57,7 @@ from proxy.decision import (
 from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting
 from proxy.digest import root_length
+from proxy.exactjson import WideIntegerError, holds_wide_int
 from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier, StoredForms
 from proxy.metrics import Metrics
@@ -406,6 +407,7 @@ class Compactor:
             figures["providers"] = ("lossless",)
             if shadow:
                 return self._outcome(request, "shadow", shadow_action="lossless", **figures)
+            _exact(request)
             unstored = await self._store_forms(request, policy, forms, after=-1)
             content = request.dialect.with_messages(request.body, forms.messages)
             return self._outcome(request, "lossless", content, unstored=unstored, **figures)
@@ -413,6 +415,7 @@ class Compactor:
             # No credential, no tenant to keep originals under: never compacted, never stored.
             figures["tokens_after"] = counted.tokens
             return self._outcome(request, "passthrough", no_credential=True, **figures)
+        _exact(request)
         plan = await self._plan(request, request.tenant, policy, counted, forms)
         if plan.failure:
             self.metrics.fail_open("provider")
@@ -474,6 +477,8 @@ class Compactor:
             return
         if not self.precompute.due(tokens, counted.budget.trigger, policy.precompute_ratio):
             return
+        if holds_wide_int(request.raw):
+            return  # never compacted (`_exact`): nothing to prepare
         # Aim lower by what the conversation may still grow before it crosses the trigger, so the
         # turn that replays this checkpoint has the headroom a compaction made then would leave.
         budget = counted.budget
@@ -890,6 +895,14 @@ class Compactor:
         )
 
 
+def _exact(request: ChatRequest) -> None:
+    """Raise WideIntegerError (fail open, before anything is stored) if the request holds an
+    integer beyond 64 bits: orjson read it as a float, so every rewrite of the body, and every
+    original stored from it, would carry another number than the client sent."""
+    if holds_wide_int(request.raw):
+        raise WideIntegerError
+
+
 def _given(body: Any, raw: bytes) -> Any:
     """`parse` for `read_request` when the body was parsed already."""
     del raw
@@ -912,6 +925,8 @@ def _reason(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, TooManyMessagesError):
         return "too_many_messages"
+    if isinstance(exc, WideIntegerError):
+        return "wide_integer"
     return type(exc).__name__
 
 
