@@ -15,6 +15,7 @@ import orjson
 from proxy.budget import ModelTable
 from proxy.compaction import compression_config
 from proxy.config import PolicySettings, Settings
+from proxy.exactjson import holds_wide_int
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
@@ -177,6 +178,9 @@ async def run(
             if not isinstance(line, dict):
                 raise LineError("each line must be a JSON object")  # noqa: TRY301
             line_id = line.get("id")
+            if holds_wide_int(raw):
+                # As the proxy: its messages could not be written back with the same numbers.
+                raise LineError("an integer beyond 64 bits: not compacted")  # noqa: TRY301
             result = await compressor.compress(line)
         except (orjson.JSONDecodeError, LineError) as exc:
             failures += 1

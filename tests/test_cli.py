@@ -240,6 +240,27 @@ def test_compress_answers_a_blank_line_with_an_error_line_in_its_place(tmp_path:
     assert "blank line" in out[2]["error"]
 
 
+def compress_lines(lines: list[str], tmp_path: Path) -> list[dict[str, object]]:
+    """`compactd compress` over these lines: its output lines, read."""
+    result = run("compress", data=tmp_path, stdin=("\n".join(lines) + "\n").encode())
+    assert result.returncode == 0, result.stderr
+    return [json.loads(x) for x in result.stdout.decode().splitlines()]
+
+
+def test_compress_answers_a_line_holding_an_integer_beyond_64_bits_with_an_error(
+    tmp_path: Path,
+) -> None:
+    wide = [*history(6), {"role": "user", "content": "go", "n": 2**64}]
+    lines = [
+        json.dumps({"id": "wide", "messages": wide, "budget": 0.5}),
+        json.dumps({"id": "next", "messages": history(2), "budget": 100000}),
+    ]
+    out = compress_lines(lines, tmp_path)
+    # Its messages would have come back with 1.8446744073709552e+19 in them.
+    assert [o.get("id") for o in out] == ["wide", "next"]
+    assert "64 bits" in out[0]["error"]
+
+
 def test_compress_into_a_reader_that_has_gone_stops_quietly(tmp_path: Path) -> None:
     line = json.dumps({"messages": history(2), "budget": 100000})
     result = run_into_a_closed_pipe("compress", data=tmp_path, stdin=(line + "\n").encode() * 50)
@@ -255,9 +276,7 @@ def test_compress_answers_a_budget_past_any_token_count_with_an_error_line_and_g
         json.dumps({"id": "huge", "messages": history(2), "budget": 1e300}),
         json.dumps({"id": "next", "messages": history(2), "budget": 100000}),
     ]
-    result = run("compress", data=tmp_path, stdin=("\n".join(lines) + "\n").encode())
-    assert result.returncode == 0, result.stderr
-    out = [json.loads(x) for x in result.stdout.decode().splitlines()]
+    out = compress_lines(lines, tmp_path)
     assert [o.get("id") for o in out] == ["huge", "next"]
     assert "budget" in out[0]["error"]
     assert out[1]["messages"] == history(2)
