@@ -107,3 +107,22 @@ async def test_an_under_budget_request_with_a_big_integer_passes_through(tmp_pat
         response = await h.chat(body)
         assert response.headers["x-compactd-action"] == "passthrough"
         assert h.responses.last.body == h.sent[-1]
+
+
+async def test_a_replayed_turn_with_a_big_integer_is_forwarded_as_sent(tmp_path) -> None:
+    async with harness(tmp_path, **SMALL) as h:
+        body = chat(h)
+        body["seed"] = 7
+        body["tools"][0]["function"]["parameters"] = {"type": "object"}
+        first = await h.chat(body)
+        assert first.headers["x-compactd-action"] == "compacted"
+        # The next turn replays the checkpoint, and its new messages would be written again.
+        extra = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]
+        plain = {**body, "messages": [*body["messages"], *extra]}
+        again = await h.chat(plain)
+        assert again.headers["x-compactd-action"] == "replayed"
+        wide = {**plain, "seed": BIG}
+        response = await h.chat(wide)
+        assert response.headers["x-compactd-action"] == "error"
+        assert response.headers["x-compactd-error"] == "wide_integer"
+        assert h.responses.last.body == h.sent[-1]
