@@ -12,6 +12,8 @@ The Responses API's: a stream that fails after it started ends with its typed `e
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import orjson
 from starlette.types import Send
@@ -84,3 +86,27 @@ async def send_api_error(
         await send_error(send, exc, headers)
         return
     await send_json(send, exc.status, anthropic_error_body(exc.status, exc.message), headers)
+
+
+_MID_STREAM = "The upstream connection failed mid-stream."
+Feed = Callable[[bytes], bytes]
+"""What the relay passes every chunk through (`relay`'s `tap`)."""
+
+
+@dataclass(frozen=True)
+class StreamEnd:
+    """How a stream that fails mid-way ends: `event` in its API's shape (None: OpenAI's chat
+    shape), made when needed from what `see` was shown of the relayed bytes."""
+
+    event: bytes | Callable[[], bytes] | None = None
+    see: Feed | None = None
+
+
+def stream_end(*, responses: bool, anthropic: bool) -> StreamEnd:
+    """How a stream of this API that fails mid-way ends."""
+    if anthropic:
+        return StreamEnd(anthropic_sse_error(_MID_STREAM))
+    if responses:
+        error = ResponsesStreamError(_MID_STREAM)
+        return StreamEnd(error.event, error.see)
+    return StreamEnd()
