@@ -3,8 +3,9 @@
 Statements run on dedicated threads, each owning one connection: a writer and a reader of the
 store's file for requests, whose SQLite waits for a lock no longer than the store timeout; one
 for the calls given the inspection timeout (restore, inspection, purge, learned windows), whose
-SQLite waits as long; and one for the usage aggregates, which live in a file of their own so
-that accounting never holds the lock a compaction write needs. The event loop never blocks on
+SQLite waits as long; one for the background deletion of what has expired (`sqlite_expiry`),
+which waits as long too; and one for the usage aggregates, which live in a file of their own
+so that accounting never holds the lock a compaction write needs. The event loop never blocks on
 disk, no connection is used from two threads, and a replay lookup never waits behind a
 compaction's fsync (WAL readers do not block on the writer). A cancelled caller does not stop a
 statement half-way: the thread finishes (or rolls back) the transaction.
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.allocator import release_thread_cache
-from proxy.store import codec, sqlite_ops, sqlite_usage, windows_ops
+from proxy.store import codec, sqlite_expiry, sqlite_ops, sqlite_usage, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     Checkpoint,
@@ -51,7 +52,15 @@ class SqliteStore:
     """The Store protocol over one SQLite file."""
 
     def __init__(
-        self, writer: _Lane, reader: _Lane, slow: _Lane, usage: _Lane, timeout: float
+        self,
+        writer: _Lane,
+        reader: _Lane,
+        slow: _Lane,
+        usage: _Lane,
+        timeout: float,
+        *,
+        expiry: _Lane,
+        purge_every: float = sqlite_expiry.PURGE_EVERY_SECONDS,
     ) -> None:
         self._writer = writer
         self._reader = reader
@@ -59,14 +68,23 @@ class SqliteStore:
         # on the writer's, an operator's purge gave up after the store timeout while another
         # worker was writing, and waiting there would hold up this worker's compactions.
         self._slow = slow
+        # Deleting what has expired runs on no request's path and on no lane a call waits on.
+        self._expiry_lane = expiry
         self._usage = usage
         self._timeout = timeout
-        self._next_purge = 0.0
         self._decoded = DecodedCheckpoints()
+        self._expiry = sqlite_expiry.Expiry(self._expire_batch, purge_every)
 
     @classmethod
-    async def open(cls, path: Path, *, timeout_ms: int = 200) -> SqliteStore:
-        """Open (creating the file, its directory and schema if needed) the database at `path`."""
+    async def open(
+        cls,
+        path: Path,
+        *,
+        timeout_ms: int = 200,
+        purge_every: float = sqlite_expiry.PURGE_EVERY_SECONDS,
+    ) -> SqliteStore:
+        """Open (creating the file, its directory and schema if needed) the database at `path`,
+        and start deleting what has expired every `purge_every` seconds."""
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         side = sqlite_usage.usage_path(path)
         for file in (path, side):
@@ -77,9 +95,13 @@ class SqliteStore:
         writer = await _Lane.open(path, slow_ms, timeout_ms, "w", sqlite_ops.connect)
         reader = await _Lane.open(path, timeout_ms, timeout_ms, "r", sqlite_ops.connect)
         slow = await _Lane.open(path, slow_ms, inspect_ms, "s", sqlite_ops.connect)
+        expiry = await _Lane.open(path, slow_ms, inspect_ms, "x", sqlite_ops.connect)
         adopt = partial(sqlite_usage.connect, main_path=str(path))
         usage = await _Lane.open(side, slow_ms, inspect_ms, "u", adopt)
-        return cls(writer, reader, slow, usage, timeout_ms / 1000)
+        timeout = timeout_ms / 1000
+        store = cls(writer, reader, slow, usage, timeout, expiry=expiry, purge_every=purge_every)
+        store._expiry.start()
+        return store
 
     async def _run(
         self,
@@ -127,12 +149,8 @@ class SqliteStore:
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """One BEGIN IMMEDIATE transaction; first writer of a source digest wins."""
         check_ids(compaction.checkpoint.tenant, compaction.checkpoint.conversation)
-        now = time.time()
-        purge_due = now >= self._next_purge
-        if purge_due:
-            self._next_purge = now + sqlite_ops.PURGE_EVERY_SECONDS
         return await self._run(
-            sqlite_ops.save_compaction, compaction, ttl_seconds, purge_due, self._decoded.load
+            sqlite_ops.save_compaction, compaction, ttl_seconds, self._decoded.load
         )
 
     async def save_originals(
@@ -181,6 +199,13 @@ class SqliteStore:
             return any(gone)
 
         return await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)), slow=True)
+
+    async def purge_expired(self) -> int:
+        """One pass of the background deletion, now: rows whose retention has passed."""
+        return await self._expiry.run_pass()
+
+    async def _expire_batch(self, now: float) -> int:
+        return await self._run(sqlite_expiry.delete_batch, now, slow=True, lane=self._expiry_lane)
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -254,8 +279,10 @@ class SqliteStore:
         return []
 
     async def close(self) -> None:
-        """Close each connection on its own thread, then stop the threads."""
-        for lane in (self._usage, self._slow, self._reader, self._writer):
+        """Stop the background deletion, close each connection on its own thread, then stop
+        the threads."""
+        await self._expiry.aclose()
+        for lane in (self._usage, self._expiry_lane, self._slow, self._reader, self._writer):
             await lane.close()
 
 

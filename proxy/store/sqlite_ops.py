@@ -2,7 +2,7 @@
 
 Writes run inside `BEGIN IMMEDIATE` (the write lock is taken up front, so two worker processes
 queue on busy_timeout instead of failing a deferred upgrade). Retention is an `expires_at` per
-conversation: reads ignore expired rows, writes delete them lazily.
+conversation: reads ignore expired rows, a background task deletes them (`sqlite_expiry`).
 
 Table names and `IN (?, ?, …)` placeholder lists are formatted into SQL (ruff S608); every one
 comes from the constants below or counts parameters, never from input, which is always bound.
@@ -47,9 +47,9 @@ CREATE TABLE IF NOT EXISTS windows (
 CREATE TABLE IF NOT EXISTS summaries (
     tenant TEXT NOT NULL, digest TEXT NOT NULL, body BLOB NOT NULL, expires_at REAL NOT NULL,
     PRIMARY KEY (tenant, digest)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS summaries_by_expiry ON summaries (expires_at);
 """
 DATA_TABLES = ("checkpoints", "originals", "refs")
-PURGE_EVERY_SECONDS = 60.0
 
 
 def connect(path: str, busy_ms: int) -> sqlite3.Connection:
@@ -113,15 +113,6 @@ _BATCH = 500  # ids per `IN (…)`: well under SQLite's limit on bound parameter
 def _batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
     for start in range(0, len(items), _BATCH):
         yield items[start : start + _BATCH]
-
-
-def purge_expired(con: sqlite3.Connection, now: float) -> None:
-    """Delete every conversation and summary whose retention has passed."""
-    expired = "SELECT tenant, conversation FROM conversations WHERE expires_at <= ?"
-    for table in DATA_TABLES:
-        con.execute(f"DELETE FROM {table} WHERE (tenant, conversation) IN ({expired})", (now,))  # noqa: S608
-    con.execute("DELETE FROM conversations WHERE expires_at <= ?", (now,))
-    con.execute("DELETE FROM summaries WHERE expires_at <= ?", (now,))
 
 
 def find_checkpoint(
@@ -231,7 +222,6 @@ def save_compaction(
     con: sqlite3.Connection,
     compaction: Compaction,
     ttl: int,
-    purge_due: bool,
     load: Load = codec.load_checkpoint,
 ) -> Checkpoint:
     """Originals, refs, checkpoint and metadata in one IMMEDIATE transaction; first writer wins."""
@@ -239,8 +229,6 @@ def save_compaction(
     t, c = cp.tenant, cp.conversation
     now = time.time()
     with transaction(con):
-        if purge_due:
-            purge_expired(con, now)
         _write_originals(
             con, t, c, originals=compaction.originals, refs=compaction.refs, ttl=ttl, now=now
         )

@@ -156,26 +156,6 @@ async def test_usage_rows_of_an_older_file_move_to_the_usage_file_once(tmp_path:
     assert "usage" not in tables
 
 
-async def test_expired_rows_are_deleted_by_a_later_write(tmp_path: Path) -> None:
-    path = tmp_path / "compactd.db"
-    first = await SqliteStore.open(path)
-    await first.save_compaction(compaction(A, "old", history(10), 5), TTL)
-    await first.close()
-    with sqlite3.connect(path) as con:
-        con.execute("UPDATE conversations SET expires_at = 0 WHERE conversation = 'old'")
-
-    second = await SqliteStore.open(path)  # a fresh process purges on its first write
-    await second.save_compaction(compaction(A, "new", history(10), 5), TTL)
-    await second.close()
-
-    with sqlite3.connect(path) as con:
-        left = {
-            table: con.execute(f"SELECT DISTINCT conversation FROM {table}").fetchall()
-            for table in ("conversations", "checkpoints", "originals", "refs")
-        }
-    assert all(rows == [("new",)] for rows in left.values()), left
-
-
 async def test_a_statement_past_the_timeout_fails_the_call_and_finishes_on_its_thread(
     tmp_path: Path,
 ) -> None:
@@ -268,7 +248,7 @@ async def test_a_purge_waits_out_another_process_holding_the_write_lock(tmp_path
 async def test_only_calls_off_the_request_path_wait_long_for_a_lock(tmp_path: Path) -> None:
     # SQLite's own wait for a lock (busy_timeout) matches the timeout of the calls on each
     # connection: a request's reads and writes give up at the store timeout (and free their
-    # thread for the next request), restore, inspection, purge and accounting at 10 s.
+    # thread for the next request), restore, inspection, purge, accounting and expiry at 10 s.
     store = await SqliteStore.open(tmp_path / "compactd.db", timeout_ms=100)
 
     def busy_ms(con: sqlite3.Connection) -> int:
@@ -279,9 +259,10 @@ async def test_only_calls_off_the_request_path_wait_long_for_a_lock(tmp_path: Pa
         off_path = [
             await store._run(busy_ms, slow=True),
             await store._run(busy_ms, slow=True, lane=store._usage),
+            await store._run(busy_ms, slow=True, lane=store._expiry_lane),
         ]
     finally:
         await store.close()
 
     assert request_path == [100, 100]
-    assert off_path == [10_000, 10_000]
+    assert off_path == [10_000, 10_000, 10_000]
