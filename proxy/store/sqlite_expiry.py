@@ -131,6 +131,8 @@ class Expiry:
             except StoreError as exc:
                 # What it deleted is committed; the rest waits for the next pass.
                 log.warning("store: expiry pass stopped (%s); next one in %.0f s", exc, self._every)
+            except Exception:  # a task that died here would end retention, unseen
+                log.exception("store: expiry pass failed; next one in %.0f s", self._every)
 
     async def aclose(self) -> None:
         """Stop the task (a batch under way finishes on its thread, see `SqliteStore._run`)."""

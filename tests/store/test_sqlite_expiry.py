@@ -211,14 +211,17 @@ async def test_a_worker_that_never_compacts_deletes_what_has_expired(
     assert first.getMessage() == "store: expiry pass deleted 8 rows in 1 batches"
 
 
+@pytest.mark.parametrize("bug", [False, True], ids=["store-error", "any-other-exception"])
 async def test_a_failed_pass_is_logged_and_the_next_one_runs(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, bug: bool
 ) -> None:
     calls: list[float] = []
 
     async def run_batch(now: float) -> int:
         calls.append(now)
         if len(calls) == 1:
+            if bug:
+                raise TypeError("a bug in a pass")
             raise StoreError("sqlite did not answer within 10000 ms")
         return 0
 
@@ -231,6 +234,12 @@ async def test_a_failed_pass_is_logged_and_the_next_one_runs(
     finally:
         await expiry.aclose()
 
+    if bug:
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert [r.getMessage() for r in errors][:1] == [
+            "store: expiry pass failed; next one in 0 s"
+        ]
+        return
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings][:1] == [
         "store: expiry pass stopped (sqlite did not answer within 10000 ms); next one in 0 s"
