@@ -176,20 +176,25 @@ class ChatExchange:
         opening = await read_opening(
             response, seconds=self.h.stream_overflow_wait, limit=OPENING_LIMIT
         )
-        retry = None
-        if opening.overflow is not None:
-            retry = await self.h.compactor.after_overflow(
-                self.request, self.outcome, opening.overflow
-            )
+        retry = await self._retry_after(opening.overflow, "stream")
         if retry is None:
             return response, opening.body
         await response.aclose()
-        log.info(
-            "retrying after context overflow in the stream", extra={"model": self.request.model}
-        )
-        self.outcome = retry
-        self.error = retry.error
         return await self._send(retry), None
+
+    async def _retry_after(self, message: str | None, where: str) -> Outcome | None:
+        """The decision made again after the upstream refused the request as too long, in a
+        400's body or a stream's opening (`where`), saying `message`; None: no retry is due."""
+        if not message:
+            return None
+        retry = await self.h.compactor.after_overflow(self.request, self.outcome, message)
+        self.h.metrics.context_overflow(where, "relayed" if retry is None else "retried")
+        if retry is not None:
+            model = self.request.model
+            log.info("retrying after context overflow", extra={"model": model, "where": where})
+            self.outcome = retry
+            self.error = retry.error
+        return retry
 
     async def _send(self, outcome: Outcome) -> httpx.Response:
         self.overhead = time.perf_counter() - self.request.started
@@ -236,15 +241,10 @@ class ChatExchange:
         encoding = (header(response.headers.raw, b"content-encoding") or b"").decode("latin-1")
         decoded = inflated(body, encoding, OVERFLOW_BODY_LIMIT)
         message = context_overflow_message(decoded) if decoded is not None else None
-        retry = None
-        if message:
-            retry = await self.h.compactor.after_overflow(self.request, self.outcome, message)
+        retry = await self._retry_after(message, "response")
         if retry is None:
             await _send_buffered(self.send, response, body, self._our_headers())
             return None
-        log.info("retrying after context overflow", extra={"model": self.request.model})
-        self.outcome = retry
-        self.error = retry.error
         return await self._send(retry)
 
     async def _relay(

@@ -222,6 +222,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self._overflows = Counter(
+            "compactd_context_overflows",
+            "Upstream refusals of a request as longer than its model's window (in a 400, or in"
+            " a Responses stream's opening), and whether compactd retried it compacted.",
+            ["where", "outcome"],
+            registry=r,
+        )
         self._refused = Counter(
             "compactd_client_requests_refused",
             "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
@@ -375,6 +382,11 @@ class Metrics:
     def count_confirmed(self, result: str) -> None:
         """One `count_tokens` confirmation (`proxy.dialects.confirm`): confirmed or failed."""
         self._count_confirms.labels(result).inc()
+
+    def context_overflow(self, where: str, outcome: str) -> None:
+        """The upstream refused a request as too long (`where`: response or stream); `outcome`:
+        retried compacted, or relayed (no retry was due: shadow, bypass, nothing smaller)."""
+        self._overflows.labels(where, outcome).inc()
 
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""

@@ -54,6 +54,24 @@ async def test_a_stream_refused_inside_a_200_as_too_long_is_retried_compacted(tm
         retry = h.responses.last.json()
         assert retry["stream"] is True
         assert true_tokens(retry["input"]) <= h.responses.window
+        overflows = "compactd_context_overflows_total"
+        assert h.metric(overflows, where="stream", outcome="retried") == 1
+
+
+async def test_a_stream_refused_that_no_retry_can_shrink_reaches_the_client_as_sent(
+    tmp_path,
+) -> None:
+    async with harness(tmp_path, tokens=tiny_model(tmp_path)) as h:
+        # One prompt, nothing before it to compact: a retry would send the same.
+        prompt = " ".join(f"word{i % 997}" for i in range(1000))
+        h.responses.window = true_tokens(prompt) - 1
+        response = await h.create(request([{"role": "user", "content": prompt}], stream=True))
+        near_window(response)
+        assert len(h.responses.received) == 1
+        assert response.content == h.responses.answers[-1]
+        assert b"context_length_exceeded" in response.content
+        overflows = "compactd_context_overflows_total"
+        assert h.metric(overflows, where="stream", outcome="relayed") == 1
 
 
 async def test_a_request_that_does_not_stream_is_retried_after_the_apis_400(tmp_path) -> None:
@@ -64,6 +82,8 @@ async def test_a_request_that_does_not_stream_is_retried_after_the_apis_400(tmp_
         assert h.responses.refused == [OVERFLOW_MESSAGE]
         assert response.status_code == 200, response.text
         assert response.headers["x-compactd-retried"] == "context-length"
+        overflows = "compactd_context_overflows_total"
+        assert h.metric(overflows, where="response", outcome="retried") == 1
 
 
 async def test_with_the_wait_off_a_stream_is_relayed_with_its_refusal(tmp_path) -> None:
@@ -77,6 +97,7 @@ async def test_with_the_wait_off_a_stream_is_relayed_with_its_refusal(tmp_path) 
         assert response.content == h.responses.answers[-1]
         assert b"context_length_exceeded" in response.content
         assert "x-compactd-retried" not in response.headers
+        assert h.metric("compactd_context_overflows_total", where="stream", outcome="relayed") == 0
 
 
 # --- over real sockets ----------------------------------------------------------------------
