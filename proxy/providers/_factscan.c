@@ -1663,34 +1663,88 @@ static void init_terms(void) {
 }
 
 /* The terms of the ASCII str `text` added to the set `found` in order; how many there are
-   (repeats included), or -1 on an error. */
+   (repeats included), or -1 on an error. A term already added by this call is not made into
+   a str again: an output repeats its identifiers, and adding an element a set holds changes
+   nothing, so the set is the one adding every occurrence makes (the first occurrences in the
+   same order). Seen terms are kept in an open-addressed table of (start, length) in `text`,
+   hashed by FNV-1a of the lowered bytes. */
+typedef struct {
+    Py_ssize_t start, len;
+    uint32_t hash;
+} seen_term;
+
+static inline unsigned char lowered(unsigned char ch) {
+    return ch >= 'A' && ch <= 'Z' ? (unsigned char)(ch + 32) : ch;
+}
+
 static Py_ssize_t add_terms(PyObject *found, PyObject *text) {
     const unsigned char *data = PyUnicode_1BYTE_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text), count = 0;
+    /* At most (n + 1) / 2 distinct terms: a table of at least twice that stays half empty. */
+    size_t size = 64;
+    while (size < (size_t)n + 2)
+        size <<= 1;
+    seen_term local[64];
+    seen_term *table = size <= 64 ? local : PyMem_Malloc(size * sizeof(seen_term));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t k = 0; k < size; k++)
+        table[k].len = 0;
+    size_t mask = size - 1;
     for (Py_ssize_t at = 0; at < n;) {
         if (!term_char[data[at]]) {
             at++;
             continue;
         }
         Py_ssize_t end = at;
-        while (end < n && term_char[data[end]])
+        uint32_t hash = 2166136261u;
+        while (end < n && term_char[data[end]]) {
+            hash = (hash ^ lowered(data[end])) * 16777619u;
             end++;
-        PyObject *term = PyUnicode_New(end - at, 127);
-        if (term == NULL)
-            return -1;
-        Py_UCS1 *out = PyUnicode_1BYTE_DATA(term);
-        for (Py_ssize_t k = at; k < end; k++) {
-            unsigned char ch = data[k];
-            out[k - at] = ch >= 'A' && ch <= 'Z' ? (Py_UCS1)(ch + 32) : ch;
         }
-        int failed = PySet_Add(found, term);
-        Py_DECREF(term);
-        if (failed < 0)
-            return -1;
+        Py_ssize_t len = end - at;
         count++;
+        size_t slot = hash & mask;
+        int seen = 0;
+        while (table[slot].len) {
+            const seen_term *e = &table[slot];
+            if (e->hash == hash && e->len == len) {
+                Py_ssize_t k = 0;
+                while (k < len && lowered(data[e->start + k]) == lowered(data[at + k]))
+                    k++;
+                if (k == len) {
+                    seen = 1;
+                    break;
+                }
+            }
+            slot = (slot + 1) & mask;
+        }
+        if (!seen) {
+            table[slot].start = at;
+            table[slot].len = len;
+            table[slot].hash = hash;
+            PyObject *term = PyUnicode_New(len, 127);
+            if (term == NULL)
+                goto error;
+            Py_UCS1 *out = PyUnicode_1BYTE_DATA(term);
+            for (Py_ssize_t k = 0; k < len; k++)
+                out[k] = lowered(data[at + k]);
+            int failed = PySet_Add(found, term);
+            Py_DECREF(term);
+            if (failed < 0)
+                goto error;
+        }
         at = end;
     }
+    if (table != local)
+        PyMem_Free(table);
     return count;
+error:
+    if (table != local)
+        PyMem_Free(table);
+    return -1;
 }
 
 /* terms_into(found, text) -> int | None: found.update(relevance.terms(text)) for an ASCII

@@ -517,6 +517,20 @@ def test_native_terms_into_is_python(text: str, before: list[str]) -> None:
     assert list(found) == list(expected)
 
 
+def test_native_term_set_of_a_long_output_repeating_its_terms_is_python() -> None:
+    _native()
+    # Thousands of occurrences of a few hundred terms, in mixed case: the set the native scan
+    # makes without making a str of each repeat is the one adding every occurrence makes.
+    lines = [
+        f"File sympy/Core{i % 37}/basic_{i % 211}.py, line {i}: Value_{i % 53}" for i in range(900)
+    ]
+    text = "\n".join(lines)
+    native = _factscan.term_set(text)
+    python = relevance.python_term_set(text)
+    assert native == python
+    assert list(native[0]) == list(python[0])
+
+
 def test_add_terms_of_long_texts_and_bad_arguments() -> None:
     _native()
     found = {"zeta"}
