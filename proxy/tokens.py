@@ -157,7 +157,10 @@ class TokenCounter:
             return None
         # Plain text messages hash their items directly (no serialization); others hash their
         # JSON. A 64-bit SipHash key in a bounded cache makes collisions negligible.
-        if isinstance(value, dict):
+        # (A message with tool calls holds a list, so hashing its items always fails: it goes
+        # to the JSON key directly, without raising and catching a TypeError first, which took
+        # half of its key's cost: an agent run's assistant messages are keyed on every count.)
+        if isinstance(value, dict) and type(value.get("tool_calls")) is not list:
             try:
                 return hash(tuple(value.items()))
             except TypeError:

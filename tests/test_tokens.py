@@ -174,6 +174,29 @@ def test_second_count_of_the_same_message_does_not_encode_again() -> None:
     assert counter.hits == 1
 
 
+def test_a_message_with_tool_calls_is_cached_by_its_calls_too() -> None:
+    encoder = CountingEncoder(load_encoding("o200k_base"))
+    counter = TokenCounter(encoder, cache_size=100)
+
+    def message(arguments: str) -> dict[str, object]:
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "bash", "arguments": arguments},
+        }
+        return {"role": "assistant", "content": "Let me look.", "tool_calls": [call]}
+
+    first = counter.count_message(message('{"command": "ls"}'))
+    calls = len(encoder.calls)
+    assert counter.count_message(message('{"command": "ls"}')) == first  # an equal copy: a hit
+    assert len(encoder.calls) == calls
+    assert counter.hits == 1
+    # Other arguments are another message: counted, not taken from the cache.
+    other = counter.count_message(message('{"command": "ls -la /usr/lib/python3/dist-packages"}'))
+    assert other > first
+    assert counter.hits == 1
+
+
 def test_growing_conversation_encodes_only_its_new_messages() -> None:
     encoder = CountingEncoder(load_encoding("o200k_base"))
     counter = TokenCounter(encoder, cache_size=100)
