@@ -175,8 +175,11 @@ def fact_text(message: Message) -> str:
     """A message's text plus its tool-call names and arguments (where agents keep ids), the
     arguments' escaped line breaks, tabs and quotes as written (an escaped `\\nWait` is no
     fact `nWait`)."""
+    calls = message.get("tool_calls")
+    if not calls:  # a tool result or plain message (half of an agent run's): its text
+        return message_text(message)
     parts = [message_text(message)]
-    for call in message.get("tool_calls") or []:
+    for call in calls:
         fn = call.get("function") if isinstance(call, dict) else None
         if isinstance(fn, dict):
             arguments = str(fn.get("arguments", ""))
