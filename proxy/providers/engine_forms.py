@@ -24,6 +24,7 @@ from proxy.providers.canonical import canonical_bytes
 from proxy.providers.dedup import Duplicate
 from proxy.providers.facts import (
     SCAN_CHARS,
+    TAG_MESSAGES,
     TextFacts,
     analyze,
     candidates_of,
@@ -831,7 +832,12 @@ class Forms:
         body = ""
         if cap > 0:
             read = self._stub_read(start, end, cap)
-            structural = structural_shapes([self._shape_counts(i) for i in read])
+            # (Most agent-run stubs read two to four messages: no shape can tag them.)
+            structural = (
+                structural_shapes([self._shape_counts(i) for i in read])
+                if len(read) >= TAG_MESSAGES
+                else frozenset()
+            )
             groups = [self._candidates(i) for i in read]
             if self._coding(read):
                 groups.reverse()

@@ -751,6 +751,10 @@ def python_shape_counts(
     return out
 
 
+# A structural tag is on at least this many messages (and 2/5 of them): fewer messages have none.
+TAG_MESSAGES = 5
+
+
 def structural_shapes(counts: Sequence[dict[str, set[str]]]) -> frozenset[str]:
     """The shapes of facts that tag messages rather than say something, from each message's
     `shape_counts`: many distinct values (at least 5), one or two per message, on at least 2/5
@@ -766,7 +770,7 @@ def structural_shapes(counts: Sequence[dict[str, set[str]]]) -> frozenset[str]:
             shape_in[shape] = shape_in.get(shape, 0) + 1
             shape_most[shape] = max(shape_most.get(shape, 0), len(values))
             shape_values.setdefault(shape, set()).update(values)
-    least = max(5, -(-len(counts) * 2 // 5))  # 2/5 rounded up: 5 of 14 messages are not
+    least = max(TAG_MESSAGES, -(-len(counts) * 2 // 5))  # 2/5 rounded up: 5 of 14 are not
     return frozenset(
         shape
         for shape, k in shape_in.items()

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from proxy.providers.facts import fact_items, fact_shape, name_matches, pack_salient
+from proxy.providers.facts import (
+    TAG_MESSAGES,
+    fact_items,
+    fact_shape,
+    name_matches,
+    pack_salient,
+    shape_counts,
+    structural_shapes,
+)
 
 
 def test_names_are_capitalized_words_that_do_not_start_a_sentence() -> None:
@@ -39,6 +47,15 @@ def test_tags_on_every_message_give_way_to_the_names_they_tag() -> None:
     assert "Lisbon" in packed
     assert "Caroline" in packed
     assert sum(p.startswith("D1:") for p in packed) <= 2
+
+
+def test_fewer_messages_than_a_tag_needs_have_no_structural_shape() -> None:
+    # What lets a stub over a few messages skip the shape counts: the same tags on one more
+    # message are structural.
+    groups = [[(1, f"D1:{k}"), (1, f"D2:{k}")] for k in range(1, TAG_MESSAGES)]
+    assert structural_shapes([shape_counts(g) for g in groups]) == frozenset()
+    groups.append([(1, "D1:99"), (1, "D2:99")])
+    assert structural_shapes([shape_counts(g) for g in groups]) == {"d0:0"}
 
 
 def test_ids_listed_many_at_once_are_content_not_tags() -> None:
