@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 
 from proxy.digest import Message, RollingPrefixes, message_digest, prefix_digests
+from proxy.exactjson import holds_wide_int, may_hold_wide_int
 from proxy.tokens import REPLY_PRIMING, TokenCounter
 
 MIN_BYTES = 64 * 1024
@@ -38,10 +39,12 @@ KEY_BYTES = 512
 prompt's start); several conversations may share them."""
 PER_KEY = 4
 _WS = b" \t\r\n"
+_WIDE_OVERLAP = 20
+"""Bytes before the new ones looked at again: a run of digits may begin in them."""
 _TAIL_ATTEMPTS = 16
 
 
-@dataclass(frozen=True, eq=False)  # identity: entries hold whole bodies
+@dataclass(eq=False)  # identity: entries hold whole bodies
 class _Seen:
     """A body parsed before, and where its messages array lies in its bytes."""
 
@@ -60,6 +63,8 @@ class _Seen:
     counts: dict[str, list[int]] = field(default_factory=dict)
     """Encoding -> running token totals of the first messages: [i] is what messages [0, i)
     cost, without the reply priming (so one more item than messages counted)."""
+    narrow: int = 0
+    """The first `narrow` bytes of `raw` hold no integer beyond 64 bits (`holds_wide_int`)."""
 
 
 class BodyCache:
@@ -148,6 +153,17 @@ class BodyCache:
         if running is None or len(running) != len(messages) + 1 or not 0 <= start < len(running):
             return None
         return running[-1] - running[start]
+
+    def holds_wide_int(self, messages: Sequence[Message], raw: bytes) -> bool:
+        """`exactjson.holds_wide_int(raw)`, where `raw` is the body whose messages are
+        `messages`: looked for only in the bytes new since a body this one extends (when
+        `messages` came from `parse`) that was found to hold none."""
+        seen = self._entry(messages)
+        start = 0 if seen is None else max(0, seen.narrow - _WIDE_OVERLAP)
+        wide = may_hold_wide_int(raw[start:] if start else raw) and holds_wide_int(raw)
+        if seen is not None and not wide:
+            seen.narrow = len(raw)
+        return wide
 
     def _entry(self, messages: Sequence[Message]) -> _Seen | None:
         """The entry whose body's messages list is `messages` itself."""
@@ -266,4 +282,7 @@ def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _See
     body = {k: messages if k == "messages" else v for k, v in fields.items()}
     cut = _before_space(raw, end, seen.cut)
     digests, prefixes, counts = list(seen.digests), seen.prefixes.copy(), dict(seen.counts)
-    return _Seen(raw, seen.start, cut, end, body, digests, prefixes, counts)
+    # Bytes up to the old cut are the same, so what was found of them holds (the array's end
+    # and the fields after it may have changed).
+    narrow = min(seen.narrow, seen.cut)
+    return _Seen(raw, seen.start, cut, end, body, digests, prefixes, counts, narrow)

@@ -408,7 +408,7 @@ class Compactor:
             if shadow:
                 return self._outcome(request, "shadow", shadow_action="lossless", **figures)
             content = request.dialect.with_messages(request.body, forms.messages)
-            _exact(request, content)
+            _exact(request, self.bodies, content)
             unstored = await self._store_forms(request, policy, forms, after=-1)
             return self._outcome(request, "lossless", content, unstored=unstored, **figures)
         if request.tenant is None:
@@ -426,7 +426,7 @@ class Compactor:
             return self._outcome(request, "passthrough", **figures)
         unstored = False
         if plan.compaction is not None:
-            _exact(request)  # before its originals are stored
+            _exact(request, self.bodies)  # before its originals are stored
             plan, unstored = await self._store(plan, policy)
             figures["providers"] = plan.providers
         sent = list(plan.messages)
@@ -451,7 +451,7 @@ class Compactor:
         if expand is not None:
             content = rewrite.with_messages(expand.body, sent)
             figures["tokens_after"] += expand.tool_tokens
-        _exact(request, content)
+        _exact(request, self.bodies, content)
         if forms is not None:
             # The forms past the checkpoint (or all of them, without one) go out as they are.
             cp = plan.compaction.checkpoint if plan.compaction is not None else None
@@ -896,18 +896,21 @@ class Compactor:
         )
 
 
-def _exact(request: ChatRequest, sent: bytes | None = None) -> None:
+def _exact(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -> None:
     """Raise WideIntegerError (fail open, before anything is stored) if the request holds an
     integer beyond 64 bits: orjson read it as a float, so every rewrite of the body, and every
     original stored from it, would carry another number than the client sent.
 
-    With `sent` (the bytes a rewrite would send) the body is scanned only if they hold a float
-    written with an exponent, as orjson writes every integer it could not keep
-    (`1.8446744073709552e+19`): a replay, on every turn of a long conversation, then costs one
-    search of what it sends (~10 µs for 100 KB) instead of a scan of all it was sent."""
-    if sent is not None and b"e+" not in sent:
-        return
-    if holds_wide_int(request.raw):
+    Every turn of a long conversation is rewritten (replayed), so this must cost the turn's new
+    bytes, not the body's: a chat body is looked at only past the bytes of the body it extends
+    (`BodyCache.holds_wide_int`); another API's only when `sent` (the bytes a rewrite would
+    send) holds a float written with an exponent, as orjson writes every integer it could not
+    keep (`1.8446744073709552e+19`)."""
+    if request.dialect is CHAT and request.messages is not None:
+        wide = bodies.holds_wide_int(request.messages, request.raw)
+    else:
+        wide = (sent is None or b"e+" in sent) and holds_wide_int(request.raw)
+    if wide:
         raise WideIntegerError
 
 

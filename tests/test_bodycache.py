@@ -269,3 +269,44 @@ async def test_what_the_messages_after_a_point_cost_comes_from_the_running_total
             assert cache.tokens_from(msgs, "o200k_base", start) == expected
         assert cache.tokens_from(msgs, "cl100k_base", 1) is None  # counted with o200k only
         assert cache.tokens_from(list(msgs), "o200k_base", 1) is None  # another list
+
+
+WIDE = 2**64
+"""The first integer orjson reads as a float."""
+
+
+# (orjson cannot write such an integer: a client's JSON library can.)
+@pytest.mark.parametrize("dump", [DUMPERS[k] for k in ("compact", "spaced", "indented")])
+@pytest.mark.parametrize("where", ["new-message", "field-after-the-array", "field-before"])
+def test_a_wide_integer_is_found_in_the_bytes_a_turn_adds_as_in_a_whole_body(
+    dump: Any, where: str
+) -> None:
+    cache = BodyCache()
+    wide_turn = 45
+    for turn in range(40, 50):
+        msgs = conversation(turn)
+        tail: dict[str, Any] = {"max_tokens": 100}
+        head: dict[str, Any] = {"model": "gpt-4.1", "seed": 7}
+        if turn >= wide_turn and where == "new-message":
+            # The message the wide turn added (then kept by every later turn).
+            msgs[wide_turn] = {**msgs[wide_turn], "n": [WIDE, -(2**63) - 1]}
+        if turn == wide_turn and where == "field-after-the-array":
+            tail["seed"] = WIDE
+        if turn >= wide_turn and where == "field-before":
+            head["seed"] = WIDE
+        raw = dump({**head, "messages": msgs, **tail})
+        parsed = cache.parse(raw)
+        assert cache.holds_wide_int(parsed["messages"], raw) is (
+            turn == wide_turn if where == "field-after-the-array" else turn >= wide_turn
+        )
+    if where == "new-message":  # found in the bytes the turn added: every turn extended
+        assert cache.hits == 9
+
+
+def test_a_long_run_of_digits_in_a_string_is_no_wide_integer_turn_after_turn() -> None:
+    cache = BodyCache()
+    for turn in range(40, 45):
+        msgs = conversation(turn)
+        msgs[1] = {**msgs[1], "content": "order 123456789012345678901234567890 shipped"}
+        raw = orjson.dumps({"model": "gpt-4.1", "messages": msgs})
+        assert cache.holds_wide_int(cache.parse(raw)["messages"], raw) is False
