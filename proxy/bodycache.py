@@ -165,6 +165,13 @@ class BodyCache:
             seen.narrow = len(raw)
         return wide
 
+    def narrow(self, messages: Sequence[Message], raw: bytes) -> bool:
+        """Whether `raw` (whose messages are `messages`, from `parse`) is known to hold no
+        integer beyond 64 bits, without looking at it: the body it extends held none and
+        neither do its new bytes. False means not known."""
+        seen = self._entry(messages)
+        return seen is not None and seen.narrow >= len(raw)
+
     def _entry(self, messages: Sequence[Message]) -> _Seen | None:
         """The entry whose body's messages list is `messages` itself."""
         seen = self._by_messages.get(id(messages))
@@ -283,6 +290,9 @@ def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _See
     cut = _before_space(raw, end, seen.cut)
     digests, prefixes, counts = list(seen.digests), seen.prefixes.copy(), dict(seen.counts)
     # Bytes up to the old cut are the same, so what was found of them holds (the array's end
-    # and the fields after it may have changed).
+    # and the fields after it may have changed); the new ones are looked at now, while the
+    # entry is this request's (a concurrent turn may supersede it before its decision).
     narrow = min(seen.narrow, seen.cut)
+    if narrow and not may_hold_wide_int(raw[max(0, narrow - _WIDE_OVERLAP) :]):
+        narrow = len(raw)
     return _Seen(raw, seen.start, cut, end, body, digests, prefixes, counts, narrow)

@@ -207,6 +207,8 @@ class Compactor:
             raw, headers, self.tenancy, dialect, parse=parse, identify=False, started=started
         )
         messages = request.messages
+        if dialect is CHAT and messages is not None and self.bodies.narrow(messages, raw):
+            request = dataclasses.replace(request, narrow=True)
         if messages is not None and root_length(messages) > LONG_HISTORY:
             return await asyncio.to_thread(with_conversation, request)
         return with_conversation(request)
@@ -902,10 +904,13 @@ def _exact(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -
     original stored from it, would carry another number than the client sent.
 
     Every turn of a long conversation is rewritten (replayed), so this must cost the turn's new
-    bytes, not the body's: a chat body is looked at only past the bytes of the body it extends
-    (`BodyCache.holds_wide_int`); another API's only when `sent` (the bytes a rewrite would
+    bytes, not the body's: a chat body the body cache extended was looked at past the bytes of
+    the body it extends when it was read (`request.narrow`), or is now if its entry is still
+    there (`BodyCache.holds_wide_int`); another API's only when `sent` (the bytes a rewrite would
     send) holds a float written with an exponent, as orjson writes every integer it could not
     keep (`1.8446744073709552e+19`)."""
+    if request.narrow:
+        return
     if request.dialect is CHAT and request.messages is not None:
         wide = bodies.holds_wide_int(request.messages, request.raw)
     else:

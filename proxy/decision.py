@@ -167,6 +167,8 @@ class ChatRequest:
     oversized: bool = False
     """More history items than `MAX_MESSAGES`: none projected, digested or counted (the
     decision fails open at once)."""
+    narrow: bool = False
+    """Known, when it was read, to hold no integer beyond 64 bits (`BodyCache.narrow`)."""
 
     @property
     def tenant(self) -> str | None:

@@ -310,3 +310,20 @@ def test_a_long_run_of_digits_in_a_string_is_no_wide_integer_turn_after_turn() -
         msgs[1] = {**msgs[1], "content": "order 123456789012345678901234567890 shipped"}
         raw = orjson.dumps({"model": "gpt-4.1", "messages": msgs})
         assert cache.holds_wide_int(cache.parse(raw)["messages"], raw) is False
+
+
+def test_a_turn_extending_a_checked_body_is_known_narrow_when_it_is_read() -> None:
+    cache = BodyCache()
+    raws = [orjson.dumps({"model": "gpt-4.1", "messages": conversation(t)}) for t in (40, 41)]
+    first = cache.parse(raws[0])
+    assert not cache.narrow(first["messages"], raws[0])  # never looked at yet
+    assert cache.holds_wide_int(first["messages"], raws[0]) is False
+    second = cache.parse(raws[1])
+    # Known at once, from the bytes the turn added: a concurrent turn that supersedes this
+    # entry before the request's decision cannot make it scan the whole body.
+    assert cache.narrow(second["messages"], raws[1])
+    digits = {**conversation(42)[-1], "content": "id 123456789012345678901234567890"}
+    third_raw = orjson.dumps({"model": "gpt-4.1", "messages": [*conversation(41), digits]})
+    third = cache.parse(third_raw)
+    assert not cache.narrow(third["messages"], third_raw)  # a long run of digits is new
+    assert cache.holds_wide_int(third["messages"], third_raw) is False  # in a string
