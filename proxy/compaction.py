@@ -15,11 +15,13 @@ the same request with that window (never in shadow mode or on bypass).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -85,6 +87,10 @@ log = logging.getLogger("compactd.compaction")
 # Counting a large body cold takes tens of milliseconds; tiktoken releases the GIL, so a thread
 # keeps the event loop responsive for everyone else.
 COUNT_IN_THREAD_BYTES = 128 * 1024
+PROVIDER_THREADS = 4
+"""Threads sync providers run on: their own, not the default executor's, which counts and
+parses long histories; a sync provider's thread cannot be killed, so providers that hang use up
+these and only compactions wait (and fail open at their deadline), not every long request."""
 REPLAY_ATTEMPTS = 4
 """Stored checkpoints tried, longest first, before the request is compacted afresh."""
 
@@ -176,6 +182,8 @@ class Compactor:
         self.windows = windows
         self.request_stream_usage = settings.accounting.request_stream_usage
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
+        # Threads are started when a sync provider first runs (none at construction).
+        self._providers_pool = ThreadPoolExecutor(PROVIDER_THREADS, "compactd-provider")
         self.calibration = calibration
         self._counters: dict[tuple[str, TokenCounter], Counting] = {}
         self.lossless = LosslessTier()
@@ -183,7 +191,8 @@ class Compactor:
         self.precompute = Precomputer(metrics.precomputed)
         self.replay_checks = ReplayChecks()
         self._chains = {
-            p.name: bound_chain(p.providers, providers, p.options) for p in settings.all_policies()
+            p.name: bound_chain(p.providers, providers, p.options, self._run_provider)
+            for p in settings.all_policies()
         }
 
     async def read(
@@ -356,6 +365,15 @@ class Compactor:
         if info.max_input:
             return min(info.context_window, info.max_input)
         return info.context_window
+
+    async def _run_provider(self, fn: Callable[..., T], *args: Any) -> T:
+        """`asyncio.to_thread(fn, *args)` on the providers' own threads (`PROVIDER_THREADS`)."""
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._providers_pool, call)
+
+    def close(self) -> None:
+        """Let the providers' threads go (one still running a sync provider finishes first)."""
+        self._providers_pool.shutdown(wait=False, cancel_futures=True)
 
     def _model(self, request: ChatRequest) -> ModelInfo:
         """The model's table entry, with the window the request opts into (on the Messages
@@ -652,6 +670,7 @@ class Compactor:
                 check=request.dialect.problems if request.dialect is not CHAT else None,
                 repair=request.dialect.repair if request.dialect is not CHAT else None,
                 deadline=policy.compaction_timeout_ms / 1000,
+                run_provider=self._run_provider,
             )
         except ChainTimeoutError as exc:
             # Fails open at the boundary as `timeout`; this line names the provider that hung.

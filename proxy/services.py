@@ -59,6 +59,7 @@ class Services:
     async def aclose(self) -> None:
         """Write pending usage, then release connections."""
         await self.compactor.precompute.aclose()
+        self.compactor.close()
         if self.compactor.windows is not None:
             await self.compactor.windows.aclose()
         await self.calibration.aclose()

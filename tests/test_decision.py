@@ -6,6 +6,7 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -338,6 +339,30 @@ async def test_a_provider_past_the_deadline_forwards_the_original_and_says_so(
     named = [rec for rec in caplog.records if getattr(rec, "provider", None) == provider.name]
     assert [getattr(rec, "failure", None) for rec in named] == ["timeout"]
     assert any(getattr(rec, "reason", None) == "timeout" for rec in caplog.records)
+
+
+async def test_hung_sync_providers_leave_long_requests_the_threads_they_are_counted_on(
+    tmp_path: Path,
+) -> None:
+    gate = Gate()
+    provider = hanging(gate)
+    policy = {"budget_tokens": 600, "providers": [provider.name], "compaction_timeout_ms": 1}
+    # More hung compactions than the default executor has threads (min(32, cpus + 4)): a sync
+    # provider's thread cannot be killed, so on that executor they used up every thread.
+    default_threads = min(32, (os.cpu_count() or 1) + 4)
+    # A body long enough that its root, digests and count are taken in a thread.
+    long = [{"role": "user", "content": f"note {i}"} for i in range(LONG_HISTORY + 1)]
+    async with running(tmp_path, registry=registry(provider), default_policy=policy) as proxy:
+        try:
+            for i in range(default_threads + 2):
+                r = await proxy.chat(body(history(6), user=f"u{i}"))
+                assert r.headers["x-compactd-error"] == "timeout"
+            answered = await asyncio.wait_for(proxy.chat(body(long)), 30)
+        finally:
+            gate.release.set()
+    assert answered.status_code == 200
+    assert answered.headers["x-compactd-error"] == "timeout"  # it waited for a provider thread
+    assert proxy.upstream.last.content == body(long)
 
 
 async def test_a_result_that_cannot_be_recorded_fails_open_and_says_so(

@@ -8,15 +8,22 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
-from proxy.providers.chain import call_provider
+from proxy.providers.chain import RunSync, call_provider
 
 
 class BoundProvider(ContextProvider):
     """A provider bound to its policy options (the chain passes one config to every provider)."""
 
-    def __init__(self, inner: ContextProvider, options: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        inner: ContextProvider,
+        options: Mapping[str, Any],
+        run_sync: RunSync = asyncio.to_thread,
+    ) -> None:
         self.inner = inner
         self.options = dict(options)
+        self.run_sync = run_sync
+        """Where a sync provider's `compress` runs (a thread, never the event loop)."""
 
     @property
     def name(self) -> str:
@@ -33,7 +40,7 @@ class BoundProvider(ContextProvider):
         """Async providers are awaited; sync ones run in a thread (never on the event loop)."""
         # An async one awaited here, not made in a thread: a chain past its deadline cancelled
         # in that thread hop would leave its coroutine never awaited.
-        return await call_provider(self.inner, messages, self._config(config), asyncio.to_thread)
+        return await call_provider(self.inner, messages, self._config(config), self.run_sync)
 
     def _config(self, config: CompressionConfig) -> CompressionConfig:
         return dataclasses.replace(config, extra_config=self.options)
@@ -43,6 +50,8 @@ def bound_chain(
     names: Sequence[str],
     providers: Mapping[str, ContextProvider],
     options: Mapping[str, Mapping[str, Any]],
+    run_sync: RunSync = asyncio.to_thread,
 ) -> tuple[ContextProvider, ...]:
-    """The providers of a chain, each bound to its options (a policy's `options` table)."""
-    return tuple(BoundProvider(providers[n], options.get(n, {})) for n in names)
+    """The providers of a chain, each bound to its options (a policy's `options` table), sync
+    ones run through `run_sync`."""
+    return tuple(BoundProvider(providers[n], options.get(n, {}), run_sync) for n in names)

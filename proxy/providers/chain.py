@@ -97,19 +97,23 @@ async def run_chain(
     config: CompressionConfig,
     *,
     run_sync: RunSync = asyncio.to_thread,
+    run_provider: RunSync | None = None,
     check: Check | None = None,
     repair: Repair | None = None,
     deadline: float | None = None,
 ) -> ChainOutcome:
     """Run `providers` in order on `messages` until the request costs at most `config.limit`;
     a result that breaks `check_result` (or `check`, if given, after `repair`) is discarded.
-    `deadline`: seconds after which it raises `ChainTimeoutError` without waiting for the chain."""
+    `deadline`: seconds after which it raises `ChainTimeoutError` without waiting for the chain.
+    Sync provider code runs through `run_provider` (default `run_sync`), the chain's own
+    per-message work through `run_sync`."""
     progress = _Progress()
     work = _run(
         messages,
         providers,
         config,
         run_sync=run_sync,
+        run_provider=run_provider or run_sync,
         check=check,
         repair=repair,
         progress=progress,
@@ -143,6 +147,7 @@ async def _run(
     config: CompressionConfig,
     *,
     run_sync: RunSync,
+    run_provider: RunSync,
     check: Check | None,
     repair: Repair | None,
     progress: _Progress,
@@ -169,10 +174,10 @@ async def _run(
             # A copy of its own: a provider that edits what it was given in place must not
             # change the input its result is validated against (nor the request's messages).
             # should_compress is plugin code too: in the thread, where the deadline can leave it.
-            given, wanted = await run_sync(_prepare, provider, current, config)
+            given, wanted = await run_provider(_prepare, provider, current, config)
             if not wanted:
                 continue
-            result = await call_provider(provider, given, config, run_sync)
+            result = await call_provider(provider, given, config, run_provider)
         except Exception as exc:  # a plugin's failure must not fail the request
             # The traceback only at debug: an exception's text may quote the messages.
             debug = log.isEnabledFor(logging.DEBUG)
