@@ -498,7 +498,7 @@ class Compactor:
             return
         if not self.precompute.due(tokens, counted.budget.trigger, policy.precompute_ratio):
             return
-        if holds_wide_int(request.raw):
+        if _wide(request, self.bodies):
             return  # never compacted (`_exact`): nothing to prepare
         # Aim lower by what the conversation may still grow before it crosses the trigger, so the
         # turn that replays this checkpoint has the headroom a compaction made then would leave.
@@ -920,7 +920,13 @@ class Compactor:
 def _exact(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -> None:
     """Raise WideIntegerError (fail open, before anything is stored) if the request holds an
     integer beyond 64 bits: orjson read it as a float, so every rewrite of the body, and every
-    original stored from it, would carry another number than the client sent.
+    original stored from it, would carry another number than the client sent."""
+    if _wide(request, bodies, sent):
+        raise WideIntegerError
+
+
+def _wide(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -> bool:
+    """Whether the request holds an integer beyond 64 bits (see `_exact`).
 
     Every turn of a long conversation is rewritten (replayed), so this must cost the turn's new
     bytes, not the body's: a chat body the body cache extended was looked at past the bytes of
@@ -929,13 +935,10 @@ def _exact(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -
     send) holds a float written with an exponent, as orjson writes every integer it could not
     keep (`1.8446744073709552e+19`)."""
     if request.narrow:
-        return
+        return False
     if request.dialect is CHAT and request.messages is not None:
-        wide = bodies.holds_wide_int(request.messages, request.raw)
-    else:
-        wide = (sent is None or b"e+" in sent) and holds_wide_int(request.raw)
-    if wide:
-        raise WideIntegerError
+        return bodies.holds_wide_int(request.messages, request.raw)
+    return (sent is None or b"e+" in sent) and holds_wide_int(request.raw)
 
 
 def _given(body: Any, raw: bytes) -> Any:
