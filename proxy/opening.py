@@ -75,20 +75,32 @@ def _retrieved(future: asyncio.Future[bytes]) -> None:
 
 
 class _Events:
-    """SSE parsed as it is read: the verdict of the first event that is no announcement."""
+    """SSE parsed as it is read: the verdict of the first event that is no announcement.
+
+    Each byte is looked at once, however the upstream cuts its stream (a long event sent in
+    small pieces is not copied again with each one)."""
 
     def __init__(self) -> None:
         self.size = 0
-        self._tail = b""
+        self._text = bytearray()
+        """What is read of the unfinished event, its line ends made LF."""
+        self._cr = False
+        """The last chunk ended with CR: the LF a next one may open it with belongs to it."""
 
     def feed(self, chunk: bytes) -> str | None:
         """ "" once an event that reports no overflow is read, the API's message once one that
         does is, None while only announcements have been."""
         self.size += len(chunk)
+        if self._cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._cr = chunk.endswith(b"\r")
         # Parsed with line ends made alike; the bytes relayed are the upstream's.
-        data = (self._tail + chunk).replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        *complete, self._tail = data.split(b"\n\n")
-        for event in complete:
+        start = max(0, len(self._text) - 1)  # a blank line may end with the first new byte
+        self._text += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        while (end := self._text.find(b"\n\n", start)) >= 0:
+            event = bytes(self._text[:end])
+            del self._text[: end + 2]
+            start = 0
             kind, payload = _parse(event)
             if kind is None:  # comment lines only (a keep-alive)
                 continue

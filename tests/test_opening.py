@@ -106,3 +106,13 @@ async def test_an_opening_past_the_byte_limit_is_handed_on_undecided() -> None:
     opening = await read_opening(response, seconds=30.0, limit=500)
     assert opening.overflow is None
     assert b"".join([chunk async for chunk in opening.body]) == data
+
+
+async def test_a_stream_sent_a_byte_at_a_time_is_read_as_a_whole() -> None:
+    text, overflows = stream("failed", True, "\r\n", True)
+    data = text.encode()
+    response = httpx.Response(200, stream=Chunks([data[i : i + 1] for i in range(len(data))]))
+    opening = await read_opening(response, seconds=30.0, limit=1 << 20)
+    assert overflows
+    assert opening.overflow == OVERFLOW
+    assert b"".join([chunk async for chunk in opening.body]) == data
