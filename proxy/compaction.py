@@ -282,8 +282,7 @@ class Compactor:
         """
         if first.retried or request.body is None or not request.model:
             return None
-        # What went upstream: shadow's tokens_after is what enforce would have sent instead.
-        sent = (first.tokens_after if first.action in REWRITTEN else first.tokens_before) or 0
+        sent = first.tokens_sent  # what went upstream
         counted = counted_prompt(upstream_message)
         if self.calibration is not None and counted is not None:
             # The upstream's own count of what we sent: the best calibration sample there is.

@@ -278,6 +278,12 @@ class Outcome:
     expand: ExpandPlan | None = None
     """The request offers the expand tool: how its answer is continued (`proxy.expand`)."""
 
+    @property
+    def tokens_sent(self) -> int:
+        """What compactd counted for the bytes it sends upstream (0: not counted): shadow's
+        tokens_after is what enforce would have sent instead, not what went."""
+        return (self.tokens_after if self.action in REWRITTEN else self.tokens_before) or 0
+
     def headers(self) -> dict[str, str]:
         """Values for our `x-compactd-*` response headers."""
         return {

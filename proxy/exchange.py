@@ -18,7 +18,7 @@ from starlette.types import Send
 from proxy.accounting import Accountant
 from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
-from proxy.decision import REWRITTEN, ChatRequest, Outcome
+from proxy.decision import ChatRequest, Outcome
 from proxy.dialects.apis import RESPONSES_API, Api
 from proxy.dialects.errors import Feed, send_api_error, stream_end
 from proxy.errors import ProxyError
@@ -165,8 +165,7 @@ class ChatExchange:
             or header(raw, b"content-encoding")
         ):
             return False
-        sent = (out.tokens_after if out.action in REWRITTEN else out.tokens_before) or 0
-        return sent >= NEAR_WINDOW * self.h.compactor.input_window(self.request)
+        return out.tokens_sent >= NEAR_WINDOW * self.h.compactor.input_window(self.request)
 
     async def _opened(
         self, response: httpx.Response
@@ -293,7 +292,7 @@ class ChatExchange:
         calibration, out = self.h.compactor.calibration, self.outcome
         if calibration is None or out.action == "server-history" or usage.server_tool_uses:
             return  # the upstream counted history (or search results) the request does not carry
-        sent = out.tokens_after if out.action in REWRITTEN else out.tokens_before
+        sent = out.tokens_sent
         if sent:
             api, model, body = self.route.api.name, self.request.model, self.request.body
             calibration.observe(api, model, sent, usage.prompt_tokens, body)
