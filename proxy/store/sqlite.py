@@ -3,8 +3,8 @@
 Statements run on dedicated threads, each owning one connection: a writer and a reader of the
 store's file for requests, whose SQLite waits for a lock no longer than the store timeout; one
 for the calls given the inspection timeout (restore, inspection, purge, learned windows), whose
-SQLite waits as long; one for the background deletion of what has expired (`sqlite_expiry`),
-which waits as long too; and one for the usage aggregates, which live in a file of their own
+SQLite waits as long (the background deletion of what has expired, `sqlite_expiry`, runs there
+too, a short batch at a time); and one for the usage aggregates, which live in a file of their own
 so that accounting never holds the lock a compaction write needs. The event loop never blocks on
 disk, no connection is used from two threads, and a replay lookup never waits behind a
 compaction's fsync (WAL readers do not block on the writer). A cancelled caller does not stop a
@@ -59,7 +59,6 @@ class SqliteStore:
         usage: _Lane,
         timeout: float,
         *,
-        expiry: _Lane,
         purge_every: float = sqlite_expiry.PURGE_EVERY_SECONDS,
     ) -> None:
         self._writer = writer
@@ -68,8 +67,6 @@ class SqliteStore:
         # on the writer's, an operator's purge gave up after the store timeout while another
         # worker was writing, and waiting there would hold up this worker's compactions.
         self._slow = slow
-        # Deleting what has expired runs on no request's path and on no lane a call waits on.
-        self._expiry_lane = expiry
         self._usage = usage
         self._timeout = timeout
         self._decoded = DecodedCheckpoints()
@@ -95,11 +92,10 @@ class SqliteStore:
         writer = await _Lane.open(path, slow_ms, timeout_ms, "w", sqlite_ops.connect)
         reader = await _Lane.open(path, timeout_ms, timeout_ms, "r", sqlite_ops.connect)
         slow = await _Lane.open(path, slow_ms, inspect_ms, "s", sqlite_ops.connect)
-        expiry = await _Lane.open(path, slow_ms, inspect_ms, "x", sqlite_ops.connect)
         adopt = partial(sqlite_usage.connect, main_path=str(path))
         usage = await _Lane.open(side, slow_ms, inspect_ms, "u", adopt)
         timeout = timeout_ms / 1000
-        store = cls(writer, reader, slow, usage, timeout, expiry=expiry, purge_every=purge_every)
+        store = cls(writer, reader, slow, usage, timeout, purge_every=purge_every)
         store._expiry.start()
         return store
 
@@ -205,7 +201,8 @@ class SqliteStore:
         return await self._expiry.run_pass()
 
     async def _expire_batch(self, now: float) -> int:
-        return await self._run(sqlite_expiry.delete_batch, now, slow=True, lane=self._expiry_lane)
+        # On the lane of the calls that may wait long: a restore waits at most one batch.
+        return await self._run(sqlite_expiry.delete_batch, now, slow=True)
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -282,7 +279,7 @@ class SqliteStore:
         """Stop the background deletion, close each connection on its own thread, then stop
         the threads."""
         await self._expiry.aclose()
-        for lane in (self._usage, self._expiry_lane, self._slow, self._reader, self._writer):
+        for lane in (self._usage, self._slow, self._reader, self._writer):
             await lane.close()
 
 

@@ -6,7 +6,7 @@ retention period elapsing for thousands of conversations at once, a server resta
 being down longer than the retention) outlasted the store timeout: that request failed open,
 the deletion was rolled back with it, and the next save tried again.
 
-A pass (every PURGE_EVERY_SECONDS, on a connection of its own whose lock waits may be long)
+A pass (every PURGE_EVERY_SECONDS, on the store's connection whose lock waits may be long)
 deletes everything expired when it began: conversations (their checkpoints, originals and refs
 first, then the conversation row), summaries and learned windows. Each transaction deletes at
 most BATCH_ROWS rows and the pass pauses between them, so it never holds the write lock for
