@@ -222,7 +222,8 @@ def check_settings(settings: Settings) -> dict[str, ContextProvider]:
 
 def check_provider_options(settings: Settings, providers: Mapping[str, ContextProvider]) -> None:
     """Every policy's options for every provider in its chain: typed by the provider's schema,
-    then checked by the provider; the error names the key (`policies[0].options.engine.dedup`)."""
+    then checked by the provider; the error names the key
+    (`policies[0].options.engine.working_set`)."""
     for where, policy in settings.policy_keys():
         for name in policy.providers:
             try:

@@ -105,10 +105,10 @@ def test_an_api_key_in_allowed_keys_is_refused_without_being_echoed(tmp_path: Pa
 def test_a_bad_provider_option_in_serve_is_one_line_not_a_traceback(tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text(
-        '[default_policy]\nproviders = ["engine"]\n[default_policy.options.engine]\ndedup = "no"\n'
+        '[default_policy]\nproviders = ["engine"]\n[default_policy.options.engine]\nworking_set = "no"\n'
     )
     line = _one_line_error(run("serve", "--config", str(config), "--port", "1", data=tmp_path), 2)
-    assert "default_policy.options.engine.dedup: must be true or false, not 'no'" in line
+    assert "default_policy.options.engine.working_set: must be a number, not 'no'" in line
 
 
 def test_compress_reads_the_configured_models_file(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from proxy.providers.base import (
     ContextProvider,
     Message,
 )
+from proxy.providers.units import common_suffix
 from proxy.providers.validate import check_result
 
 log = logging.getLogger(__name__)
@@ -259,12 +260,3 @@ def _final(
         verbatim=verbatim,
         limitations=limitations,
     )
-
-
-def common_suffix(a: Sequence[Message], b: Sequence[Message]) -> int:
-    """How many trailing messages two lists share unchanged."""
-    n = 0
-    limit = min(len(a), len(b))
-    while n < limit and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n

@@ -1,129 +1,102 @@
-"""The `engine` provider: the context-compression-engine behaviour, done right for OpenAI requests.
+"""The `engine` provider: keep what a model can use, with its context, cheapest loss first.
 
-Every message that may change climbs one ladder (`ladder.py`), in the order of its keep key:
-its place in the conversation, plus, for a tool result, its relevance to the recent turns (BM25
-against the last user message and the final units), so a stale observation goes before a file
-view the agent is still working on. First every stale tool output is masked (head, tail and the
-lines holding the recent turns' terms, or the terms the agent's next message took up from it,
-kept); then message by message: summarized (hard content
-kept, exact or fuzzy duplicates replaced by a readable reference), reduced to its facts, and
-its unit dropped into a stub that keeps the run's facts once its last message is reduced. The
-last rungs (`force_converge`) leave short reference markers with fewer and fewer facts, then
-the markers alone; a final tool result is cut only when nothing else can fit the request.
+Five principles, each a stage a reviewer can read on its own:
 
-The least lossy rung that fits the target is found in two passes (`engine_plan.py`): one climb
-prices rungs from the length of what their forms say, calibrated on the first few it writes,
-then a few exact probes near the estimate settle it (only the forms of those rungs are counted
-with tiktoken). Messages of different roles, `name`s or `tool_call_id`s are never merged;
-system/developer messages, the head, the last user message and the final message are never
-touched.
+1. **Lines and sentences are the unit of keeping** (`pieces.py`). A rewritten message keeps
+   whole lines of code and output, whole sentences of prose, whole JSON members, joined where
+   they were adjacent; a gap says how much is missing, and a marker heads the message naming
+   its reference (the original comes back through restore and the expand tool). Runs of whole
+   units that keep nothing become one stand-in. Nothing is ever re-worded into a list of terms.
+2. **Recency gradient** (`_weights`, `_working_set`). Every piece's value is multiplied by how
+   new its unit is; the newest pieces, up to a fifth of the target (the working set), count
+   many times more, so they are the last to lose anything.
+3. **Redundancy and supersession** (`salience.said_later`, `_superseded`). A line said again
+   later (a newer view of the same file, a repeated error template) is worth nothing where it
+   stands first, and the output of a call that is made again later is worth a tenth.
+4. **Salience** (`salience.Scorer`). Pieces are worth their specificity (rare ids, numbers,
+   dates, paths, URLs, names) plus their relevance to the tail (BM25 against the last user
+   message and the newest exchanges), plus a little for being there at all.
+5. **Fill the budget** (`selection.py`). Pieces are kept best value per token first until the
+   target is reached, counted exactly and adjusted; a request that can fit does. The final tool
+   results are cut (head and tail) only when nothing else makes it fit.
+
+System and developer messages, the head (`keep_head`), the last user message and the final
+message are never touched; roles, tool-call ids, names and content types never change. Same
+input, same output bytes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+import bisect
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
+from proxy.providers import canonical, pieces
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
     ContextProvider,
     Message,
+    option,
+    parse_options,
 )
-from proxy.providers.dedup import Duplicate, find_exact, find_fuzzy
-from proxy.providers.engine_forms import (
-    DROPPED,
-    FACTS,
-    FORCED,
-    MASKED,
-    SUMMARY,
-    Form,
-    Forms,
-    FormSettings,
-    fact_text,
-)
-from proxy.providers.engine_plan import Estimates, Plan
-from proxy.providers.ladder import keep_keys, ladder, reactions
-from proxy.providers.relevance import heaviest
-from proxy.providers.rung_search import search_guided
+from proxy.providers.rendering import LABEL_TOKENS, Layout, render
+from proxy.providers.salience import Scorer, edges, said_later
+from proxy.providers.selection import NEAR, Pick, Text, apply, rank
 from proxy.providers.units import (
     Unit,
-    final_tool_results,
+    common_suffix,
     last_index,
     message_text,
     protection,
     split_units,
 )
 
-_LIMITATIONS = {
-    MASKED: "stale tool outputs masked (head and tail kept)",
-    SUMMARY: "older prose summarized extractively (hard content kept)",
-    FACTS: "older messages reduced to their facts",
-    DROPPED: "oldest units dropped (their facts kept in a stub)",
-    FORCED: "forced convergence: messages reduced to a reference marker and a few facts",
-}
-
-
-# Forced convergence climbs these rungs: every stub and every message still rewritable gets the
-# short marker and at most this many characters of facts, the last rung the marker alone.
-FORCE_FACT_CHARS = (400, 200, 100, 50, 0)
-
 
 @dataclass(frozen=True)
 class EngineOptions:
     """The engine's `extra_config` keys (unknown keys are rejected)."""
 
-    preserve: tuple[str, ...] = ("system", "developer")
-    dedup: bool = True
-    fuzzy_dedup: bool = False
-    fuzzy_threshold: float = 0.85
-    dedup_min_chars: int = 200
-    summary_ratio: float = 0.4
-    facts_ratio: float = 0.4
-    stub_facts_ratio: float = 0.1
-    max_facts_chars: int = 1500
-    merge_consecutive: bool = True
-    force_converge: bool = True
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> EngineOptions:
-        """Validated options from a policy's `extra_config`; raises ValueError on bad input."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - names)
-        if unknown:
-            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
-        values = dict(extra)
-        if "preserve" in values:
-            values["preserve"] = tuple(str(r) for r in values["preserve"])
-        options = cls(**values)
-        for name in ("fuzzy_threshold", "summary_ratio", "facts_ratio", "stub_facts_ratio"):
-            if not 0.0 < float(getattr(options, name)) <= 1.0:
-                raise ValueError(f"engine option {name} must be in (0, 1]")
-        if options.max_facts_chars < 0 or options.dedup_min_chars < 0:
-            raise ValueError("engine character limits must be >= 0")
-        return options
+    preserve: tuple[str, ...] = option(
+        ("system", "developer"), doc="roles whose messages are never rewritten"
+    )
+    working_set: float = option(
+        0.2, above=0.0, maximum=1.0, doc="share of the target the newest units are kept in first"
+    )
+    relevance: float = option(
+        1.0, minimum=0.0, doc="weight of relevance to the tail beside specificity"
+    )
 
 
-# An agent run is one user turn followed by hundreds of tool exchanges: a recency window in turns
-# would cover all of it. The window is at most this many units (the latest observations stay
-# verbatim longest, as observation masking keeps the last few).
-RECENT_UNITS = 6
-# A rung that leaves at most 1/CLOSE_ENOUGH of the target unused is taken as the answer.
-CLOSE_ENOUGH = 200
-
-
-def _query(messages: Sequence[Message], units: Sequence[Unit], recent: frozenset[int]) -> list[int]:
-    """What the conversation is about now: the last user message and the messages of the
-    recency window, narrowed to its last RECENT_UNITS units."""
-    inside = [u for u in units if u.kind != "system" and any(i in recent for i in u.indices())]
-    query = {i for u in inside[-RECENT_UNITS:] for i in u.indices()}
-    query.add(last_index(messages, "user"))
-    return sorted(i for i in query if i >= 0)
+# Value of a piece for being there at all, per token: with nothing specific in it, age decides.
+PRESENCE = 0.1
+# The working set counts this many times more than the newest piece outside it.
+WORKING_SET_WEIGHT = 20.0
+# Outside the working set, the newest unit counts this many times more than the oldest.
+AGE_SPAN = 1.0
+# The output of a call made again later (same tool, same arguments) keeps this share of its
+# value: the later output says what it says now.
+SUPERSEDED = 0.1
+# A piece repeated later keeps this share of its value (it may still serve as context).
+REPEATED = 0.02
+# Pieces shorter than this (non-space characters) are never counted as repeated: a brace, a
+# blank line, `else:` are the context of their neighbours, not content said twice.
+REPEAT_MIN_CHARS = 12
+# How many exact counts the fit may take, and how many of them follow the estimates before
+# it bisects.
+FIT_ROUNDS = 12
+GUESSES = 4
+# A result at least this share of the target is close enough.
+CLOSE = 0.97
+# How many newest units and tail messages form the query for relevance.
+TAIL_UNITS = 3
 
 
 class EngineProvider(ContextProvider):
-    """Deterministic summaries, dedup and dropping, searched to fit the target."""
+    """Keeps the most valuable lines and sentences, whole, newest and rarest first."""
 
     option_schema = EngineOptions
 
@@ -134,292 +107,198 @@ class EngineProvider(ContextProvider):
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Reject unknown or bad `extra_config` keys at start-up."""
-        EngineOptions.from_extra(options)
+        parse_options(EngineOptions, options)
 
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
-        """Compact `messages` to the least lossy rung of the ladder that fits `config.limit`."""
-        return compact(messages, config, EngineOptions.from_extra(config.extra_config))
-
-
-def _duplicates(
-    texts: Sequence[str], candidates: list[int], opts: EngineOptions
-) -> dict[int, Duplicate]:
-    if not opts.dedup:
-        return {}
-    found = {d.index: d for d in find_exact(texts, candidates, opts.dedup_min_chars)}
-    if opts.fuzzy_dedup:
-        fuzzy = find_fuzzy(
-            texts, candidates, opts.dedup_min_chars, opts.fuzzy_threshold, frozenset(found)
-        )
-        found.update((d.index, d) for d in fuzzy)
-    return found
-
-
-# Room under the target worth filling. A stub lists more facts in FILL_MIN tokens, whatever the
-# target: they hold a name or number a later question may ask about (a share of the target, 5 %
-# before, left a long request's 20-200 tokens unused). A message its last step reduced to its
-# facts is cut to the room only when the room is a share of the target (CUT_SHARE, and CUT_MIN
-# tokens): a cut into a few spare tokens keeps less than its fact list did, and costs more.
-FILL_MIN = 5
-CUT_SHARE = 0.05
-CUT_MIN = 20
-# In a room smaller than that a stub is grown only if it used FULL_STUB of its own room: one that
-# did not has listed what it read, and writing it again to find that out is most of a fill's
-# cost (on the chat corpora ~8x the stubs written, for nothing).
-FULL_STUB = 0.8
-# Shares of the room a filling cut is sized to (its exact count is known once it is written).
-FILL_TRIES = (0.97, 0.9, 0.7, 0.5)
-
-
-def _fill(
-    plan: Plan, chosen: int, config: CompressionConfig, out: list[Message], used: list[Form]
-) -> tuple[list[Message], list[Form]]:
-    """When the rung that fits leaves room under the target (its last step freed more than was
-    needed), the room is filled: a large message its last step reduced to its facts is cut head
-    and tail to the room instead (when the room is a share of the target), then a stub lists
-    more of its facts."""
-    slack = config.limit - config.count_tokens(out)
-    if slack < FILL_MIN:
-        return out, used
-    step = plan.steps[chosen - 1]
-    worth_cutting = slack >= max(CUT_MIN, int(config.limit * CUT_SHARE))
-    if worth_cutting and step.level != DROPPED and step.message not in plan.fixed:
-        # A long answer that has no summary smaller than itself goes straight to its fact list:
-        # cut head and tail, it holds its own text as well as its facts (listed first).
-        now = plan.forms.single(step.message, step.level)
-        if now is not None and now.body.startswith("facts: "):  # not a reference or summary
-            cuts = _message_cuts(plan, step.message, now.tokens + slack)
-            found = _first_fit(plan, chosen, config, cuts)
-            if found is not None:
-                out, used = found
-                slack = config.limit - config.count_tokens(out)
-                if slack < FILL_MIN:
-                    return out, used
-    # The stub the last step dropped a unit into, or else the newest stub (the last to go).
-    stubs = [f for f in used if plan.forms.is_stub(f)]
-    if step.level == DROPPED:
-        start = plan.units[step.unit].start
-        stubs = [f for f in stubs if f.start <= start < f.end]
-    if stubs and not worth_cutting:
-        stub = stubs[-1]
-        if len(stub.body) < FULL_STUB * plan.forms.stub_cap(stub.start, stub.end):
-            stubs = []
-    if stubs:
-        found = _grown(plan, stubs[-1], slack, config, (out, used))
-        if found is not None:
-            return found
-    return out, used
-
-
-def _first_fit(
-    plan: Plan, chosen: int, config: CompressionConfig, tries: Iterator[None]
-) -> tuple[list[Message], list[Form]] | None:
-    """Rung `chosen` rebuilt after each override `tries` sets: the first that fits, if any (an
-    override that does not fit is undone by `tries`)."""
-    for _ in tries:
-        filled, filled_used, _ = plan.build(chosen, None)
-        if config.count_tokens(filled) <= config.limit:
-            return filled, filled_used
-    return None
-
-
-def _message_cuts(plan: Plan, i: int, room: int) -> Iterator[None]:
-    """Message i cut head and tail to shares of `room` tokens, largest first."""
-    forms = plan.forms
-    chars = len(message_text(plan.messages[i]))
-    for share in FILL_TRIES:
-        draft = forms.fill_draft(i, int(room * share * chars / max(forms.costs[i], 1)))
-        if draft is None:
-            break
-        plan.override[i] = forms.materialize(draft)
-        yield None
-    plan.override.pop(i, None)
-
-
-def _grown(
-    plan: Plan,
-    stub: Form,
-    slack: int,
-    config: CompressionConfig,
-    current: tuple[list[Message], list[Form]],
-) -> tuple[list[Message], list[Form]] | None:
-    """The `current` messages and forms with `stub` listing more facts, sized to shares of
-    `slack` tokens, largest first: the first that fits, if any. A stub is a message of its own
-    (never merged), so the grown one takes its place without building the rung again, and one
-    that grows by more than the slack by its own count is not counted: the request counts each
-    message apart."""
-    forms = plan.forms
-    out, used = current
-    span = (stub.start, stub.end)
-    per_token = forms.stub_chars_per_token(*span)
-    cap = forms.stub_cap(*span)
-    for share in FILL_TRIES:
-        form = forms.stub_sized(*span, cap + int(slack * share * per_token))
-        if form is None or form.tokens <= stub.tokens:
-            break
-        if form.tokens - stub.tokens > slack:
-            continue
-        grown = [form.message if m is stub.message else m for m in out]
-        if config.count_tokens(grown) <= config.limit:
-            return grown, [form if f is stub else f for f in used]
-    return None
-
-
-# A forced rung's fact cap is refined between the one that fits and the one before it (that
-# did not) until they are this close, in characters.
-FORCE_CAP_STEP = 10
-
-
-def _finer_cap(
-    plan: Plan, fits: int, over: int, out: list[Message], config: CompressionConfig
-) -> int:
-    """The largest fact cap between `fits` (a forced rung's, whose messages `out` are within the
-    target) and `over` (the rung's before it, over the target) that still fits: the caps halve
-    from rung to rung, so the one that fits may leave much of the target unused."""
-    # Any room that holds a few facts is worth it, not only a share of the target: nothing
-    # else is left to fill it, and the caps halve, so the gap is often a few dozen tokens.
-    if config.limit - config.count_tokens(out) < FILL_MIN:
-        return fits
-    top = len(plan.steps)
-    while over - fits > FORCE_CAP_STEP:
-        mid = (fits + over) // 2
-        if plan.build(top, mid, collect=False)[2] <= config.limit:
-            fits = mid
-        else:
-            over = mid
-    return fits
+        """Compact `messages` to about `config.limit` tokens."""
+        return compact(messages, config, parse_options(EngineOptions, config.extra_config))
 
 
 def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
     """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
-    result, cuttable = _compact(messages, config, opts, cut_final=False)
-    if cuttable and config.count_tokens(result.messages) > config.budget:
-        # The protected messages alone fit, so the final tool results were kept whole; but what
-        # the rest can shrink to does not count in that floor (the final assistant message keeps
-        # its tool calls, and on the Responses and Messages APIs its reasoning or thinking too;
-        # the stand-in for what was dropped). Cutting the final tool results is the last resort:
-        # taken only when it makes the request fit.
-        retry, _ = _compact(messages, config, opts, cut_final=True)
-        if config.count_tokens(retry.messages) <= config.budget:
-            return retry
-    return result
-
-
-def _compact(
-    messages: list[Message], config: CompressionConfig, opts: EngineOptions, *, cut_final: bool
-) -> tuple[CompactionResult, bool]:
-    """One compaction; `cut_final`: the final tool results may be cut even though the protected
-    messages alone fit the budget. Also says whether they were kept whole only for that reason."""
+    digest = canonical.source_digest(messages)
+    if config.count_tokens(messages) <= config.limit:
+        return CompactionResult(messages=list(messages), source_digest=digest)
     units = split_units(messages)
-    prot = protection(messages, units, config.keep_head, config.recency_turns)
-    fixed = (
-        prot.hard
-        | prot.head
-        | {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
-    )
-    # What `droppable(u, prot, relaxed=True)` and no fixed message say, one set test a unit.
-    blocked = fixed | prot.hard | prot.head
-    can_drop = [u.kind != "system" and blocked.isdisjoint(u.indices()) for u in units]
-    # The last resort: when the final tool results alone keep the request over budget, they may
-    # be cut head and tail (never dropped), after everything else has given what it can.
-    last = final_tool_results(messages) - (prot.head | {i for i in fixed if i not in prot.hard})
-    costs = [config.count_message(m) for m in messages]
-    base = config.count_tokens([])  # reply priming and tool schemas: a request adds its messages
-    floor = base + sum(costs[i] for i in fixed)
-    cuttable = bool(last) and not cut_final and floor <= config.budget
-    if not last or (floor <= config.budget and not cut_final):
-        last = frozenset()
-    fixed = fixed - last
-    texts = [message_text(m) for m in messages]
-    query = _query(messages, units, prot.hard | prot.recent)
-    # Relevance reads the tool results, the query and the assistant messages that react to the
-    # tool results only: their fact texts, shared with forms.
-    reacting = reactions(messages)
-    needed = set(query) | set(reacting) | set(reacting.values())
-    needed |= {i for i, m in enumerate(messages) if m.get("role") == "tool"}
-    fact_texts = {i: fact_text(messages[i]) for i in needed}
-    taken: dict[int, set[str]] = {}
-    keys, weights = keep_keys(
-        messages, [fact_texts.get(i, "") for i in range(len(messages))], query, taken, reacting
-    )
-    steps = ladder(units, messages, keys, fixed=fixed, can_drop=can_drop, last=last)
-    candidates = [i for i in range(len(messages)) if i not in fixed]
-    settings = FormSettings(
-        opts.summary_ratio, opts.facts_ratio, opts.stub_facts_ratio, opts.max_facts_chars
-    )
-    forms = Forms(messages, config, settings, _duplicates(texts, candidates, opts), costs)
-    forms.keys = keys
-    forms.query_terms = heaviest(weights)
-    forms.taken = taken
-    forms.shown = frozenset(fixed)
-    forms.seed_fact_texts(fact_texts)
-    plan = Plan(messages, units, fixed, steps, forms, opts.merge_consecutive, base)
-    caps = FORCE_FACT_CHARS if opts.force_converge else ()
-    rungs = len(steps) + len(caps)
-
-    def force_cap(s: int) -> int | None:
-        return caps[s - len(steps) - 1] if s > len(steps) else None
-
-    cache: dict[int, int] = {}
-    # The messages and forms of each rung priced: the answer is one of them, and building it
-    # again walks every unit of a long history for what the probe had (a build that collects
-    # them costs about what one that only prices does).
-    built: dict[int, tuple[list[Message], list[Form]]] = {}
-    # The estimates say where the answer is; exact prices near there decide it.
-    estimates = Estimates(plan)
-
-    def cost(s: int) -> int:
-        s = estimates.same_as(s)
-        if s not in cache:
-            out, used, cache[s] = plan.build(min(s, len(steps)), force_cap(s))
-            built[s] = (out, used)
-        return cache[s]
-
-    # If even the top rung (markers only) misses the budget, nothing fits, and forcing would
-    # lose facts without making the request acceptable upstream: stop at the last rung that
-    # keeps them (the chain may still escalate). System/developer messages, the head and the
-    # last messages are never rewritten, so when they alone miss the budget no rung is priced;
-    # when they nearly do, the top rung is priced first (a climb would likely be wasted).
-    floor = base + sum(forms.costs[i] for i in fixed)
-    hopeless = floor > config.budget or (
-        floor * 5 >= config.budget * 4 and cost(rungs) > config.budget
-    )
-
-    def search(target: int) -> int | None:
-        close = target // CLOSE_ENOUGH
-        return search_guided(cost, rungs, target, estimates.first_within, estimates.at, close=close)
-
-    chosen = None if hopeless else search(config.limit)
-    if chosen is None and not hopeless:
-        # The target is out of reach. The rung that keeps the most under the budget would be
-        # over it again after the next turn or two, and every compaction event breaks the
-        # prompt cache: go as far as the ladder goes with facts kept (what later turns grow
-        # from, replaying it), and force only what the budget needs.
-        if cost(len(steps)) <= config.budget:
-            chosen = len(steps)
-        elif cost(rungs) <= config.budget:
-            chosen = search(config.budget)
-    chosen = len(steps) if chosen is None else estimates.same_as(chosen)
-    cap = force_cap(chosen)
-    out, used = built[chosen] if chosen in built else plan.build(min(chosen, len(steps)), cap)[:2]
-    if cap is not None and chosen > len(steps) + 1:
-        finer = _finer_cap(plan, cap, caps[chosen - len(steps) - 2], out, config)
-        if finer != cap:
-            filled, filled_used, _ = plan.build(len(steps), finer)
-            if config.count_tokens(filled) <= config.limit:
-                out, used = filled, filled_used
-    if 0 < chosen <= len(steps):
-        out, used = _fill(plan, chosen, config, out, used)
-    digest = forms.source_digest()
-    if not used:
-        return CompactionResult(messages=list(messages), source_digest=digest), cuttable
-    levels = {step.level for step in steps[:chosen]} | ({FORCED} if chosen > len(steps) else set())
+    prot = protection(messages, units, config.keep_head, 0)
+    fixed = set(prot.hard | prot.head)
+    fixed |= {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
+    layout = Layout(messages, units, frozenset(fixed), config)
+    texts = _texts(messages, units, layout, opts, config)
+    picks = rank(texts, LABEL_TOKENS)
+    if not _fit(layout, texts, picks, config):
+        apply(texts, picks, 0)
+    out, verbatim = render(layout, texts, short=False)
+    if config.count_tokens(out) > config.limit:
+        out, verbatim = render(layout, texts, short=True)
+        over = config.count_tokens(out) - config.budget
+        if over > 0:
+            # The last resort: the final tool results cut head and tail, never dropped.
+            out, verbatim = layout.cut_final(out, verbatim, over)
+    unchanged = common_suffix(messages, out)
+    if unchanged == len(messages):
+        return CompactionResult(messages=list(messages), source_digest=digest)
     return CompactionResult(
         messages=out,
         source_digest=digest,
-        covered_through=max(f.end for f in used) - 1,
-        verbatim={f.ref: list(messages[f.start : f.end]) for f in used},
-        limitations=[_LIMITATIONS[lv] for lv in sorted(levels)],
-    ), cuttable
+        covered_through=len(messages) - unchanged - 1,
+        verbatim=verbatim,
+        limitations=["older lines and sentences cut, the rest kept verbatim"],
+    )
+
+
+def _fit(layout: Layout, texts: list[Text], picks: list[Pick], config: CompressionConfig) -> bool:
+    """Keep the longest prefix of the ranking whose rendering is within the target, counted
+    exactly: guessed from the estimates, corrected by how far off they were, then bisected.
+    Leaves the texts selecting it; False when not even the floor is within the target."""
+
+    originals = {id(m): cost for m, cost in zip(layout.messages, layout.costs, strict=True)}
+    base = config.count_tokens([])  # priming and tool schemas: a request adds its messages
+
+    def tokens(n: int) -> int:
+        apply(texts, picks, n)
+        out = render(layout, texts, short=False)[0]
+        return base + sum(originals.get(id(m)) or config.count_message(m) for m in out)
+
+    floor = tokens(0)
+    if floor > config.limit:
+        return False
+    room = config.limit - floor
+    spent = [p.spent for p in picks]
+    fits, over = 0, len(picks) + 1  # a prefix known to fit, one known not to
+    scale = 1.0
+    for step in range(FIT_ROUNDS):
+        if step < GUESSES:
+            # Where the estimates, corrected by how far off they were so far, put the target.
+            guess = bisect.bisect_right(spent, room / scale)
+            guess = min(max(guess, fits + 1), over - 1)
+        else:
+            guess = (fits + over) // 2
+        if guess <= fits:
+            break
+        got = tokens(guess)
+        if got <= config.limit:
+            fits = guess
+            if got >= CLOSE * config.limit:
+                break
+        else:
+            over = guess
+        if spent[guess - 1] > 0 and got > floor:
+            scale = (got - floor) / spent[guess - 1]
+    apply(texts, picks, fits)
+    return True
+
+
+def _texts(
+    messages: list[Message],
+    units: list[Unit],
+    layout: Layout,
+    opts: EngineOptions,
+    config: CompressionConfig,
+) -> list[Text]:
+    """Every rewritable message's pieces, priced and valued."""
+    unit_of = {i: u for u, unit in enumerate(units) for i in unit.indices()}
+    bodies = {
+        i: _body(messages[i], foldable=not layout.stays(unit_of[i])) for i in layout.rewritable()
+    }
+    rewritable = [i for i, body in bodies.items() if body.strip()]
+    spans = {i: pieces.split(bodies[i]) for i in rewritable}
+    piece_texts = {i: [bodies[i][s:e] for s, e in spans[i]] for i in rewritable}
+    seen = {
+        " ".join(line.split())
+        for i in layout.fixed
+        for line in message_text(messages[i]).splitlines()
+    }
+    flags = said_later((piece_texts[i] for i in rewritable), seen, REPEAT_MIN_CHARS)
+    repeated = dict(zip(rewritable, flags, strict=True))
+    flat = [p for i in rewritable for p in piece_texts[i]]
+    tail = _tail(messages, units, layout)
+    query = "\n".join(message_text(messages[i]) for i in tail)
+    scorer = Scorer(flat, query, message_text(messages[last_index(messages, "user")]))
+    weights = _weights(units)
+    superseded = _superseded(messages, units)
+    texts = []
+    n = 0
+    for i in rewritable:
+        full = layout.costs[i]
+        per_char = full / max(len(bodies[i]), 1)
+        weight = weights[unit_of[i]] * (SUPERSEDED if i in superseded else 1.0)
+        tokens, values, short, near = [], [], [], []
+        for k, piece in enumerate(piece_texts[i]):
+            cost = len(piece) * per_char
+            worth = PRESENCE * cost + scorer.specificity(n) + opts.relevance * scorer.relevance(n)
+            worth *= weight * (REPEATED if repeated[i][k] else 1.0)
+            tokens.append(cost)
+            values.append(worth)
+            short.append(len("".join(piece.split())) <= NEAR)
+            near.append(edges(piece, NEAR))
+            n += 1
+        texts.append(Text(i, bodies[i], spans[i], tokens, values, short, near, full))
+    _working_set(texts, opts.working_set * config.limit)
+    return texts
+
+
+def _body(message: Message, *, foldable: bool) -> str:
+    """What a message's pieces are cut from: its text, and in a unit that may be folded into a
+    stand-in, its tool calls as `name(arguments)` (what a later turn may need of them)."""
+    text = message_text(message)
+    calls = message.get("tool_calls") if foldable else None
+    if not isinstance(calls, list):
+        return text
+    written = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            written.append(f"{function.get('name')}({function.get('arguments')})")
+    return "\n".join([text, *written]) if text else "\n".join(written)
+
+
+def _tail(messages: list[Message], units: list[Unit], layout: Layout) -> list[int]:
+    """What the conversation is about now: the last user message, the final unit and the
+    newest TAIL_UNITS units."""
+    recent = [u for u in units if u.kind != "system"][-TAIL_UNITS:]
+    tail = {i for u in recent for i in u.indices()}
+    tail |= {i for i in layout.fixed if messages[i].get("role") not in ("system", "developer")}
+    return sorted(tail)
+
+
+def _weights(units: list[Unit]) -> list[float]:
+    """Per unit, how much its pieces' value counts for its age: from 1 (oldest) to
+    1 + AGE_SPAN (newest)."""
+    ages = [u for u, unit in enumerate(units) if unit.kind != "system"]
+    weights = [1.0] * len(units)
+    for age, u in enumerate(ages):
+        weights[u] = 1.0 + AGE_SPAN * age / max(len(ages) - 1, 1)
+    return weights
+
+
+def _working_set(texts: list[Text], room: float) -> None:
+    """The newest pieces, `room` tokens of them, count WORKING_SET_WEIGHT times more: they
+    are what the conversation is working on, the last to lose anything."""
+    for text in reversed(texts):
+        for k in range(len(text.spans) - 1, -1, -1):
+            if room <= 0:
+                return
+            room -= text.tokens[k]
+            text.value[k] *= WORKING_SET_WEIGHT
+
+
+def _superseded(messages: list[Message], units: list[Unit]) -> set[int]:
+    """Tool results of a call (tool name and arguments) that is made again later."""
+    later: set[bytes] = set()
+    out: set[int] = set()
+    for unit in reversed(units):
+        calls = messages[unit.start].get("tool_calls")
+        if unit.kind != "assistant" or not isinstance(calls, list):
+            continue
+        keys = []
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                keys.append(orjson.dumps([function.get("name"), function.get("arguments")]))
+        if keys and all(k in later for k in keys):
+            out.update(i for i in unit.indices() if messages[i].get("role") == "tool")
+        later.update(keys)
+    return out

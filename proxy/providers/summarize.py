@@ -25,16 +25,21 @@ from proxy.providers.base import (
     ContextProvider,
     Message,
     option,
+    parse_options,
     ref_marker,
 )
 from proxy.providers.engine import EngineOptions, compact
-from proxy.providers.engine_forms import fact_text
-from proxy.providers.facts import fact_candidates, pack_facts
-from proxy.providers.units import Unit, droppable, message_text, protection, split_units
+from proxy.providers.units import (
+    Unit,
+    common_suffix,
+    droppable,
+    message_text,
+    protection,
+    split_units,
+)
 
 log = logging.getLogger(__name__)
 
-_MAX_FACTS_CHARS = 1500
 _MARKER_ALLOWANCE = 40
 """Tokens the marker line and message overhead add to a summary."""
 
@@ -74,7 +79,7 @@ class SummarizeOptions:
             raise ValueError(
                 "summarize: timeout > 0, summary_tokens >= 16, max_input_chars >= 1000"
             )
-        EngineOptions.from_extra(options.engine or {})
+        parse_options(EngineOptions, options.engine or {})
         return options
 
 
@@ -154,7 +159,7 @@ class SummarizeProvider(ContextProvider):
             if result is not None:
                 return result
         # The engine is CPU work; off the event loop like every sync provider.
-        engine = EngineOptions.from_extra(opts.engine or {})
+        engine = parse_options(EngineOptions, opts.engine or {})
         fallback = await asyncio.to_thread(compact, messages, config, engine)
         fallback.limitations.append("LLM summary unavailable: deterministic engine summary used")
         return fallback
@@ -182,14 +187,14 @@ class SummarizeProvider(ContextProvider):
             return result
         # Still over target: let the engine finish the job on top of the (paid) summary; its
         # references nest, so `uncompress(recursive=True)` still restores the original.
-        engine = EngineOptions.from_extra(opts.engine or {})
+        engine = parse_options(EngineOptions, opts.engine or {})
         more = await asyncio.to_thread(compact, result.messages, config, engine)
         if config.count_tokens(more.messages) > config.budget:
             return None
         return CompactionResult(
             messages=more.messages,
             source_digest=result.source_digest,
-            covered_through=len(messages) - 1 - _common_suffix(messages, more.messages),
+            covered_through=len(messages) - 1 - common_suffix(messages, more.messages),
             verbatim={**result.verbatim, **more.verbatim},
             limitations=[*result.limitations, *more.limitations],
         )
@@ -225,21 +230,6 @@ class SummarizeProvider(ContextProvider):
         return None
 
 
-def _common_suffix(a: Sequence[Message], b: Sequence[Message]) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
-        n += 1
-    return n
-
-
-def missing_facts(originals: Sequence[Message], summary: str) -> str:
-    """Facts of the span the summary left out (a model may drop ids; the request must not)."""
-    texts = [fact_text(m) for m in originals]
-    cap = min(_MAX_FACTS_CHARS, sum(len(t) for t in texts) // 10)
-    candidates = [c for t in texts for c in fact_candidates(t) if c[1] not in summary]
-    return pack_facts(candidates, cap)
-
-
 def build_result(
     messages: list[Message], span: range, summary: str, config: CompressionConfig
 ) -> CompactionResult | None:
@@ -251,9 +241,6 @@ def build_result(
     first = originals[0]
     role = "user" if first.get("role") == "user" else "assistant"
     text = f"{marker}\nSummary of the earlier conversation:\n{summary}"
-    missing = missing_facts(originals, summary)
-    if missing:
-        text = f"{text}\nfacts: {missing}"
     content: Any = (
         [{"type": "text", "text": text}] if isinstance(first.get("content"), list) else text
     )

@@ -236,3 +236,12 @@ def placeholder(run: Sequence[Message], tokens: int, note: str = "") -> tuple[st
 def placeholder_cost(config: CompressionConfig) -> int:
     """An upper bound on what one placeholder costs (for planning before the ref is known)."""
     return config.count_message({"role": "assistant", "content": ref_marker("f" * 10, 999, 10**8)})
+
+
+def common_suffix(a: Sequence[Message], b: Sequence[Message]) -> int:
+    """How many trailing messages two lists share unchanged."""
+    n = 0
+    limit = min(len(a), len(b))
+    while n < limit and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n

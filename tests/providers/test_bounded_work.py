@@ -16,15 +16,13 @@ from typing import Any
 import pytest
 
 from proxy.providers import (
-    dedup,
     engine,
-    engine_forms,
-    engine_plan,
     facts,
-    ladder,
     markers,
+    pieces,
     prose,
-    relevance,
+    rendering,
+    salience,
     summary,
     trim_plan,
     units,
@@ -37,8 +35,7 @@ from tests.providers.build import assistant, system, tool, user
 from tests.providers.tokens import count_tokens, make_config
 
 MODULES: tuple[ModuleType, ...] = (
-    dedup, engine, engine_forms, engine_plan, facts, ladder, markers, prose, relevance, summary,
-    trim_plan, units,
+    engine, facts, markers, pieces, prose, rendering, salience, summary, trim_plan, units,
 )  # fmt: skip
 # scan_spans cuts pieces of SCAN_CHARS to twice that; nothing else may see more.
 BOUND = 2 * facts.SCAN_CHARS
@@ -132,8 +129,9 @@ TEXT_OPERATIONS: dict[str, Callable[[str], object]] = {
     "names": facts.name_matches,
     "fact tokens": prose.fact_tokens,
     "paths": prose.paths_in,
-    "relevant lines": lambda text: relevance.line_hits(text, [("gamma", 1.0), ("xxx", 1.0)]),
-    "terms": relevance.terms,
+    "pieces": pieces.split,
+    "terms": salience.terms,
+    "edges": lambda text: salience.edges(text, 32),
 }
 
 

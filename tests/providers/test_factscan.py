@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.providers import facts, relevance
+from proxy.providers import facts
 
 try:
     from proxy.providers import _factscan
@@ -178,103 +178,7 @@ _LINE_PIECES = ["a", "b", "ab", "abc", "AB", "İ", "Σ", "ς", "é", "\n", " ", 
 _LINE_TERMS = ["a", "ab", "abc", "b", "i", "\u03c3", "ς", "x\ny", "", "ss", "ﬁ", "fi"]
 
 
-@settings(max_examples=2000, deadline=None)
-@given(
-    st.lists(st.sampled_from(_LINE_PIECES), max_size=60).map("".join),
-    st.lists(
-        st.tuples(st.sampled_from(_LINE_TERMS), st.floats(0.0, 10.0, allow_nan=False)),
-        max_size=6,
-    ),
-)
-def test_native_line_hits_are_python(text: str, terms: list[tuple[str, float]]) -> None:
-    _native()
-    assert relevance.NATIVE_LINE_HITS is _factscan.line_hits
-    native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
-    assert native.scores == python.scores
-    assert native.first_hit == python.first_hit
-
-
-def test_native_line_hits_of_a_long_text_and_bad_arguments() -> None:
-    _native()
-    text = "\n".join(f"line {k} of the Log: user_{k % 7} failed" for k in range(6000))
-    terms = [("user_3", 2.0), ("failed", 0.5), ("log", 1.0), ("line 59", 3.0)]
-    native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
-    assert len(text) > 2 * facts.SCAN_CHARS
-    assert native.scores == python.scores
-    assert native.first_hit == python.first_hit
-    with pytest.raises(TypeError):
-        _factscan.line_hits([(0, "a")], ["a"], [])
-    with pytest.raises(TypeError):
-        _factscan.line_hits([(0, b"a")], ["a"], [1.0])
-    with pytest.raises(TypeError):
-        _factscan.line_hits([(0, "a")], ["a"], ["x"])
-
-
-@settings(max_examples=1000, deadline=None)
-@given(st.text(max_size=300), st.lists(st.tuples(st.integers(0, 300), st.integers(0, 6))))
-def test_native_line_hits_on_any_text(text: str, cuts: list[tuple[int, int]]) -> None:
-    _native()
-    low = text.lower()  # terms taken from the text itself, so that most of them are found
-    terms = [(low[at : at + size], 1.0 + at % 3) for at, size in cuts]
-    native, python = relevance.line_hits(text, terms), relevance.python_line_hits(text, terms)
-    assert native.scores == python.scores
-    assert native.first_hit == python.first_hit
-
-
 _LONG_LINE_PIECES = [*_LINE_PIECES, "abcdefgh ", "  ", "\t", "\n\n", " ab ab ab ab"]
-
-
-@settings(max_examples=3000, deadline=None)
-@given(
-    st.lists(st.sampled_from(_LONG_LINE_PIECES), max_size=80).map("".join),
-    st.lists(
-        st.tuples(st.sampled_from(_LINE_TERMS), st.sampled_from([0.0, 0.5, 1.0, 1.5, 3.0])),
-        max_size=5,
-    ),
-    st.integers(-3, 200),
-    st.integers(-3, 400),
-    st.integers(-2, 120),
-    st.integers(1, 30),
-)
-def test_native_relevant_lines_are_python(
-    text: str,
-    terms: list[tuple[str, float]],
-    start: int,
-    end: int,
-    max_chars: int,
-    width: int,
-) -> None:
-    _native()
-    assert relevance.NATIVE_RELEVANT_LINES is _factscan.relevant_lines
-    hits = relevance.python_line_hits(text, terms)
-    native = _factscan.relevant_lines(
-        text, hits.scores, hits.first_hit, start, end, max_chars, width
-    )
-    with pytest.MonkeyPatch.context() as patch:  # the reference reads its width from the module
-        patch.setattr(relevance, "_LINE_WIDTH", width)
-        assert native == relevance.python_relevant_lines(hits, start, end, max_chars)
-    assert relevance.relevant_lines(hits, start, end, max_chars) == (
-        relevance.python_relevant_lines(hits, start, end, max_chars)
-    )
-
-
-def test_native_relevant_lines_of_a_long_text_and_bad_arguments() -> None:
-    _native()
-    text = "\n".join(
-        f"line {k} of the Log: user_{k % 7} failed " + "x" * (k % 300) for k in range(3000)
-    )
-    hits = relevance.line_hits(text, [("user_3", 2.0), ("failed", 0.5), ("line 59", 3.0)])
-    for start, end, max_chars in ((0, len(text), 1200), (500, 90_000, 200), (0, len(text), 10**6)):
-        native = relevance.relevant_lines(hits, start, end, max_chars)
-        assert native == relevance.python_relevant_lines(hits, start, end, max_chars)
-    with pytest.raises(TypeError):
-        _factscan.relevant_lines(text, hits.scores, hits.first_hit, 0, 1, 2)  # type: ignore[call-arg]
-    with pytest.raises(TypeError):
-        _factscan.relevant_lines(b"ab", {}, {}, 0, 1, 2, 3)  # type: ignore[arg-type]
-    with pytest.raises(KeyError):
-        _factscan.relevant_lines("a" * 50, {0: 1.0}, {}, 0, 50, 100, 10)
-    with pytest.raises(TypeError):
-        _factscan.relevant_lines("ab", {"x": 1.0}, {}, 0, 50, 100, 10)
 
 
 _NAME_PIECES = [
@@ -474,85 +378,6 @@ _TERM_PIECES = [
     "a", "Z", "ab", "Foo", "x_1", "9", "-", "_", " ", "\n", "\t", "\x0b", "\x0c", "\r", "\x1c",
     "\x1f", "\x00", "\x7f", ".", "/", "@", "::", "(", ")", "\\", "'", '"', "`", "=", "#", "é", "\x85",
 ]  # fmt: skip
-
-
-@settings(max_examples=3000, deadline=None)
-@given(st.lists(st.sampled_from(_TERM_PIECES), max_size=80).map("".join))
-def test_native_term_set_is_python(text: str) -> None:
-    _native()
-    assert relevance.NATIVE_TERM_SET is _factscan.term_set
-    native = _factscan.term_set(text)
-    if not text.isascii():
-        assert native is None
-        return
-    python = relevance.python_term_set(text)
-    assert native == python
-    assert list(native[0]) == list(python[0])  # the same set: its iteration order too
-    assert relevance.term_set(text) == python
-
-
-@settings(max_examples=2000, deadline=None)
-@given(
-    st.lists(st.sampled_from(_TERM_PIECES), max_size=80).map("".join),
-    st.lists(st.sampled_from(["a", "foo", "x_1", "9", "z", "é"]), max_size=6),
-)
-def test_native_terms_into_is_python(text: str, before: list[str]) -> None:
-    _native()
-    assert relevance.NATIVE_TERMS_INTO is _factscan.terms_into
-    native, python = set(before), set(before)
-    count = _factscan.terms_into(native, text)
-    if not text.isascii():
-        assert count is None
-        assert native == set(before)  # untouched
-    else:
-        python.update(relevance.terms(text))
-        assert count == len(relevance.terms(text))
-        assert native == python
-        assert list(native) == list(python)  # added in the same order: the same iteration
-    found = set(before)
-    relevance.add_terms(found, text)
-    expected = set(before)
-    expected.update(relevance.terms(text))
-    assert found == expected
-    assert list(found) == list(expected)
-
-
-def test_native_term_set_of_a_long_output_repeating_its_terms_is_python() -> None:
-    _native()
-    # Thousands of occurrences of a few hundred terms, in mixed case: the set the native scan
-    # makes without making a str of each repeat is the one adding every occurrence makes.
-    lines = [
-        f"File sympy/Core{i % 37}/basic_{i % 211}.py, line {i}: Value_{i % 53}" for i in range(900)
-    ]
-    text = "\n".join(lines)
-    native = _factscan.term_set(text)
-    python = relevance.python_term_set(text)
-    assert native == python
-    assert list(native[0]) == list(python[0])
-
-
-def test_add_terms_of_long_texts_and_bad_arguments() -> None:
-    _native()
-    found = {"zeta"}
-    relevance.add_terms(found, "Alpha beta_2 gamma.delta\n" * 3000)  # past SCAN_CHARS
-    assert found == {"zeta", "alpha", "beta_2", "gamma", "delta"}
-    with pytest.raises(TypeError):
-        _factscan.terms_into(["a"], "ab")  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
-        _factscan.terms_into(set(), b"ab")  # type: ignore[arg-type]
-
-
-def test_term_set_of_long_and_wide_texts() -> None:
-    _native()
-    long = "Alpha beta_2 gamma.delta\n" * 3000  # past SCAN_CHARS: split a piece at a time
-    assert relevance.term_set(long) == ({"alpha", "beta_2", "gamma", "delta"}, 12000)
-    assert relevance.term_set("Élan vital") == ({"élan", "vital"}, 2)
-    many = " ".join(f"Id_{k % 3000} x{k}" for k in range(6000))  # distinct terms past a table
-    native = _factscan.term_set(many)
-    assert native == relevance.python_term_set(many)
-    assert list(native[0]) == list(relevance.python_term_set(many)[0])
-    with pytest.raises(TypeError):
-        _factscan.term_set(b"ab")  # type: ignore[arg-type]
 
 
 _SHAPE_PIECES = ["a", "Z", "0", "9", "12", ":", "-", " ", "é", "É", "\u0663", "\u00b2", "İ", "_"]

@@ -111,13 +111,13 @@ def _settings(toml: str, tmp_path: Any) -> Any:
     [
         (
             '[[policies]]\nname = "a"\nmatch_models = ["x*"]\nproviders = ["engine"]\n'
-            '[policies.options.engine]\ndedup = "yes"\n',
-            "policies[0].options.engine.dedup: must be true or false, not 'yes'",
+            '[policies.options.engine]\nworking_set = "yes"\n',
+            "policies[0].options.engine.working_set: must be a number, not 'yes'",
         ),
         (
             '[default_policy]\nproviders = ["summarize"]\n'
-            "[default_policy.options.summarize.engine]\nsummary_ratio = true\n",
-            "default_policy.options.summarize.engine.summary_ratio: must be a number, not True",
+            "[default_policy.options.summarize.engine]\nrelevance = true\n",
+            "default_policy.options.summarize.engine.relevance: must be a number, not True",
         ),
         (
             '[default_policy]\nproviders = ["trim"]\n[default_policy.options.trim]\n'

@@ -11,8 +11,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.providers import facts, prose, relevance, summary
-from proxy.providers.engine_forms import _SNIPPET, _snippet
+from proxy.providers import facts, prose, summary
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
 
@@ -88,18 +87,6 @@ def test_paths_in_pieces_are_the_paths_of_the_whole_text(text: str) -> None:
 
 @settings(max_examples=2000, deadline=None)
 @given(
-    st.lists(st.sampled_from(["a", "bb", " ", "\n", "   ", "word", "x" * 70, " " * 500])).map(
-        "".join
-    )
-)
-def test_snippet_flattens_only_what_it_shows(text: str) -> None:
-    flat = " ".join(text.split())
-    expected = flat if len(flat) <= _SNIPPET else flat[:_SNIPPET].rstrip() + "…"
-    assert _snippet(text) == expected
-
-
-@settings(max_examples=2000, deadline=None)
-@given(
     st.lists(
         st.sampled_from(["  x", "\ty", "foo;", "bar", "baz:", "word", "x)", "a ="]), min_size=2
     )
@@ -123,18 +110,6 @@ _BYTE_PIECES = [
 ]  # fmt: skip
 _OLD_SEPARATORS = str.maketrans(dict.fromkeys("\t\n\r\"'`()[]{}<>,;:=|!?*#&^%$+~\\/.@", " "))
 _OLD_SPECIAL = str.maketrans("", "", "{}[]<>|\\;:@#$%^&*()=+`~")
-
-
-@settings(max_examples=2000, deadline=None)
-@given(_texts(_BYTE_PIECES))
-def test_terms_split_at_the_separators_a_str_table_blanks(text: str) -> None:
-    assert relevance.terms(text) == text.lower().translate(_OLD_SEPARATORS).split()
-
-
-@settings(max_examples=2000, deadline=None)
-@given(_texts(_BYTE_PIECES))
-def test_line_starts_are_where_each_line_break_ends(text: str) -> None:
-    assert relevance._line_starts(text) == [0, *(m.end() for m in re.finditer("\n", text))]
 
 
 @settings(max_examples=2000, deadline=None)

@@ -1,0 +1,111 @@
+"""Pieces: the units a compaction keeps or cuts inside one message's text.
+
+A piece is a whole line of code or output, a whole sentence of prose, or a whole member of JSON
+(a run of members, never a member cut in two): what a model needs to read a fact with its
+meaning. Pieces tile the text exactly, so kept neighbours join back into the original bytes.
+
+A line up to `LONG_LINE` characters is one piece. A longer one is cut where its own structure
+allows: prose at sentence ends (a sentence shorter than `SENTENCE` characters stays with the
+next), data (JSON, a Python repr, a CSV row) at the commas and semicolons between its members,
+never inside a quoted string, small members joined up to `PART` characters so a fact keeps a
+few words on either side. Anything still longer than
+`LONGEST` (a line without any such boundary) is cut at spaces.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+LONG_LINE = 240
+"""A line longer than this is cut into parts."""
+SENTENCE = 40
+"""A shorter sentence is kept with the next one."""
+PART = 160
+"""Members of data are joined up to about this many characters."""
+LONGEST = 600
+"""No piece is longer than this."""
+SCAN = 4096
+"""Characters one regex call looks at, at most."""
+
+# A sentence ends at . ! ? (or a run of them), optional closing quotes or brackets, then space.
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]\u201d\u2019]*\s+")
+_OPENERS = "{["
+
+
+def split(text: str) -> list[tuple[int, int]]:
+    """The pieces of `text` as (start, end) offsets, in order, tiling the whole text."""
+    out: list[tuple[int, int]] = []
+    start = 0
+    for line in text.splitlines(keepends=True):
+        end = start + len(line)
+        if len(line) <= LONG_LINE:
+            out.append((start, end))
+        else:
+            out.extend(_parts(text, start, end))
+        start = end
+    return out
+
+
+def _parts(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """A long line cut at its own boundaries and joined back up to about PART characters."""
+    stripped = text[start:end].lstrip()
+    data = stripped[:1] in _OPENERS or _looks_like_data(stripped)
+    cuts, least = (_data_cuts, PART) if data else (_prose_cuts, SENTENCE)
+    piece_start = start
+    for cut in (*cuts(text, start, end), end):
+        if cut - piece_start >= least or cut == end:
+            yield from _at_spaces(text, piece_start, cut)
+            piece_start = cut
+
+
+def _looks_like_data(line: str) -> bool:
+    """More structure than words: a line of values, not of sentences."""
+    sample = line[:400]
+    marks = sum(sample.count(c) for c in ',;:{}[]=|"')
+    return marks * 6 > len(sample)
+
+
+def _prose_cuts(text: str, start: int, end: int) -> Iterator[int]:
+    """Offsets just after each sentence end (and its spaces) of text[start:end], looked for a
+    window of SCAN characters at a time (a regex call holds the GIL while it runs)."""
+    for pos in range(start, end, SCAN):
+        for m in _SENTENCE_END.finditer(text, pos, min(pos + SCAN, end)):
+            yield m.end()
+
+
+def _data_cuts(text: str, start: int, end: int) -> Iterator[int]:
+    """Offsets just after each `,` or `;` outside quoted strings (and the spaces after it)."""
+    quote = ""
+    escaped = False
+    i = start
+    while i < end:
+        c = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == quote:
+                quote = ""
+        elif c in "\"'":
+            quote = c
+        elif c in ",;":
+            j = i + 1
+            while j < end and text[j] == " ":
+                j += 1
+            yield j
+            i = j
+            continue
+        i += 1
+
+
+def _at_spaces(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """text[start:end] as one piece, or cut at spaces into pieces of at most ~LONGEST chars."""
+    while end - start > LONGEST:
+        cut = text.rfind(" ", start + LONGEST // 2, start + LONGEST)
+        cut = start + LONGEST if cut < 0 else cut + 1
+        yield start, cut
+        start = cut
+    if end > start:
+        yield start, end

@@ -1,0 +1,193 @@
+"""Rendering a selection: the messages a compaction sends, and the originals behind each ref.
+
+A unit that may go and keeps all its pieces stays whole. Every other such unit is folded with
+its neighbours into one stand-in for the run: its marker (`[compactd:ref=<id> … 5 messages,
+3,200 tokens dropped]`), then what the run keeps, message by message under its speaker's label
+(`user:`, `assistant:`, `tool:`; a tool call as `name(arguments)`), whole lines and sentences
+joined where they were adjacent, a gap saying how much is missing between them. In a unit that
+must stay, each message keeps its role, tool identity and content type: whole when every piece
+is kept, else headed by its own marker with its kept pieces. Each ref maps to the original
+messages it stands for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from proxy.providers import canonical
+from proxy.providers.base import CompressionConfig, Message, ref_marker, short_marker
+from proxy.providers.markers import dropped_marker
+from proxy.providers.selection import Text
+from proxy.providers.units import (
+    Unit,
+    final_tool_results,
+    message_text,
+    placeholder,
+    with_text,
+)
+
+CUT = "cut"
+# What a speaker's label in a stand-in costs (`\nassistant: `), in tokens.
+LABEL_TOKENS = 3.0
+
+
+@dataclass
+class Layout:
+    """The fixed facts of one conversation that rendering needs."""
+
+    messages: Sequence[Message]
+    units: Sequence[Unit]
+    fixed: frozenset[int]
+    config: CompressionConfig
+    _stays: list[bool] = field(default_factory=list)
+    costs: list[int] = field(default_factory=list)
+    """Tokens of each original message (the counts the request was priced with)."""
+
+    def __post_init__(self) -> None:
+        self.costs = [self.config.count_message(m) for m in self.messages]
+        self._stays = [
+            unit.kind == "system" or not self.fixed.isdisjoint(unit.indices())
+            for unit in self.units
+        ]
+
+    def rewritable(self) -> list[int]:
+        """Messages a compaction may rewrite, in order."""
+        return [i for i in range(len(self.messages)) if i not in self.fixed]
+
+    def stays(self, u: int) -> bool:
+        """Whether unit u stays whatever is kept (a system unit, or one holding a fixed
+        message): its other messages are rewritten one for one, never folded."""
+        return self._stays[u]
+
+    def cut_final(
+        self, out: list[Message], verbatim: dict[str, list[Message]], over: int
+    ) -> tuple[list[Message], dict[str, list[Message]]]:
+        """The final tool results cut head and tail by about `over` tokens in all."""
+        offset = len(out) - len(self.messages)
+        for i in sorted(final_tool_results(self.messages)):
+            if over <= 0:
+                break
+            original = self.messages[i]
+            text = message_text(original)
+            tokens = self.costs[i]
+            ref = canonical.ref_id([original])
+            marker = ref_marker(ref, 1, tokens, CUT)
+            room = tokens - over - self.config.count_message(with_text(original, marker))
+            keep = max(len(text) * room // max(tokens, 1), 0) // 2
+            new = with_text(original, f"{text[:keep]}\n{marker}\n{text[len(text) - keep :]}")
+            if self.config.count_message(new) >= tokens:
+                continue
+            out[i + offset] = new
+            verbatim[ref] = [original]
+            over -= tokens - self.config.count_message(new)
+        return out, verbatim
+
+
+def render(
+    layout: Layout, texts: Sequence[Text], *, short: bool
+) -> tuple[list[Message], dict[str, list[Message]]]:
+    """The messages the selection sends and the originals behind each ref (`short`: the
+    short marker forms, the cheapest stand-ins)."""
+    messages = layout.messages
+    by_index = {t.index: t for t in texts}
+    out: list[Message] = []
+    verbatim: dict[str, list[Message]] = {}
+    run: list[int] = []
+
+    def flush() -> None:
+        if run:
+            _fold(
+                layout,
+                [by_index.get(i) for i in run],
+                indices=run,
+                short=short,
+                out=out,
+                verbatim=verbatim,
+            )
+            run.clear()
+
+    for u, unit in enumerate(layout.units):
+        mine = [by_index.get(i) for i in unit.indices()]
+        if not layout.stays(u):
+            whole = any(mine) and all(t is None or all(t.kept) for t in mine)
+            if not whole:
+                run.extend(unit.indices())
+                continue
+        flush()
+        for i, text in zip(unit.indices(), mine, strict=True):
+            if text is None or all(text.kept):
+                out.append(messages[i])
+                continue
+            new, ref = _rewritten(layout, text, short)
+            out.append(messages[i] if new is None else new)
+            if new is not None:
+                verbatim[ref] = [messages[i]]
+    flush()
+    return out, verbatim
+
+
+def _fold(
+    layout: Layout,
+    texts: Sequence[Text | None],
+    *,
+    indices: Sequence[int],
+    short: bool,
+    out: list[Message],
+    verbatim: dict[str, list[Message]],
+) -> None:
+    """One stand-in for a run of whole units, carrying what they keep; the run itself when
+    that would cost as much."""
+    run = [layout.messages[i] for i in indices]
+    tokens = sum(layout.costs[i] for i in indices)
+    ref, stand_in = placeholder(run, tokens)
+    lines = [dropped_marker(ref) if short else message_text(stand_in)]
+    for text in texts:
+        if text is not None and any(text.kept):
+            role = layout.messages[text.index].get("role")
+            lines.append(f"{role}: {kept_text(text)}")
+    stand_in = {"role": stand_in["role"], "content": "\n".join(lines)}
+    if layout.config.count_message(stand_in) >= tokens:
+        out.extend(run)  # whole units, cheaper than their stand-in
+        return
+    out.append(stand_in)
+    verbatim[ref] = run
+
+
+def _rewritten(layout: Layout, text: Text, short: bool) -> tuple[Message | None, str]:
+    """Message `text.index` with only its kept pieces, headed by its marker; None when that
+    would cost as much as the original."""
+    original = layout.messages[text.index]
+    ref = canonical.ref_id([original])
+    marker = short_marker(ref) if short else ref_marker(ref, 1, int(text.full), CUT)
+    body = kept_text(text)
+    new = with_text(original, f"{marker}\n{body}" if body else marker)
+    if layout.config.count_message(new) >= layout.costs[text.index]:
+        return None, ref
+    return new, ref
+
+
+def kept_text(text: Text) -> str:
+    """The kept pieces of a text, adjacent ones joined as they were, a gap between the rest
+    (an ellipsis inside a line, a count of the lines missing between lines)."""
+    body = text.body
+    parts: list[str] = []
+    spans, kept = text.spans, text.kept
+    k, n = 0, len(spans)
+    while k < n:
+        j = k
+        while j < n and kept[j] == kept[k]:
+            j += 1
+        start, end = spans[k][0], spans[j - 1][1]
+        if kept[k]:
+            parts.append(body[start:end])
+        elif parts or j < n:
+            lines = body.count("\n", start, end)
+            if lines == 0:
+                parts.append(" … ")
+            else:
+                if parts and not parts[-1].endswith("\n"):
+                    parts.append("\n")
+                parts.append(f"[… {lines} line{'s' if lines > 1 else ''}]\n")
+        k = j
+    return "".join(parts).strip()

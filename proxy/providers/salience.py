@@ -1,0 +1,150 @@
+"""Salience: how much a piece of an older message is worth keeping, before its age is counted.
+
+Two things make a line or sentence worth its tokens, and one makes it worthless:
+
+- **Specificity.** Rare, exact items are what a later turn needs and cannot rebuild: ids,
+  numbers, dates, amounts, paths, URLs, names. Each distinct specific term of a piece is
+  weighted by its form (anything with a digit, a path, URL or identifier: 1; a name or an
+  acronym: 0.6; plain words: nothing) times its rarity in the conversation (inverse document
+  frequency over all pieces).
+- **Relevance.** What the conversation is about now: BM25 of the piece against the tail (the
+  newest exchanges, and the last user message counted twice), so the file an agent is still
+  editing and the earlier answer the last question is about outrank what nobody mentions.
+- **Redundancy.** A piece said again later (the same line in a newer view of a file, the same
+  error template, a repeated banner) is worth nothing where it stands first: the later copy
+  carries it, in its newer surroundings.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+# A term: a run of word characters, joined through the punctuation of paths, URLs, versions,
+# amounts and dates (`src/app.py`, `https://x.org/a_b`, `2024-05-20`, `$1,250.00`).
+_TERM = re.compile(r"\w(?:[\w.,:/@#%+~-]*\w)?")
+_DIGIT = re.compile(r"\d")
+_JOINED = re.compile(r"[a-z][A-Z]|[_./@:]")
+# A capitalized word after a lower-case word or a comma: a name, not a sentence's first word.
+_NAME = re.compile(r"(?<=[a-z,;] )[A-Z]\w*")
+# Where a fact may sit: a digit, joined punctuation inside a word, or a capital letter.
+_FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[A-Z]")
+
+SCAN = 4096
+"""Characters one regex call looks at, at most."""
+# BM25's usual constants (Robertson & Zaragoza).
+K1 = 1.2
+B = 0.75
+# Weights of a specific term's form: ids, numbers, paths, URLs, identifiers; names, acronyms.
+EXACT = 1.0
+NAMED = 0.6
+
+
+def terms(text: str) -> list[str]:
+    """The terms of a text, as written, found a window of SCAN characters at a time (cut at a
+    space where there is one): a regex call holds the GIL while it runs."""
+    out: list[str] = []
+    start = 0
+    while start < len(text):
+        end = start + SCAN
+        if end < len(text):
+            space = text.rfind(" ", start + SCAN // 2, end)
+            end = space if space > 0 else end
+        out.extend(_TERM.findall(text, start, end))
+        start = end
+    return out
+
+
+def form(term: str) -> float:
+    """How specific a term is by its form alone: anything with a digit, a path, URL or
+    identifier (EXACT); an acronym (NAMED); else 0 (a capitalized word counts as a name only
+    where it does not start a sentence: `Scorer` looks at that)."""
+    if _DIGIT.search(term) or _JOINED.search(term):
+        return EXACT
+    return NAMED if len(term) > 1 and term.isupper() else 0.0
+
+
+def edges(text: str, reach: int) -> tuple[bool, bool]:
+    """Whether something that may be a fact (a digit, an identifier, a capital) lies within
+    `reach` characters of the text's start, and of its end (white space at either end aside):
+    the neighbouring piece on that side then keeps the words around it."""
+    body = text.strip()
+    return bool(_FACTLIKE.search(body, 0, reach)), bool(
+        _FACTLIKE.search(body, max(len(body) - reach, 0))
+    )
+
+
+class Scorer:
+    """Specificity and relevance of every piece of one conversation."""
+
+    def __init__(self, pieces: Sequence[str], query: str, focus: str) -> None:
+        forms: dict[str, float] = {}
+        self._docs: list[Counter[str]] = []
+        self._specific: list[list[tuple[str, float]]] = []
+        for piece in pieces:
+            written = _TERM.findall(piece)
+            self._docs.append(Counter(_TERM.findall(piece.lower())))
+            specific: dict[str, float] = {}
+            for term in set(written):
+                weight = forms.get(term)
+                if weight is None:
+                    weight = forms[term] = form(term)
+                if weight:
+                    specific[term.lower()] = weight
+            for name in _NAME.findall(piece):
+                specific.setdefault(name.lower(), NAMED)
+            self._specific.append(list(specific.items()))
+        df: Counter[str] = Counter()
+        for doc in self._docs:
+            df.update(doc.keys())
+        n = max(len(pieces), 1)
+        self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
+        self._lengths = [d.total() for d in self._docs]
+        self._avg = max(sum(self._lengths) / n, 1.0)
+        # The last user message says what is asked now: its terms count twice the tail's.
+        self._query = dict.fromkeys(terms(query.lower()), 1.0)
+        self._query.update(dict.fromkeys(terms(focus.lower()), 2.0))
+
+    def specificity(self, i: int) -> float:
+        """Form times rarity, summed over the distinct specific terms of piece i."""
+        idf = self._idf
+        return sum(w * idf.get(t, 0.0) for t, w in self._specific[i])
+
+    def relevance(self, i: int) -> float:
+        """BM25 of piece i against the tail's terms."""
+        doc = self._docs[i]
+        norm = K1 * (1 - B + B * self._lengths[i] / self._avg)
+        score = 0.0
+        for t in self._query.keys() & doc.keys():
+            tf = doc[t]
+            score += self._query[t] * self._idf[t] * tf * (K1 + 1) / (tf + norm)
+        return score
+
+
+def normalized(text: str) -> str:
+    """A piece's text with its white space folded: what counts as saying the same thing."""
+    return " ".join(text.split())
+
+
+def said_later(groups: Iterable[Sequence[str]], seen: set[str], min_chars: int) -> list[list[bool]]:
+    """Per group (a message's pieces, oldest group first), whether each piece is repeated by a
+    later group, by `seen` (what the untouchable messages say) or earlier in its own group.
+
+    Pieces shorter than `min_chars` (a closing brace, a blank line) are never redundant: they
+    are cheap, and they are the context of their neighbours."""
+    groups = list(groups)
+    out: list[list[bool]] = [[] for _ in groups]
+    later = set(seen)
+    for g in range(len(groups) - 1, -1, -1):
+        keys = [normalized(p) for p in groups[g]]
+        own: set[str] = set()
+        flags = []
+        for key in keys:
+            repeated = len(key) >= min_chars and (key in later or key in own)
+            flags.append(repeated)
+            own.add(key)
+        out[g] = flags
+        later |= own
+    return out

@@ -1,0 +1,109 @@
+"""Selection: the order in which a compaction keeps pieces, best value per token first.
+
+Every message a compaction may rewrite is cut into pieces (`pieces.py`), each with a value and
+an estimated token cost. The ranking starts from the floor, where nothing that may go is kept
+(whole units dropped, messages that must stay reduced to their marker), and takes pieces in
+order of value per token. A piece brings its short neighbours along (a fact keeps the words
+around it), and the first piece of a unit pays for opening it (its messages' markers and tool
+calls, and the stand-in a dropped run gains when it is split): so a few rich messages are kept
+readable rather than many cut to a line each.
+
+The fit (`engine.py`) then keeps the longest prefix of the ranking that is within the target,
+counted exactly.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# A neighbour with at most this many non-space characters comes along with a kept piece: it
+# is what lets a fact at a line's start or end keep the words around it.
+NEAR = 32
+
+
+@dataclass
+class Text:
+    """One rewritable message: its pieces, what each costs and is worth."""
+
+    index: int
+    """The message's index in the conversation."""
+    body: str
+    """What the pieces cut: the message's text (and, in a unit that may be folded, its tool
+    calls written as `name(arguments)`)."""
+    spans: list[tuple[int, int]]
+    tokens: list[float]
+    value: list[float]
+    short: list[bool]
+    """Whether piece k is short enough to come along with a kept neighbour."""
+    edges: list[tuple[bool, bool]]
+    """Whether piece k holds a fact near its start, and near its end: the neighbour on that
+    side comes along, so the fact keeps the words around it."""
+    full: float
+    """Tokens the message costs unchanged."""
+    kept: list[bool] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.kept = [False] * len(self.spans)
+
+
+@dataclass(frozen=True)
+class Pick:
+    """One step of the ranking: pieces of one text kept together, and the estimated tokens
+    of the request after it (above the floor)."""
+
+    text: int
+    pieces: tuple[int, ...]
+    spent: float
+
+
+def rank(texts: Sequence[Text], label: float) -> list[Pick]:
+    """Every valuable piece in the order it is kept (see the module's docstring); `label` is
+    what the first piece kept of a message costs beyond its own tokens (the speaker's label in
+    a stand-in). Leaves every text with nothing kept."""
+    heap = [
+        (-value / max(text.tokens[k] + label, 1.0), t, k)
+        for t, text in enumerate(texts)
+        for k, value in enumerate(text.value)
+        if value > 0
+    ]
+    heapq.heapify(heap)
+    picks: list[Pick] = []
+    spent = 0.0
+    while heap:
+        _, t, k = heapq.heappop(heap)
+        text = texts[t]
+        if text.kept[k]:
+            continue
+        bundle = _bundle(text, k)
+        first = not any(text.kept)
+        for j in bundle:
+            text.kept[j] = True
+        spent += sum(text.tokens[j] for j in bundle) + (label if first else 0.0)
+        picks.append(Pick(t, tuple(bundle), spent))
+    for text in texts:
+        text.kept = [False] * len(text.kept)
+    return picks
+
+
+def _bundle(text: Text, k: int) -> list[int]:
+    """Piece k with the neighbours that come along (short ones, and the one beside a fact at
+    its edge), those not kept yet."""
+    out = [k]
+    before, after = text.edges[k]
+    if k > 0 and (before or text.short[k - 1]) and not text.kept[k - 1]:
+        out.append(k - 1)
+    if k + 1 < len(text.kept) and (after or text.short[k + 1]) and not text.kept[k + 1]:
+        out.append(k + 1)
+    return out
+
+
+def apply(texts: Sequence[Text], picks: Sequence[Pick], n: int) -> None:
+    """Set every text's kept pieces to the first `n` picks of a ranking."""
+    for text in texts:
+        text.kept = [False] * len(text.kept)
+    for pick in picks[:n]:
+        kept = texts[pick.text].kept
+        for j in pick.pieces:
+            kept[j] = True
