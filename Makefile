@@ -12,8 +12,8 @@ run: install
 # Install with test extras, make sure a Redis answers, then lint, type-check, build the docs
 # (strict: a broken link or a lost generated section fails) and run every test.
 test: install-test redis browser
-	$(BIN)/ruff check proxy tests bench
-	$(BIN)/ruff format --check proxy tests bench
+	$(BIN)/ruff check proxy tests bench docs/_hooks
+	$(BIN)/ruff format --check proxy tests bench docs/_hooks
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest -q

@@ -29,7 +29,8 @@ def render() -> str:
     for folder in folders:
         rel = folder.relative_to(ROOT).as_posix()
         modules = sorted(folder.glob("*.py"))
-        out += [f"### `{rel}/` ({len(modules)} modules)", ""]
+        count = f"{len(modules)} module{'s' if len(modules) != 1 else ''}"
+        out += [f"### `{rel}/` ({count})", ""]
         out += ["| module | what it holds |", "|---|---|"]
         out += [f"| `{m.name}` | {_summary(m)} |" for m in modules]
         out.append("")
