@@ -30,7 +30,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     COMPACTD_DATA_DIR=/data
 COPY --from=build /install /usr/local
 # jemalloc: `compactd serve` runs its workers on it when installed (server.allocator = "auto"),
-# ~19 MB less per worker than glibc's malloc for tiktoken's vocabularies (README: memory).
+# ~19 MB less per worker than glibc's malloc for tiktoken's vocabularies (docs/performance.md: memory per worker).
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libjemalloc2 \

@@ -3,17 +3,19 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install install-test redis browser lint
+.PHONY: run test install install-test redis browser lint docs
 
 # Install and run the proxy on 127.0.0.1:8787 (embedded SQLite store, no Redis needed).
 run: install
 	$(BIN)/compactd serve
 
-# Install with test extras, make sure a Redis answers, then lint, type-check and run every test.
+# Install with test extras, make sure a Redis answers, then lint, type-check, build the docs
+# (strict: a broken link or a lost generated section fails) and run every test.
 test: install-test redis browser
-	$(BIN)/ruff check proxy tests bench
-	$(BIN)/ruff format --check proxy tests bench
+	$(BIN)/ruff check proxy tests bench docs/_hooks
+	$(BIN)/ruff format --check proxy tests bench docs/_hooks
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest -q
 
 $(BIN)/python:
@@ -44,3 +46,7 @@ redis:
 browser:
 	@command -v chromium >/dev/null || \
 	  echo "make: chromium not found: the dashboard's browser test will be skipped (apt-get install chromium)" >&2
+
+# Build the documentation site into site/ (make test does this too); `$(BIN)/mkdocs serve` previews it.
+docs: install-test
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

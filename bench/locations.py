@@ -1,5 +1,5 @@
-"""Where the benchmark corpora are: the directory `$BENCH_CORPORA` names (the README's
-"Compaction quality" says where they live and how to make the converted ones). There is no
+"""Where the benchmark corpora are: the directory `$BENCH_CORPORA` names (bench/README.md,
+"The corpora", says where they live and how to make the converted ones). There is no
 default: nothing in this repository knows a path to them, so code that runs without the
 variable, the test suite above all, cannot read them by any route through bench/. Resolved when
 a corpus is read, not at import, so one setting moves every bench script."""
@@ -39,7 +39,7 @@ def corpora() -> Path:
     configured = os.environ.get(ENV)
     if not configured:
         raise CorporaUnsetError(
-            f"set {ENV} to the benchmark corpora's directory (README: 'Compaction quality')"
+            f"set {ENV} to the benchmark corpora's directory (bench/README.md: 'The corpora')"
         )
     return Path(configured)
 

@@ -5,7 +5,7 @@
         [--corpora tau-bench,aider] [--keys shared|own]
 
 The corpora of bench/session.py (by default tau-bench airline with its tool schemas and aider
-sessions, the two its figures in the README are of; `--corpora` names others), read in place,
+sessions, the two its first report's figures are of; `--corpora` names others), read in place,
 each session converted turn by turn into the API's own shape, as Codex CLI and Claude Code send
 them: Responses — a developer message, user messages with input_text parts, every assistant
 turn as a reasoning item (issued by the fake upstream, so its encrypted content is genuine) + an

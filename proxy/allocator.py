@@ -3,9 +3,10 @@
 Most of a worker's memory is tiktoken's Rust encoder: every token of a vocabulary is three
 small heap blocks (the encoder map's key, the decoder map's value, the sorted token list). The
 average token is 7 bytes; glibc's malloc gives every such block 32 bytes, jemalloc 8 or 16.
-With both encodings loaded that is ~19 MB per worker (measured by `bench/rss.py`, see the
-README's memory section). jemalloc can only be chosen before a process starts, so `compactd
-serve` starts itself again once with it preloaded (`LD_PRELOAD`; the workers inherit it).
+With both encodings loaded that is ~19 MB per worker (measured by `bench/rss.py`, see
+docs/performance.md, memory per worker). jemalloc can only be chosen before a process starts,
+so `compactd serve` starts itself again once with it preloaded (`LD_PRELOAD`; the workers
+inherit it).
 
 `MALLOC_CONF` (when the environment does not set its own) lets a background thread hand freed
 pages back after a second instead of keeping them ten, so a worker at rest holds what it uses,

@@ -1,4 +1,4 @@
-"""Traffic for the dashboard's tests (and its README screenshots): two teams' agent
+"""Traffic for the dashboard's tests (and the screenshots in docs/): two teams' agent
 conversations through the real proxy, compacted and replayed, a shadow policy, a provider that
 fails open, and a few weeks of earlier days' usage written to the store."""
 

@@ -4,7 +4,7 @@ Sign in, read the savings the API reports off the page and the chart, open a con
 a marker to the original behind it, download the restored originals, and check that a client key
 sees none of another tenant's conversations. Without chromium (or playwright) the test skips
 outside CI and fails under CI=true. COMPACTD_TEST_SCREENSHOTS=<dir> keeps the screenshots (the
-README's are made this way).
+docs' are made this way).
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ mode = "shadow"
 
 
 def test_default_policy_keys_are_set_by_environment_variables_too() -> None:
-    # README: every scalar key can be set as COMPACTD_<SECTION>_<KEY>, [default_policy]'s too.
+    # docs/configuration.md: every scalar key can be set as COMPACTD_<SECTION>_<KEY>, [default_policy]'s too.
     values = {"MODE": "shadow", "BUDGET_TOKENS": "0", "PROVIDERS": "trim, engine"}
     env = {f"COMPACTD_DEFAULT_POLICY_{k}": v for k, v in {**values, "ALLOW_BYPASS": "no"}.items()}
     policy = load_settings(None, env=env).default_policy
