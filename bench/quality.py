@@ -19,9 +19,12 @@ tau-bench — the scalar arguments with a digit of the ground-truth actions; aid
 and `backticked` names; swe-agent — the files, hunk functions and removed lines of the agent's
 final patch; memory-tests — the names and numbers of each test's required memories and answer;
 memorybank and chitchat (no annotated answers) — the quoted strings, numbers and names of the
-history. A fact is kept when it still appears in the compacted messages' text or tool-call
-arguments. Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the
-id) is never looked at while tuning.
+history. The text searched is the messages' text and their tool calls' names and arguments.
+Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the id) is never
+looked at while tuning. Two figures per split: facts kept *in context* (the probe
+with up to 24 non-space characters of its original surroundings on each side, whitespace
+ignored: bench/measure.py), the figure that counts, and facts kept *verbatim* (the probe appears
+anywhere), never reported alone.
 
 A case can fit when system/developer + tools + the last user message (and a final message that
 is not a tool result) fit with room for a marker; "after/target" is the mean of tokens after
@@ -55,6 +58,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import locations, quality_apis
+from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
 from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
@@ -65,7 +69,6 @@ from proxy.providers.units import (
     final_unit_start,
     hard_protected,
     last_index,
-    message_text,
     split_units,
 )
 from proxy.providers.validate import check_result, pairing_problems
@@ -105,7 +108,9 @@ class Row:
     used: list[float] = field(default_factory=list)
     """after / target for the cases that can fit (how much of the budget a result uses)."""
     kept: dict[str, int] = field(default_factory=dict)
-    """Facts kept per split ("dev", "held-out")."""
+    """Facts kept verbatim (anywhere) per split ("dev", "held-out")."""
+    in_context: dict[str, int] = field(default_factory=dict)
+    """Facts kept in context (bench/measure.py) per split."""
     facts: dict[str, int] = field(default_factory=dict)
     ms: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -120,18 +125,6 @@ def _scalars(value: Any) -> Iterable[str]:
             yield from _scalars(v)
     elif value is not None and not isinstance(value, bool):
         yield str(value)
-
-
-def searchable(messages: Sequence[Message], skip_system: bool = True) -> str:
-    """Text and tool-call arguments of the non-system messages (where key facts live)."""
-    parts = []
-    for m in messages:
-        if skip_system and m.get("role") in ("system", "developer"):
-            continue
-        parts.append(message_text(m))
-        if m.get("tool_calls"):
-            parts.append(orjson.dumps(m["tool_calls"]).decode())
-    return "\n".join(parts)
 
 
 def split_of(case_id: str) -> str:
@@ -442,6 +435,7 @@ async def run(
             return per_message.count_messages(list(ms)) + counter.count_tools({"tools": case.tools})
 
         total = count(case.messages)  # warms the per-message cache, as the proxy's step 6 does
+        windows = Windows(case.messages, case.facts)
         for fraction in budgets:
             budget = int(total * fraction)
             possible = can_fit(case, count, budget)
@@ -467,9 +461,10 @@ async def run(
                 problems = valid(case, result, config, prov.name == "drop-oldest")
                 row.valid.append(not problems)
                 row.problems.extend(f"{case.id}@{fraction}: {p}" for p in problems[:1])
-                text = searchable(result.messages)
-                kept = sum(1 for f in case.facts if f in text)
+                kept = kept_verbatim(case.facts, searchable(result.messages))
                 row.kept[case.split] = row.kept.get(case.split, 0) + kept
+                in_context = windows.kept(squeezed_text(result.messages))
+                row.in_context[case.split] = row.in_context.get(case.split, 0) + in_context
                 row.facts[case.split] = row.facts.get(case.split, 0) + len(case.facts)
     return rows
 
@@ -485,11 +480,13 @@ def share(kept: int, total: int) -> str:
 
 
 def table(rows: dict[tuple[str, float, str], Row]) -> str:
-    """The markdown table: one row per corpus, budget and provider; facts kept per split."""
+    """The markdown table: one row per corpus, budget and provider; facts kept in context and
+    verbatim, per split."""
     head = (
         "| corpus | budget | provider | after/target | fit (when possible) | valid "
-        "| facts kept (dev) | facts kept (held-out) | p50 ms | p95 ms |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| in context (dev) | verbatim (dev) | in context (held-out) | verbatim (held-out) "
+        "| p50 ms | p95 ms |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for (corpus, fraction, name), r in rows.items():
@@ -497,11 +494,14 @@ def table(rows: dict[tuple[str, float, str], Row]) -> str:
         ms = sorted(r.ms)
         used = f"{statistics.mean(r.used):.2f}" if r.used else "-"
         fit = f"{sum(possible)}/{len(possible)}"
-        dev = share(r.kept.get("dev", 0), r.facts.get("dev", 0))
-        held = share(r.kept.get("held-out", 0), r.facts.get("held-out", 0))
+        kept = " | ".join(
+            share(counts.get(split, 0), r.facts.get(split, 0))
+            for split in ("dev", "held-out")
+            for counts in (r.in_context, r.kept)
+        )
         lines.append(
             f"| {corpus} | {fraction:.0%} | {name} | {used} | {fit} | {pct(r.valid)} "
-            f"| {dev} | {held} | {ms[len(ms) // 2]:.2f} | {ms[int(len(ms) * 0.95)]:.2f} |"
+            f"| {kept} | {ms[len(ms) // 2]:.2f} | {ms[int(len(ms) * 0.95)]:.2f} |"
         )
     return "\n".join(lines)
 
