@@ -10,7 +10,9 @@ The data never enters this repository. Sources, each read from a GitHub snapshot
 
 - `mini_swe_agent_trajs`: coding-agent runs with large tool outputs (mini-swe-agent on
   SWE-bench Verified, Gemini 3 Pro; MIT), rewritten with native `tool_calls` and `tool` results;
-  answers: the paths, function names and removed lines of the agent's final patch.
+  answers: the paths, function names and removed lines of the agent's final patch. Each run is
+  stored whole (up to its submission); bench/quality cuts it before an assistant turn past 60 %
+  and probes what the turns after the cut use (bench/probes.py).
 - `memorybank_chats`: ten days of chats of one person with an AI companion, a session per day
   (MemoryBank-SiliconFriend, MIT); each case is the history plus one of the probing questions
   asked about it afterwards.
@@ -136,7 +138,7 @@ def agent_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def patch_answers(patch: str, limit: int = 6) -> list[str]:
+def patch_answers(patch: str, limit: int = 50) -> list[str]:
     """What the final patch shows the agent had to keep in mind: the files it changed, the
     functions of its hunks, and (up to `limit`) the code lines it removed."""
     paths = re.findall(r"^diff --git a/(\S+) b/", patch, re.M)
@@ -284,8 +286,10 @@ READMES = {
   call, the observation after it (`<returncode>…<output>…`) its `tool` result; steps without a
   block stay plain messages. Each run is cut before its submission step, so it ends on a tool
   result. `tools`: the one `bash` schema.
-* `answers`: the files, hunk functions and (up to 6) removed lines of the final patch
-  (`info.submission`); bench/quality keeps those found outside the protected messages.
+* `answers`: the files, hunk functions and removed lines of the final patch
+  (`info.submission`). bench/quality cuts each run before an assistant turn past 60 % of it
+  and probes what the turns after the cut use (tool-call values, named items, these answers)
+  where only the history before the cut holds it.
 """,
     "memorybank_chats": f"""# Multi-session chats with questions about earlier sessions
 
@@ -296,7 +300,7 @@ READMES = {
 * Converted by `bench/corpora.py`: one case per probing question: a system line, every session
   in date order (the first user message of a day starts with `[YYYY-MM-DD]`), then the question
   as the last user message. The questions come without answers (`answers` is empty), so
-  bench/quality probes the specific items of the history (names, titles, numbers, dates).
+  bench/quality probes the rare specific items of the history (said in at most 3 messages).
 """,
     "memory_benchmark_sessions": f"""# Multi-session chats with memory tests and their answers
 
@@ -307,7 +311,7 @@ READMES = {
 * Converted by `bench/corpora.py`: one case per test that needs memories: the sessions before
   the test's session (the first message of each starts with `(session N)`), then the test query
   as the last user message. `answers`: the required memories and the correct answer;
-  bench/quality probes their names and numbers that occur in the history.
+  bench/quality probes their names, numbers and quoted strings that occur in the history.
 """,
     "chitchat_long": f"""# Long open-domain chats
 
@@ -316,7 +320,7 @@ READMES = {
 * Converted by `bench/corpora.py`: chats with at least 100 utterances; consecutive utterances of
   one speaker form one message; the first speaker is the user, the other the assistant; the
   chat's prompt is the system message; cut to end on a user message. `answers` is empty:
-  bench/quality probes the specific items (names, titles, numbers) of the history.
+  bench/quality probes the rare specific items of the history (said in at most 3 messages).
 """,
 }
 COMMON = """

@@ -13,13 +13,16 @@ units until it fits, like LiteLLM's `trim_messages` but never orphaning a tool r
 extractive summary of what it was asked to summarize, cut to the word limit its prompt sets (no
 network; a real model's summaries read better but keep fewer exact facts).
 
-Fact probes, one rule for every corpus: candidates that occur outside the protected messages
-(system/developer, the last user message, the final message) and in none of them. Candidates:
-tau-bench — the scalar arguments with a digit of the ground-truth actions; aider — file paths
-and `backticked` names; swe-agent — the files, hunk functions and removed lines of the agent's
-final patch; memory-tests — the names and numbers of each test's required memories and answer;
-memorybank and chitchat (no annotated answers) — the quoted strings, numbers and names of the
-history. The text searched is the messages' text and their tool calls' names and arguments.
+Fact probes are what the conversation uses next (bench/probes.py), never what a provider's
+extractor recognises, and never found in the protected messages (system/developer, the last
+user message, the final message). Agent runs (tau-bench, swe-agent) are cut before an assistant
+turn past 60 % of the run: the history before the cut is compacted, and the probes are the
+values the later tool calls pass, what the later turns name and (swe-agent) the files, hunk
+functions and removed lines of the final patch, where the history holds them. QA chats with
+annotated answers (memory-tests): the names, numbers and quoted strings of the answers. Other
+chats (aider, memorybank, chitchat): specific items (ids, numbers, dates, URLs in any wrapping,
+paths, quoted or emphasised titles, names) that occur in at most three messages.
+The text searched is the messages' text and their tool calls' names and arguments.
 Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the id) is never
 looked at while tuning. Two figures per split: facts kept *in context* (the probe
 with up to 24 non-space characters of its original surroundings on each side, whitespace
@@ -48,7 +51,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import locations, quality_apis
 from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
+from bench.probes import agent_probes, answer_items, probes, rare_items
 from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
@@ -116,107 +120,44 @@ class Row:
     problems: list[str] = field(default_factory=list)
 
 
-def _scalars(value: Any) -> Iterable[str]:
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _scalars(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _scalars(v)
-    elif value is not None and not isinstance(value, bool):
-        yield str(value)
-
-
 def split_of(case_id: str) -> str:
     """ "held-out" for a fifth of the ids (as bench/corpora.py splits the new corpora)."""
     return "held-out" if hashlib.sha256(case_id.encode()).digest()[0] % 5 == 0 else "dev"
 
 
-def probes(messages: Sequence[Message], candidates: Iterable[str]) -> list[str]:
-    """The probe rule of every corpus: candidates that occur outside the protected messages
-    (system/developer, the last user message, the final message) and in none of them, so a
-    provider that kept only what it must would lose them all."""
-    keep = hard_protected(messages)
-    inside = searchable([messages[i] for i in sorted(keep)], skip_system=False)
-    outside = searchable([m for i, m in enumerate(messages) if i not in keep])
-    return sorted({c for c in candidates if c and c in outside and c not in inside})
-
-
-# Specific items of chat text (for corpora without annotated answers): quoted strings, words
-# holding digits (amounts, dates, times), and capitalized words that do not start a sentence
-# (names, places, titles), with a capitalized word or two after them. Independent of the
-# providers' own fact patterns, so a provider is not scored by its own rule.
-_QUOTED = re.compile(r"[\"“]([^\"”\n]{3,60})[\"”]")
-_NUMBERED = re.compile(r"(?<![\w.])\$?\d[\w.,:/%-]*\w|(?<![\w.])\$?\d\b")
-_NAME = re.compile(r"[A-Z][\w'-]+(?: (?:of |the |de )?[A-Z][\w'-]+){0,2}")
-# A name does not start a sentence: it follows a lower-case word (or a comma) and a space.
-_AFTER_WORD = frozenset(f"{c} " for c in "abcdefghijklmnopqrstuvwxyz,;")
-_CAPS_WORDS = "I I'm I've I'll I'd OK Ok AI Yes No Oh Hi Hello Thanks The A An It This That Mr Mrs"
-_COMMON_CAPS = frozenset(_CAPS_WORDS.split())
-
-
-def specific_items(text: str) -> set[str]:
-    """Quoted strings, numbers and names of a chat text."""
-    found = {q.strip() for q in _QUOTED.findall(text)}
-    found |= {n for n in _NUMBERED.findall(text) if len(n) >= 2}
-    found |= {
-        m.group()
-        for m in _NAME.finditer(text)
-        if text[m.start() - 2 : m.start()] in _AFTER_WORD
-        and m.group().split()[0] not in _COMMON_CAPS
-    }
-    return {f for f in found if len(f) >= 2}
-
-
-def answer_items(answers: Iterable[str]) -> set[str]:
-    """The names and numbers of free-text answers (`Moved from NYC to San Francisco`)."""
-    text = " ".join(answers)
-    found = {n for n in _NUMBERED.findall(text) if len(n) >= 2}
-    found |= {
-        w.strip(".,;:!?()'\"")
-        for w in text.split()
-        if w[:1].isupper() and w.strip(".,;:!?()'\"") not in _COMMON_CAPS
-    }
-    found |= {q.strip() for q in _QUOTED.findall(text)}
-    return {f for f in found if len(f) >= 2}
-
-
 def load_tau(limit: int | None) -> list[Case]:
-    """tau-bench airline runs with their tool schemas; facts from the ground-truth actions."""
+    """tau-bench airline runs with their tool schemas, cut before an assistant turn; probes:
+    the values the later tool calls pass and the later turns name (bench/probes.py)."""
     tau = locations.corpus(locations.TAU)
     tools = orjson.loads((tau / "airline_tools.json").read_bytes())
     cases = []
     for line in (tau / "messages_openai.jsonl").read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
-        wanted = {s for a in row["meta"]["task"]["actions"] for s in _scalars(a.get("kwargs"))}
-        facts = probes(row["messages"], (s for s in wanted if any(c.isdigit() for c in s)))
-        cases.append(Case("tau-bench", row["id"], row["messages"], tools, facts))
+        before, facts = agent_probes(row["messages"])
+        cases.append(Case("tau-bench", row["id"], before, tools, facts))
     return cases
 
 
 def load_aider(limit: int | None) -> list[Case]:
-    """aider sessions with at least 4 messages; facts are file paths and backticked names."""
+    """aider sessions with at least 4 messages; probes: their rare specific items."""
     cases = []
     for line in locations.corpus(locations.AIDER_SESSIONS).read_bytes().splitlines():
         row = orjson.loads(line)
         messages = row["messages"]
         if len(messages) < 4:
             continue
-        text = searchable([m for m in messages if m.get("name") != "aider_console"])
-        facts = probes(messages, set(_PATH.findall(text)) | set(_TICKED.findall(text)))
-        cases.append(Case("aider", row["id"], messages, None, facts))
+        cases.append(Case("aider", row["id"], messages, None, rare_items(messages)))
         if limit and len(cases) >= limit:
             break
     return cases
 
 
-# The corpora bench/corpora.py writes (`locations.LABELS`): how each one's probe candidates are
-# found.
+# The corpora bench/corpora.py writes (`locations.LABELS`): which probe rule each one takes.
 _PROBES = {
-    "swe-agent": "answers",
-    "memorybank": "history",
+    "swe-agent": "agent",
+    "memorybank": "rare",
     "memory-tests": "answer-items",
-    "chitchat": "history",
+    "chitchat": "rare",
 }
 
 
@@ -230,13 +171,14 @@ def load_new(label: str, limit: int | None) -> list[Case]:
     for line in path.read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
         messages = row["messages"]
-        if rule == "answers":
-            candidates: Iterable[str] = row["answers"]
+        tools = row.get("tools")
+        if rule == "agent":
+            messages, facts = agent_probes(messages, row["answers"])
         elif rule == "answer-items":
-            candidates = answer_items(row["answers"])
+            facts = probes(messages, answer_items(row["answers"]))
         else:
-            candidates = specific_items(searchable(messages))
-        case = Case(label, row["id"], messages, row.get("tools"), probes(messages, candidates))
+            facts = rare_items(messages)
+        case = Case(label, row["id"], messages, tools, facts)
         case.split = row["split"]
         cases.append(case)
     return cases

@@ -6,15 +6,13 @@ import json
 import re
 
 from bench.corpora import agent_messages, patch_answers, split_of
+from bench.probes import answer_items, specific_items
 from bench.quality import (
     MARKER_TOKENS,
     Bound,
     Case,
-    answer_items,
     can_fit,
     host_speed,
-    probes,
-    specific_items,
     verbatim_bound,
 )
 from proxy.providers.validate import pairing_problems
@@ -66,30 +64,13 @@ def test_split_is_stable_and_holds_out_about_a_fifth() -> None:
     assert [split_of(i) for i in ids] == [split_of(i) for i in ids]
 
 
-def test_probes_are_facts_found_only_outside_the_protected_messages() -> None:
-    turns = [
-        ("system", "Agent for Paris."),
-        ("user", "I flew to Lisbon on 2024-05-02 with Ana."),
-        ("assistant", "Noted, Lisbon and Ana."),
-        ("user", "Where did I fly, and with whom was it? Ana?"),
-    ]
-    messages = [{"role": role, "content": text} for role, text in turns]
-    # Paris is in the system prompt and Ana in the last user message: neither can be lost.
-    assert probes(messages, ["Paris", "Lisbon", "2024-05-02", "Ana", "Tokyo"]) == [
-        "2024-05-02",
-        "Lisbon",
-    ]
-
-
 def test_specific_items_are_quotes_numbers_and_names_not_sentence_starts() -> None:
     text = 'Yesterday we watched "Taxi Driver" at Green Meadow Park, then ran 5km at 7:30.'
     assert specific_items(text) == {"Taxi Driver", "Green Meadow Park", "5km", "7:30"}
+    # An answer's first word is capitalized because it starts the answer: not a name.
     assert answer_items(["Moved from NYC to San Francisco", "Processes 2TB daily"]) == {
-        "Moved",
         "NYC",
-        "San",
-        "Francisco",
-        "Processes",
+        "San Francisco",
         "2TB",
     }
 
