@@ -22,6 +22,9 @@ The data never enters this repository. Sources, each read from a GitHub snapshot
 - `chitchat_long`: the longest open-domain chats of the BYU Chit-Chat Challenge (PyPI
   `chitchat-dataset`, MIT), one speaker as the user, the other as the assistant.
 
+- `swe_agent_windowed_trajs` and `ubuntu_irc_support_chats`: see bench/corpora_extra.py
+  (SWE-agent's own windowed-viewer runs, MIT; IRC help threads with links, CC-BY-4.0).
+
 A fifth of each corpus (by a hash of the case id) is the held-out split: tune on "dev" only.
 
 The tau-bench and aider folders are not converted here: link them into `<out>` from wherever they
@@ -330,30 +333,35 @@ report both. Never commit this data into the project.
 """
 
 
-def write(out: Path, name: str, cases: Iterator[dict[str, Any]]) -> None:
+def write(out: Path, name: str, cases: Iterator[dict[str, Any]], readme: str) -> None:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     rows = list(cases)
     with (folder / "conversations.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (folder / "README.md").write_text(READMES[name] + COMMON)
+    (folder / "README.md").write_text(readme + COMMON)
     held = sum(1 for r in rows if r["split"] == "held-out")
     print(f"{name}: {len(rows)} conversations ({held} held out) -> {folder}")
 
 
 def main() -> None:
     """Write every corpus whose source is at hand."""
+    from bench import corpora_extra  # noqa: PLC0415  (it imports this module's helpers)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="default: $BENCH_CORPORA")
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     args = parser.parse_args()
     out = args.out or corpora()
-    swe, memorybank, memory_tests, chitchat = CONVERTED
-    write(out, swe, swe_cases(args.mirrors))
-    write(out, memorybank, memorybank_cases(args.mirrors))
-    write(out, memory_tests, jenverse_cases(args.mirrors))
-    write(out, chitchat, chitchat_cases())
+    swe, memorybank, memory_tests, chitchat, windowed, irc = CONVERTED
+    write(out, swe, swe_cases(args.mirrors), READMES[swe])
+    write(out, memorybank, memorybank_cases(args.mirrors), READMES[memorybank])
+    write(out, memory_tests, jenverse_cases(args.mirrors), READMES[memory_tests])
+    write(out, chitchat, chitchat_cases(), READMES[chitchat])
+    extra = corpora_extra.READMES
+    write(out, windowed, corpora_extra.swe_windowed_cases(args.mirrors), extra[windowed])
+    write(out, irc, corpora_extra.irc_cases(args.mirrors), extra[irc])
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import locations, quality_apis
 from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
-from bench.probes import agent_probes, answer_items, probes, rare_items
+from bench.probes import CUT_SHARE, agent_probes, answer_items, probes, rare_items
 from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
@@ -158,7 +158,12 @@ _PROBES = {
     "memorybank": "rare",
     "memory-tests": "answer-items",
     "chitchat": "rare",
+    "swe-windowed": "agent",
+    "irc-help": "rare",
 }
+# Where the runs of an agent corpus are cut (bench/probes.py): one cut a run, three for the
+# small windowed-viewer corpus.
+_CUTS = {"swe-windowed": (0.4, 0.6, 0.8)}
 
 
 def load_new(label: str, limit: int | None) -> list[Case]:
@@ -170,17 +175,18 @@ def load_new(label: str, limit: int | None) -> list[Case]:
     cases = []
     for line in path.read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
-        messages = row["messages"]
-        tools = row.get("tools")
+        messages, tools, split = row["messages"], row.get("tools"), row["split"]
         if rule == "agent":
-            messages, facts = agent_probes(messages, row["answers"])
-        elif rule == "answer-items":
+            for share in _CUTS.get(label, (CUT_SHARE,)):
+                before, facts = agent_probes(messages, row["answers"], share)
+                suffix = f"@{share:.0%}" if label in _CUTS else ""
+                cases.append(Case(label, row["id"] + suffix, before, tools, facts, split))
+            continue
+        if rule == "answer-items":
             facts = probes(messages, answer_items(row["answers"]))
         else:
             facts = rare_items(messages)
-        case = Case(label, row["id"], messages, tools, facts)
-        case.split = row["split"]
-        cases.append(case)
+        cases.append(Case(label, row["id"], messages, tools, facts, split))
     return cases
 
 
