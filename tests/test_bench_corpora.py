@@ -6,15 +6,14 @@ import json
 import re
 
 from bench.corpora import agent_messages, patch_answers, split_of
+from bench.corpora_extra import irc_messages, irc_threads, windowed_messages
+from bench.probes import answer_items, specific_items
 from bench.quality import (
     MARKER_TOKENS,
     Bound,
     Case,
-    answer_items,
     can_fit,
     host_speed,
-    probes,
-    specific_items,
     verbatim_bound,
 )
 from proxy.providers.validate import pairing_problems
@@ -66,30 +65,13 @@ def test_split_is_stable_and_holds_out_about_a_fifth() -> None:
     assert [split_of(i) for i in ids] == [split_of(i) for i in ids]
 
 
-def test_probes_are_facts_found_only_outside_the_protected_messages() -> None:
-    turns = [
-        ("system", "Agent for Paris."),
-        ("user", "I flew to Lisbon on 2024-05-02 with Ana."),
-        ("assistant", "Noted, Lisbon and Ana."),
-        ("user", "Where did I fly, and with whom was it? Ana?"),
-    ]
-    messages = [{"role": role, "content": text} for role, text in turns]
-    # Paris is in the system prompt and Ana in the last user message: neither can be lost.
-    assert probes(messages, ["Paris", "Lisbon", "2024-05-02", "Ana", "Tokyo"]) == [
-        "2024-05-02",
-        "Lisbon",
-    ]
-
-
 def test_specific_items_are_quotes_numbers_and_names_not_sentence_starts() -> None:
     text = 'Yesterday we watched "Taxi Driver" at Green Meadow Park, then ran 5km at 7:30.'
     assert specific_items(text) == {"Taxi Driver", "Green Meadow Park", "5km", "7:30"}
+    # An answer's first word is capitalized because it starts the answer: not a name.
     assert answer_items(["Moved from NYC to San Francisco", "Processes 2TB daily"]) == {
-        "Moved",
         "NYC",
-        "San",
-        "Francisco",
-        "Processes",
+        "San Francisco",
         "2TB",
     }
 
@@ -169,3 +151,49 @@ def test_the_host_speed_line_gives_both_workloads_a_positive_time() -> None:
     figures = re.findall(r"(tiktoken|Python) (\d+\.\d) ms", line)
     assert [name for name, _ in figures] == ["tiktoken", "Python"]
     assert all(float(ms) > 0 for _, ms in figures)
+
+
+def test_windowed_agent_steps_become_tool_calls_and_the_run_ends_before_submit() -> None:
+    window = "[File: /repo/pkg/mod.py (240 lines total)]\n10:def compute_total(items):"
+    history = [
+        {"role": "system", "content": "SETTING: windowed editor"},
+        {"role": "user", "content": "demonstration", "is_demo": True},
+        {"role": "user", "content": "ISSUE: totals ignore quantities"},
+        {"role": "assistant", "content": "x", "thought": "Open it.", "action": "open pkg/mod.py\n"},
+        {"role": "user", "content": window},
+        {"role": "assistant", "content": "y", "thought": "", "action": "goto 10"},
+        {"role": "tool", "content": window},
+        {"role": "assistant", "content": "z", "thought": "Done.", "action": "submit\n"},
+        {"role": "user", "content": "diff --git ..."},
+    ]
+    out = windowed_messages(history)
+    steps = ["assistant", "tool"] * 2
+    assert [m["role"] for m in out] == ["system", "user", "user", *steps]
+    first = out[3]["tool_calls"][0]
+    assert out[3]["content"] == "Open it."
+    assert json.loads(first["function"]["arguments"]) == {"command": "open pkg/mod.py"}
+    assert out[5]["content"] is None
+    assert out[6]["content"] == window
+    assert not pairing_problems(out)
+
+
+def test_irc_threads_follow_reply_links_and_the_first_speaker_is_the_user() -> None:
+    raw = "\n".join(
+        [
+            "[10:00] <ana> my wifi drops after suspend",
+            "[10:00] <bob> unrelated: anyone on 24.04?",
+            "[10:01] <cy> ana: see https://help.ubuntu.com/community/WifiDocs",
+            "[10:01] <cy> ana: and paste `dmesg` to paste.ubuntu.com",
+            "[10:02] <ana> thanks, here: http://paste.ubuntu.com/123/",
+        ]
+    )
+    links = "0 0 -\n1 1 -\n0 2 -\n2 3 -\n3 4 -\n"
+    threads = sorted(irc_threads(raw, links), key=len)
+    assert [len(t) for t in threads] == [1, 4]
+    messages = irc_messages(threads[1], "#ubuntu")
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[2]["content"].splitlines() == [
+        "<cy> ana: see https://help.ubuntu.com/community/WifiDocs",
+        "<cy> ana: and paste `dmesg` to paste.ubuntu.com",
+    ]
+    assert messages[-1]["content"] == "thanks, here: http://paste.ubuntu.com/123/"
