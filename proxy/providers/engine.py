@@ -89,6 +89,8 @@ REPEAT_MIN_CHARS = 12
 # it bisects.
 FIT_ROUNDS = 12
 GUESSES = 4
+# How many times the last resort may cut the final tool results again.
+CUT_ROUNDS = 4
 # A result at least this share of the target is close enough.
 CLOSE = 0.97
 # How many newest units and tail messages form the query for relevance.
@@ -133,10 +135,7 @@ def compact(
     out, verbatim = render(layout, texts, short=False)
     if config.count_tokens(out) > config.limit:
         out, verbatim = render(layout, texts, short=True)
-        over = config.count_tokens(out) - config.budget
-        if over > 0:
-            # The last resort: the final tool results cut head and tail, never dropped.
-            out, verbatim = layout.cut_final(out, verbatim, over)
+        out, verbatim = _cut_final(layout, out, verbatim, config)
     unchanged = common_suffix(messages, out)
     if unchanged == len(messages):
         return CompactionResult(messages=list(messages), source_digest=digest)
@@ -147,6 +146,24 @@ def compact(
         verbatim=verbatim,
         limitations=["older lines and sentences cut, the rest kept verbatim"],
     )
+
+
+def _cut_final(
+    layout: Layout, out: list[Message], verbatim: dict[str, list[Message]], config: CompressionConfig
+) -> tuple[list[Message], dict[str, list[Message]]]:
+    """The last resort: the final tool results cut head and tail (never dropped) until the
+    request is within the budget, asking for more each time a cut's own count falls short."""
+    ask = config.count_tokens(out) - config.budget
+    cut, cut_verbatim = out, verbatim
+    for _ in range(CUT_ROUNDS):
+        if ask <= 0:
+            break
+        cut, cut_verbatim = layout.cut_final(list(out), dict(verbatim), ask)
+        left = config.count_tokens(cut) - config.budget
+        if left <= 0:
+            break
+        ask += left + 1
+    return cut, cut_verbatim
 
 
 def _fit(layout: Layout, texts: list[Text], picks: list[Pick], config: CompressionConfig) -> bool:
