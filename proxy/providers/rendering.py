@@ -107,13 +107,12 @@ def render(
             )
             run.clear()
 
+    newest = _newest_whole(layout, by_index)
     for u, unit in enumerate(layout.units):
         mine = [by_index.get(i) for i in unit.indices()]
-        if not layout.stays(u):
-            whole = any(mine) and all(t is None or all(t.kept) for t in mine)
-            if not whole:
-                run.extend(unit.indices())
-                continue
+        if not layout.stays(u) and u < newest:
+            run.extend(unit.indices())
+            continue
         flush()
         for i, text in zip(unit.indices(), mine, strict=True):
             if text is None or all(text.kept):
@@ -125,6 +124,21 @@ def render(
                 verbatim[ref] = [messages[i]]
     flush()
     return out, verbatim
+
+
+def _newest_whole(layout: Layout, by_index: dict[int, Text]) -> int:
+    """The first unit of the newest run of units kept whole (or that stay): they go as they
+    were; every unit before it that may go is folded, whole or not, so the older part of a
+    conversation costs one stand-in's marker, not one per gap."""
+    u = len(layout.units)
+    while u > 0:
+        unit = layout.units[u - 1]
+        texts = [by_index.get(i) for i in unit.indices()]
+        whole = any(texts) and all(t is None or all(t.kept) for t in texts)
+        if not (layout.stays(u - 1) or whole):
+            break
+        u -= 1
+    return u
 
 
 def _fold(
