@@ -149,7 +149,10 @@ def compact(
 
 
 def _cut_final(
-    layout: Layout, out: list[Message], verbatim: dict[str, list[Message]], config: CompressionConfig
+    layout: Layout,
+    out: list[Message],
+    verbatim: dict[str, list[Message]],
+    config: CompressionConfig,
 ) -> tuple[list[Message], dict[str, list[Message]]]:
     """The last resort: the final tool results cut head and tail (never dropped) until the
     request is within the budget, asking for more each time a cut's own count falls short."""
