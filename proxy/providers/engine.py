@@ -43,7 +43,7 @@ from proxy.providers.base import (
     option,
     parse_options,
 )
-from proxy.providers.rendering import LABEL_TOKENS, Layout, render
+from proxy.providers.rendering import LABEL_TOKENS, Layout, Rendered, render
 from proxy.providers.salience import Scorer, edges, said_later
 from proxy.providers.selection import NEAR, Pick, Text, apply, rank
 from proxy.providers.units import (
@@ -130,12 +130,14 @@ def compact(
     layout = Layout(messages, units, frozenset(fixed), config)
     texts = _texts(messages, units, layout, opts, config)
     picks = rank(texts, LABEL_TOKENS)
-    if not _fit(layout, texts, picks, config):
+    rendered = _fit(layout, texts, picks, config)
+    if rendered is None:
         apply(texts, picks, 0)
-    out, verbatim = render(layout, texts, short=False)
-    if config.count_tokens(out) > config.limit:
-        out, verbatim = render(layout, texts, short=True)
-        out, verbatim = _cut_final(layout, out, verbatim, config)
+        rendered = render(layout, texts, short=True)
+        rendered.messages, rendered.verbatim = _cut_final(
+            layout, rendered.messages, rendered.verbatim, config
+        )
+    out, verbatim = rendered.messages, rendered.verbatim
     unchanged = common_suffix(messages, out)
     if unchanged == len(messages):
         return CompactionResult(messages=list(messages), source_digest=digest)
@@ -169,22 +171,23 @@ def _cut_final(
     return cut, cut_verbatim
 
 
-def _fit(layout: Layout, texts: list[Text], picks: list[Pick], config: CompressionConfig) -> bool:
-    """Keep the longest prefix of the ranking whose rendering is within the target, counted
-    exactly: guessed from the estimates, corrected by how far off they were, then bisected.
-    Leaves the texts selecting it; False when not even the floor is within the target."""
-
-    originals = {id(m): cost for m, cost in zip(layout.messages, layout.costs, strict=True)}
+def _fit(
+    layout: Layout, texts: list[Text], picks: list[Pick], config: CompressionConfig
+) -> Rendered | None:
+    """The rendering of the longest prefix of the ranking within the target: found on the
+    renderings' own prices (exact but for stand-ins, whose lines are priced apart, an upper
+    bound), guessed from the estimates, corrected by how far off they were, then bisected;
+    checked by one exact count, and walked back if that is over. None when not even the floor
+    is within the target."""
     base = config.count_tokens([])  # priming and tool schemas: a request adds its messages
 
     def tokens(n: int) -> int:
         apply(texts, picks, n)
-        out = render(layout, texts, short=False)[0]
-        return base + sum(originals.get(id(m)) or config.count_message(m) for m in out)
+        return base + sum(render(layout, texts, short=False).costs)
 
     floor = tokens(0)
     if floor > config.limit:
-        return False
+        return None
     room = config.limit - floor
     spent = [p.spent for p in picks]
     fits, over = 0, len(picks) + 1  # a prefix known to fit, one known not to
@@ -207,8 +210,14 @@ def _fit(layout: Layout, texts: list[Text], picks: list[Pick], config: Compressi
             over = guess
         if spent[guess - 1] > 0 and got > floor:
             scale = (got - floor) / spent[guess - 1]
-    apply(texts, picks, fits)
-    return True
+    while True:
+        apply(texts, picks, fits)
+        rendered = render(layout, texts, short=False)
+        if config.count_tokens(rendered.messages) <= config.limit:
+            return rendered
+        if fits == 0:
+            return None
+        fits -= max(fits // 100, 1)  # the stand-ins' lines priced apart fell short
 
 
 def _texts(

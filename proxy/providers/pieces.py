@@ -4,7 +4,8 @@ A piece is a whole line of code or output, a whole sentence of prose, or a whole
 (a run of members, never a member cut in two): what a model needs to read a fact with its
 meaning. Pieces tile the text exactly, so kept neighbours join back into the original bytes.
 
-A line up to `LONG_LINE` characters is one piece. A longer one is cut where its own structure
+A line up to `LONG_LINE` characters is one piece, short ones gathered with the lines after
+them. A longer one is cut where its own structure
 allows: prose at sentence ends (a sentence shorter than `SENTENCE` characters stays with the
 next), data (JSON, a Python repr, a CSV row) at the commas and semicolons between its members,
 never inside a quoted string, small members joined up to `PART` characters so a fact keeps a
@@ -17,6 +18,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
+SHORT = 32
+"""A line with fewer characters (white space at its ends aside) is gathered with the next: a
+brace, a blank line or `else:` is no unit of meaning on its own."""
 LONG_LINE = 240
 """A line longer than this is cut into parts."""
 SENTENCE = 40
@@ -36,14 +40,20 @@ _OPENERS = "{["
 def split(text: str) -> list[tuple[int, int]]:
     """The pieces of `text` as (start, end) offsets, in order, tiling the whole text."""
     out: list[tuple[int, int]] = []
-    start = 0
+    start = pending = 0  # where the line and the piece being gathered start
     for line in text.splitlines(keepends=True):
         end = start + len(line)
-        if len(line) <= LONG_LINE:
-            out.append((start, end))
-        else:
+        if len(line) > LONG_LINE:
+            if pending < start:
+                out.append((pending, start))
             out.extend(_parts(text, start, end))
+            pending = end
+        elif len(line.strip()) >= SHORT or end - pending >= LONG_LINE:
+            out.append((pending, end))
+            pending = end
         start = end
+    if pending < start:
+        out.append((pending, start))
     return out
 
 

@@ -84,27 +84,33 @@ class Layout:
         return out, verbatim
 
 
-def render(
-    layout: Layout, texts: Sequence[Text], *, short: bool
-) -> tuple[list[Message], dict[str, list[Message]]]:
+@dataclass
+class Rendered:
+    """What a selection sends: the messages, the originals behind each ref, and what each
+    message costs (exact for kept and one-for-one messages; for a stand-in, the sum of its
+    lines counted apart, an upper bound that its lines' cached counts make cheap to reprice)."""
+
+    messages: list[Message] = field(default_factory=list)
+    verbatim: dict[str, list[Message]] = field(default_factory=dict)
+    costs: list[int] = field(default_factory=list)
+
+    def add(self, message: Message, cost: int) -> None:
+        """Append a message and its cost."""
+        self.messages.append(message)
+        self.costs.append(cost)
+
+
+def render(layout: Layout, texts: Sequence[Text], *, short: bool) -> Rendered:
     """The messages the selection sends and the originals behind each ref (`short`: the
     short marker forms, the cheapest stand-ins)."""
     messages = layout.messages
     by_index = {t.index: t for t in texts}
-    out: list[Message] = []
-    verbatim: dict[str, list[Message]] = {}
+    rendered = Rendered()
     run: list[int] = []
 
     def flush() -> None:
         if run:
-            _fold(
-                layout,
-                [by_index.get(i) for i in run],
-                indices=run,
-                short=short,
-                out=out,
-                verbatim=verbatim,
-            )
+            _fold(layout, [by_index.get(i) for i in run], run, short, rendered)
             run.clear()
 
     newest = _newest_whole(layout, by_index)
@@ -115,15 +121,16 @@ def render(
             continue
         flush()
         for i, text in zip(unit.indices(), mine, strict=True):
-            if text is None or all(text.kept):
-                out.append(messages[i])
+            new, ref = (None, "")
+            if text is not None and not all(text.kept):
+                new, ref = _rewritten(layout, text, short)
+            if new is None:
+                rendered.add(messages[i], layout.costs[i])
                 continue
-            new, ref = _rewritten(layout, text, short)
-            out.append(messages[i] if new is None else new)
-            if new is not None:
-                verbatim[ref] = [messages[i]]
+            rendered.add(new, layout.config.count_message(new))
+            rendered.verbatim[ref] = [messages[i]]
     flush()
-    return out, verbatim
+    return rendered
 
 
 def _newest_whole(layout: Layout, by_index: dict[int, Text]) -> int:
@@ -144,28 +151,31 @@ def _newest_whole(layout: Layout, by_index: dict[int, Text]) -> int:
 def _fold(
     layout: Layout,
     texts: Sequence[Text | None],
-    *,
     indices: Sequence[int],
     short: bool,
-    out: list[Message],
-    verbatim: dict[str, list[Message]],
+    rendered: Rendered,
 ) -> None:
     """One stand-in for a run of whole units, carrying what they keep; the run itself when
     that would cost as much."""
     run = [layout.messages[i] for i in indices]
     tokens = sum(layout.costs[i] for i in indices)
     ref, stand_in = placeholder(run, tokens)
+    role = stand_in["role"]
     lines = [dropped_marker(ref) if short else message_text(stand_in)]
     for text in texts:
         if text is not None and any(text.kept):
-            role = layout.messages[text.index].get("role")
-            lines.append(f"{role}: {kept_text(text)}")
-    stand_in = {"role": stand_in["role"], "content": "\n".join(lines)}
-    if layout.config.count_message(stand_in) >= tokens:
-        out.extend(run)  # whole units, cheaper than their stand-in
+            speaker = layout.messages[text.index].get("role")
+            lines.append(f"{speaker}: {kept_text(text)}")
+    cost = layout.config.count_message({"role": role, "content": lines[0]})
+    empty = layout.config.count_message({"role": role, "content": ""})
+    for line in lines[1:]:
+        cost += layout.config.count_message({"role": role, "content": line}) - empty + 1
+    if cost >= tokens:
+        for i, message in zip(indices, run, strict=True):
+            rendered.add(message, layout.costs[i])  # whole units, cheaper than a stand-in
         return
-    out.append(stand_in)
-    verbatim[ref] = run
+    rendered.add({"role": role, "content": "\n".join(lines)}, cost)
+    rendered.verbatim[ref] = run
 
 
 def _rewritten(layout: Layout, text: Text, short: bool) -> tuple[Message | None, str]:

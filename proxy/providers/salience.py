@@ -77,17 +77,27 @@ def edges(text: str, reach: int) -> tuple[bool, bool]:
 
 
 class Scorer:
-    """Specificity and relevance of every piece of one conversation."""
+    """Specificity and relevance of every piece of one conversation.
+
+    Only what the two scores read is kept of each piece: its specific terms, the tail's terms
+    it holds (with their counts) and its length in terms; document frequencies are counted for
+    those terms alone."""
 
     def __init__(self, pieces: Sequence[str], query: str, focus: str) -> None:
+        # The last user message says what is asked now: its terms count twice the tail's.
+        self._query = dict.fromkeys(terms(query.lower()), 1.0)
+        self._query.update(dict.fromkeys(terms(focus.lower()), 2.0))
+        asked = set(self._query)
         forms: dict[str, float] = {}
-        self._docs: list[Counter[str]] = []
+        df: Counter[str] = Counter()
         self._specific: list[list[tuple[str, float]]] = []
+        self._hits: list[list[tuple[str, int]]] = []
+        self._lengths: list[int] = []
         for piece in pieces:
-            written = _TERM.findall(piece)
-            self._docs.append(Counter(_TERM.findall(piece.lower())))
+            lowered = _TERM.findall(piece.lower())
+            hits = asked.intersection(lowered)
             specific: dict[str, float] = {}
-            for term in set(written):
+            for term in set(_TERM.findall(piece)):
                 weight = forms.get(term)
                 if weight is None:
                     weight = forms[term] = form(term)
@@ -95,32 +105,24 @@ class Scorer:
                     specific[term.lower()] = weight
             for name in _NAME.findall(piece):
                 specific.setdefault(name.lower(), NAMED)
+            df.update(specific.keys() | hits)
             self._specific.append(list(specific.items()))
-        df: Counter[str] = Counter()
-        for doc in self._docs:
-            df.update(doc.keys())
+            self._hits.append([(t, lowered.count(t)) for t in hits])
+            self._lengths.append(len(lowered))
         n = max(len(pieces), 1)
         self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
-        self._lengths = [d.total() for d in self._docs]
         self._avg = max(sum(self._lengths) / n, 1.0)
-        # The last user message says what is asked now: its terms count twice the tail's.
-        self._query = dict.fromkeys(terms(query.lower()), 1.0)
-        self._query.update(dict.fromkeys(terms(focus.lower()), 2.0))
 
     def specificity(self, i: int) -> float:
         """Form times rarity, summed over the distinct specific terms of piece i."""
         idf = self._idf
-        return sum(w * idf.get(t, 0.0) for t, w in self._specific[i])
+        return sum(w * idf[t] for t, w in self._specific[i])
 
     def relevance(self, i: int) -> float:
         """BM25 of piece i against the tail's terms."""
-        doc = self._docs[i]
         norm = K1 * (1 - B + B * self._lengths[i] / self._avg)
-        score = 0.0
-        for t in self._query.keys() & doc.keys():
-            tf = doc[t]
-            score += self._query[t] * self._idf[t] * tf * (K1 + 1) / (tf + norm)
-        return score
+        idf, query = self._idf, self._query
+        return sum(query[t] * idf[t] * tf * (K1 + 1) / (tf + norm) for t, tf in self._hits[i])
 
 
 def normalized(text: str) -> str:

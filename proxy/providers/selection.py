@@ -14,7 +14,6 @@ counted exactly.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -62,25 +61,26 @@ def rank(texts: Sequence[Text], label: float) -> list[Pick]:
     """Every valuable piece in the order it is kept (see the module's docstring); `label` is
     what the first piece kept of a message costs beyond its own tokens (the speaker's label in
     a stand-in). Leaves every text with nothing kept."""
-    heap = [
+    order = sorted(
         (-value / max(text.tokens[k] + label, 1.0), t, k)
         for t, text in enumerate(texts)
         for k, value in enumerate(text.value)
         if value > 0
-    ]
-    heapq.heapify(heap)
+    )
     picks: list[Pick] = []
+    opened: set[int] = set()
     spent = 0.0
-    while heap:
-        _, t, k = heapq.heappop(heap)
+    for _, t, k in order:
         text = texts[t]
         if text.kept[k]:
             continue
         bundle = _bundle(text, k)
-        first = not any(text.kept)
         for j in bundle:
             text.kept[j] = True
-        spent += sum(text.tokens[j] for j in bundle) + (label if first else 0.0)
+        spent += sum(text.tokens[j] for j in bundle)
+        if t not in opened:
+            opened.add(t)
+            spent += label
         picks.append(Pick(t, tuple(bundle), spent))
     for text in texts:
         text.kept = [False] * len(text.kept)
