@@ -29,8 +29,9 @@ _DIGIT = re.compile(r"\d")
 _JOINED = re.compile(r"[a-z][A-Z]|[_./@:]")
 # A capitalized word after a lower-case word or a comma: a name, not a sentence's first word.
 _NAME = re.compile(r"(?<=[a-z,;] )[A-Z]\w*")
-# Where a fact may sit: a digit, joined punctuation inside a word, or a capital letter.
-_FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[A-Z]")
+# Where a fact may sit: a digit, joined punctuation inside a word, a camelCase join, a capital
+# after a lower-case word or a comma (a name, not a sentence's first word), an acronym.
+_FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[a-z][A-Z]|(?<=[a-z,;] )[A-Z]|\b[A-Z]{2}")
 
 SCAN = 4096
 """Characters one regex call looks at, at most."""
@@ -67,7 +68,7 @@ def form(term: str) -> float:
 
 
 def edges(text: str, reach: int) -> tuple[bool, bool]:
-    """Whether something that may be a fact (a digit, an identifier, a capital) lies within
+    """Whether something that may be a fact (a digit, an identifier, a name) lies within
     `reach` characters of the text's start, and of its end (white space at either end aside):
     the neighbouring piece on that side then keeps the words around it."""
     body = text.strip()
