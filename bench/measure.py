@@ -63,20 +63,24 @@ def squeezed_text(messages: Sequence[Message]) -> str:
     )
 
 
-def _windows_in(text: str, probe: str, context: int) -> set[str]:
-    """The squeezed windows of every occurrence of `probe` in one message's `text`."""
-    out: set[str] = set()
-    start = text.find(probe)
-    if start < 0:
+class _Squeezed:
+    """One message's search text with its squeezed form, made once for all its probes."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.spaces = [m.start() for m in _SPACE.finditer(text)]
+        self.flat = squeeze(text)
+
+    def windows(self, probe: str, context: int) -> set[str]:
+        """The squeezed windows of every occurrence of `probe` in the text."""
+        out: set[str] = set()
+        width = len(squeeze(probe))
+        start = self.text.find(probe)
+        while start >= 0:
+            at = start - bisect.bisect_left(self.spaces, start)  # the occurrence, squeezed
+            out.add(self.flat[max(0, at - context) : at + width + context])
+            start = self.text.find(probe, start + 1)
         return out
-    spaces = [m.start() for m in _SPACE.finditer(text)]
-    flat = squeeze(text)
-    width = len(squeeze(probe))
-    while start >= 0:
-        at = start - bisect.bisect_left(spaces, start)  # where the occurrence starts, squeezed
-        out.add(flat[max(0, at - context) : at + width + context])
-        start = text.find(probe, start + 1)
-    return out
 
 
 class Windows:
@@ -86,18 +90,21 @@ class Windows:
         self, messages: Sequence[Message], facts: Iterable[str], context: int = CONTEXT
     ) -> None:
         texts = [message_search_text(m) for m in messages if m.get("role") not in INSTRUCTION_ROLES]
+        squeezed: dict[int, _Squeezed] = {}  # only the messages that hold some probe
         self.windows: dict[str, tuple[str, ...]] = {}
         for fact in facts:
             found: set[str] = set()
-            for text in texts:
-                found |= _windows_in(text, fact, context)
+            for i, text in enumerate(texts):
+                if fact in text:
+                    found |= squeezed.setdefault(i, _Squeezed(text)).windows(fact, context)
             self.windows[fact] = tuple(sorted(found))
+        self.flat = {fact: squeeze(fact) for fact in self.windows}
 
     def kept(self, squeezed: str) -> int:
         """How many probes keep some window in `squeezed` (a `squeezed_text` of a result)."""
         n = 0
         for fact, windows in self.windows.items():
-            flat = squeeze(fact)
+            flat = self.flat[fact]
             if flat and flat in squeezed and any(w in squeezed for w in windows):
                 n += 1
         return n

@@ -4,30 +4,31 @@
 
 Corpora are read in place from the directory `$BENCH_CORPORA` names (never copied): tau-bench
 airline (with its 14 tool schemas), aider sessions (console output kept), and the kinds
-bench/corpora.py converts: coding-agent trajectories (`swe-agent`), multi-session chats with
-questions about earlier sessions (`memorybank`, `memory-tests`) and long open-domain chats
-(`chitchat`). Budgets are 50 % and 25 % of each conversation's own tokens (o200k_base, tools
-included). Every provider is compared with the naive baseline `drop-oldest` (drop the oldest whole
-units until it fits, like LiteLLM's `trim_messages` but never orphaning a tool result; see
-`DropOldest`). `summarize` runs with a deterministic fake completer that answers with the
-extractive summary of what it was asked to summarize, cut to the word limit its prompt sets (no
-network; a real model's summaries read better but keep fewer exact facts).
+bench/corpora.py converts: coding-agent trajectories (`swe-agent`; `swe-windowed`, an agent with a
+windowed file viewer), multi-session chats with questions about earlier sessions (`memorybank`,
+`memory-tests`), long open-domain chats (`chitchat`) and IRC help threads full of links
+(`irc-help`). docs/quality-bench.md lists sources and licences. Budgets are 50 % and 25 % of each
+conversation's own tokens (o200k_base, tools included). Every provider is compared with the naive
+baseline `drop-oldest` (drop the oldest whole units until it fits, like LiteLLM's `trim_messages`
+but never orphaning a tool result; see `DropOldest`). `summarize` runs with a deterministic fake
+completer that answers with the extractive summary of what it was asked to summarize, cut to the
+word limit its prompt sets (no network; a real model's summaries read better but keep fewer exact
+facts).
 
-Fact probes are what the conversation uses next (bench/probes.py), never what a provider's
-extractor recognises, and never found in the protected messages (system/developer, the last
-user message, the final message). Agent runs (tau-bench, swe-agent) are cut before an assistant
-turn past 60 % of the run: the history before the cut is compacted, and the probes are the
-values the later tool calls pass, what the later turns name and (swe-agent) the files, hunk
-functions and removed lines of the final patch, where the history holds them. QA chats with
-annotated answers (memory-tests): the names, numbers and quoted strings of the answers. Other
-chats (aider, memorybank, chitchat): specific items (ids, numbers, dates, URLs in any wrapping,
-paths, quoted or emphasised titles, names) that occur in at most three messages.
-The text searched is the messages' text and their tool calls' names and arguments.
-Facts are reported per split: "held-out" (a fifth of each corpus, by a hash of the id) is never
-looked at while tuning. Two figures per split: facts kept *in context* (the probe
-with up to 24 non-space characters of its original surroundings on each side, whitespace
-ignored: bench/measure.py), the figure that counts, and facts kept *verbatim* (the probe appears
-anywhere), never reported alone.
+Fact probes are what the conversation uses next (bench/probes.py), never what a provider's extractor
+recognises, and never found in the protected messages (system/developer, the last user message, the
+final message). Agent runs (tau-bench, swe-agent, swe-windowed) are cut before an assistant turn
+past 60 % of the run (swe-windowed: 40, 60 and 80 %): the history before the cut is compacted, and
+the probes are the values the later tool calls pass, what the later turns name and (swe-agent) the
+files, hunk functions and removed lines of the final patch, where the history holds them. QA chats
+with annotated answers (memory-tests): the names, numbers and quoted strings of the answers. Other
+chats (aider, memorybank, chitchat, irc-help): specific items (ids, numbers, dates, URLs in any
+wrapping, paths, quoted or emphasised titles, names) that occur in at most three messages. The text
+searched is the messages' text and their tool calls' names and arguments. Facts are reported per
+split: "held-out" (a fifth of each corpus, by a hash of the id) is never looked at while tuning. Two
+figures per split: facts kept *in context* (the probe with up to 24 non-space characters of its
+original surroundings on each side, whitespace ignored: bench/measure.py), the figure that counts,
+and facts kept *verbatim* (the probe appears anywhere), never reported alone.
 
 A case can fit when system/developer + tools + the last user message (and a final message that
 is not a tool result) fit with room for a marker; "after/target" is the mean of tokens after

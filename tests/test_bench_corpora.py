@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
+import pytest
+
+from bench import locations
 from bench.corpora import agent_messages, patch_answers, split_of
 from bench.corpora_extra import irc_messages, irc_threads, windowed_messages
 from bench.probes import answer_items, specific_items
@@ -14,6 +18,7 @@ from bench.quality import (
     Case,
     can_fit,
     host_speed,
+    load_new,
     verbatim_bound,
 )
 from proxy.providers.validate import pairing_problems
@@ -197,3 +202,24 @@ def test_irc_threads_follow_reply_links_and_the_first_speaker_is_the_user() -> N
         "<cy> ana: and paste `dmesg` to paste.ubuntu.com",
     ]
     assert messages[-1]["content"] == "thanks, here: http://paste.ubuntu.com/123/"
+
+
+def test_a_small_agent_corpus_gives_a_case_per_cut_with_the_run_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    run = [{"role": "system", "content": "s"}, {"role": "user", "content": "task"}]
+    for i in range(5):
+        step = {**call, "id": f"c{i}"}
+        run += [
+            {"role": "assistant", "content": None, "tool_calls": [step]},
+            {"role": "tool", "tool_call_id": f"c{i}", "content": f"out {i}"},
+        ]
+    row = {"id": "r1", "split": "held-out", "messages": run, "answers": []}
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    monkeypatch.setattr(locations, "converted", lambda label: rows)
+    cases = load_new("swe-windowed", None)
+    assert [c.id for c in cases] == ["r1@40%", "r1@60%", "r1@80%"]
+    assert {c.split for c in cases} == {"held-out"}
+    assert [len(c.messages) for c in cases] == [4, 8, 10]
