@@ -8,8 +8,8 @@ Five principles, each a stage a reviewer can read on its own:
    its reference (the original comes back through restore and the expand tool). Runs of whole
    units that keep nothing become one stand-in. Nothing is ever re-worded into a list of terms.
 2. **Recency gradient** (`_weights`, `_working_set`). Every piece's value is multiplied by how
-   new its unit is; the newest pieces, up to a fifth of the target (the working set), count
-   many times more, so they are the last to lose anything.
+   new its unit is; the newest pieces of the last `recency_turns` user turns, up to a fifth of
+   the target (the working set), count many times more, so they are the last to lose anything.
 3. **Redundancy and supersession** (`salience.said_later`, `_superseded`). A line said again
    later (a newer view of the same file, a repeated error template) is worth nothing where it
    stands first, and the output of a call that is made again later is worth a tenth.
@@ -52,6 +52,7 @@ from proxy.providers.units import (
     last_index,
     message_text,
     protection,
+    recency_start,
     split_units,
 )
 
@@ -64,7 +65,10 @@ class EngineOptions:
         ("system", "developer"), doc="roles whose messages are never rewritten"
     )
     working_set: float = option(
-        0.2, above=0.0, maximum=1.0, doc="share of the target the newest units are kept in first"
+        0.2,
+        above=0.0,
+        maximum=1.0,
+        doc="share of the target the newest pieces of the last recency_turns turns may fill first",
     )
     relevance: float = option(
         1.0, minimum=0.0, doc="weight of relevance to the tail beside specificity"
@@ -265,7 +269,8 @@ def _texts(
             near.append(edges(piece, NEAR))
             n += 1
         texts.append(Text(i, bodies[i], spans[i], tokens, values, short, near, full))
-    _working_set(texts, opts.working_set * config.limit)
+    recent = recency_start(messages, config.recency_turns)
+    _working_set([t for t in texts if t.index >= recent], opts.working_set * config.limit)
     return texts
 
 
@@ -304,8 +309,9 @@ def _weights(units: list[Unit]) -> list[float]:
 
 
 def _working_set(texts: list[Text], room: float) -> None:
-    """The newest pieces, `room` tokens of them, count WORKING_SET_WEIGHT times more: they
-    are what the conversation is working on, the last to lose anything."""
+    """The newest pieces of the recency window (`recency_turns`), `room` tokens of them at
+    most, count WORKING_SET_WEIGHT times more: they are what the conversation is working on,
+    the last to lose anything."""
     for text in reversed(texts):
         for k in range(len(text.spans) - 1, -1, -1):
             if room <= 0:
