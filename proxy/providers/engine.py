@@ -248,7 +248,7 @@ def _texts(
     repeated = dict(zip(rewritable, flags, strict=True))
     flat = [p for i in rewritable for p in piece_texts[i]]
     tail = _tail(messages, units, layout)
-    query = "\n".join(message_text(messages[i]) for i in tail)
+    query = "\n".join(_body(messages[i], foldable=True) for i in tail)
     scorer = Scorer(flat, query, message_text(messages[last_index(messages, "user")]))
     weights = _weights(units)
     superseded = _superseded(messages, units)
@@ -291,7 +291,7 @@ def _body(message: Message, *, foldable: bool) -> str:
 
 def _tail(messages: list[Message], units: list[Unit], layout: Layout) -> list[int]:
     """What the conversation is about now: the last user message, the final unit and the
-    newest TAIL_UNITS units."""
+    newest TAIL_UNITS units (their tool calls too: what the agent just asked for)."""
     recent = [u for u in units if u.kind != "system"][-TAIL_UNITS:]
     tail = {i for u in recent for i in u.indices()}
     tail |= {i for i in layout.fixed if messages[i].get("role") not in ("system", "developer")}
