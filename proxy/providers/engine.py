@@ -44,7 +44,7 @@ from proxy.providers.base import (
     parse_options,
 )
 from proxy.providers.rendering import LABEL_TOKENS, Layout, Rendered, render
-from proxy.providers.salience import Scorer, edges, said_later
+from proxy.providers.salience import Scorer, said_later
 from proxy.providers.selection import NEAR, Pick, Text, apply, rank
 from proxy.providers.units import (
     Unit,
@@ -258,17 +258,16 @@ def _texts(
         full = layout.costs[i]
         per_char = full / max(len(bodies[i]), 1)
         weight = weights[unit_of[i]] * (SUPERSEDED if i in superseded else 1.0)
-        tokens, values, short, near = [], [], [], []
+        tokens, values, short = [], [], []
         for k, piece in enumerate(piece_texts[i]):
             cost = len(piece) * per_char
             worth = PRESENCE * cost + scorer.specificity(n) + opts.relevance * scorer.relevance(n)
             worth *= weight * (REPEATED if repeated[i][k] else 1.0)
             tokens.append(cost)
             values.append(worth)
-            short.append(len("".join(piece.split())) <= NEAR)
-            near.append(edges(piece, NEAR))
+            short.append(len(piece.strip()) <= NEAR)
             n += 1
-        texts.append(Text(i, bodies[i], spans[i], tokens, values, short, near, full))
+        texts.append(Text(i, bodies[i], spans[i], tokens, values, short, full))
     recent = recency_start(messages, config.recency_turns)
     _working_set([t for t in texts if t.index >= recent], opts.working_set * config.limit)
     return texts

@@ -95,15 +95,17 @@ class Scorer:
         self._hits: list[list[tuple[str, int]]] = []
         self._lengths: list[int] = []
         for piece in pieces:
-            lowered = _TERM.findall(piece.lower())
+            written = _TERM.findall(piece)
+            # Terms hold no line break: one lower() of them all, not one per term or a rescan.
+            lowered = "\n".join(written).lower().split("\n") if written else []
             hits = asked.intersection(lowered)
             specific: dict[str, float] = {}
-            for term in set(_TERM.findall(piece)):
+            for term, low in zip(written, lowered, strict=True):
                 weight = forms.get(term)
                 if weight is None:
                     weight = forms[term] = form(term)
                 if weight:
-                    specific[term.lower()] = weight
+                    specific[low] = weight
             for name in _NAME.findall(piece):
                 specific.setdefault(name.lower(), NAMED)
             df.update(specific.keys() | hits)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from proxy.providers.salience import edges
+
 # A neighbour with at most this many non-space characters comes along with a kept piece: it
 # is what lets a fact at a line's start or end keep the words around it.
 NEAR = 32
@@ -36,9 +38,6 @@ class Text:
     value: list[float]
     short: list[bool]
     """Whether piece k is short enough to come along with a kept neighbour."""
-    edges: list[tuple[bool, bool]]
-    """Whether piece k holds a fact near its start, and near its end: the neighbour on that
-    side comes along, so the fact keeps the words around it."""
     full: float
     """Tokens the message costs unchanged."""
     kept: list[bool] = field(default_factory=list)
@@ -91,7 +90,10 @@ def _bundle(text: Text, k: int) -> list[int]:
     """Piece k with the neighbours that come along (short ones, and the one beside a fact at
     its edge), those not kept yet."""
     out = [k]
-    before, after = text.edges[k]
+    start, end = text.spans[k]
+    # Whether the piece holds a fact near its start, or its end: the neighbour on that side
+    # comes along, so the fact keeps the words around it.
+    before, after = edges(text.body[start:end], NEAR)
     if k > 0 and (before or text.short[k - 1]) and not text.kept[k - 1]:
         out.append(k - 1)
     if k + 1 < len(text.kept) and (after or text.short[k + 1]) and not text.kept[k + 1]:
