@@ -18,6 +18,7 @@ from proxy.calibration import Calibration
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
+from proxy.heavy import HeavyWork
 from proxy.metrics import MULTIPROC_ENV, Metrics
 from proxy.policy import PolicyResolver
 from proxy.pool import StaleRetry
@@ -53,6 +54,8 @@ class Services:
     policies: PolicyResolver
     metrics: Metrics
     compactor: Compactor
+    heavy: HeavyWork
+    """Savings and stats answers: in threads, a few at once, within a deadline."""
     accountant: Accountant | None = None
     """Usage aggregates on their way to the store; None with accounting off."""
 
@@ -131,6 +134,7 @@ async def build_services(
         secret=secret,
         headers=settings.server.credential_headers,
         shared_anonymous=settings.server.shared_anonymous_tenant,
+        anonymous_hosts=frozenset(settings.server.anonymous_hosts),
     )
     up = settings.upstream
     timeouts = Timeouts(
@@ -200,6 +204,9 @@ async def build_services(
         policies=policies,
         metrics=metrics,
         compactor=compactor,
+        heavy=HeavyWork(
+            settings.limits.api_work_concurrency, settings.limits.api_work_timeout_ms / 1000
+        ),
         accountant=accountant,
     )
 
