@@ -578,6 +578,7 @@ class Compactor:
         return ExpandPlan(
             tenant=request.tenant,
             body={**offered, "messages": sent},
+            conversation=request.conversation,
             count=counter.count_text,
             tool_tokens=counter.count_tools(offered) - counter.count_tools(request.body),
             local={ref: [m] for ref, m in forms.originals.items()} if forms else {},

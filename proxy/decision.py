@@ -242,6 +242,13 @@ class TooManyMessagesError(Exception):
     """The request has more than `MAX_MESSAGES` messages: too many to compact (fails open)."""
 
 
+def conversation_of(header: str | None, messages: Sequence[Message], secret: bytes) -> str:
+    """The conversation a request belongs to: the client's `x-compactd-conversation-id` (made
+    safe as a key), else the one its messages start."""
+    del secret
+    return _conversation(header, messages)
+
+
 def _conversation(header: str | None, messages: Sequence[Message]) -> str:
     if header:
         header = header.strip()

@@ -35,6 +35,7 @@ from proxy.store.redis_ops import (
     fetch_conversation,
     list_pairs,
     purge,
+    ref_candidates,
     resolve_refs,
 )
 
@@ -231,6 +232,25 @@ class RedisStore:
         return await self._io(
             lambda r: resolve_refs(r, self._keys, tenant, list(ref_ids)), slow=True
         )
+
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the conversations of this tenant whose refs hold it (still live)."""
+        if not ref_ids:
+            return {}
+
+        async def op(r: Client) -> dict[str, list[str]]:
+            candidates = await ref_candidates(r, self._keys, tenant, list(ref_ids))
+            async with r.pipeline(transaction=False) as p:
+                for ref, conv in candidates:
+                    p.hexists(self._keys.conversation(tenant, conv).refs, ref)
+                live = await p.execute()
+            out: dict[str, list[str]] = {}
+            for (ref, conv), present in zip(candidates, live, strict=True):
+                if present and conv not in out.get(ref, []):
+                    out.setdefault(ref, []).append(conv)
+            return out
+
+        return await self._io(op, slow=True)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str

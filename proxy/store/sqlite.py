@@ -168,6 +168,12 @@ class SqliteStore:
             return {}
         return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, slow=True)
 
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the live conversations of this tenant that store it."""
+        if not ref_ids:
+            return {}
+        return await self._run(sqlite_ops.ref_conversations, tenant, ref_ids, slow=True)
+
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:
