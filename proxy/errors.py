@@ -121,6 +121,22 @@ class WorkTimeoutError(ProxyError):
     code = "timeout"
 
 
+class RequestTimeoutError(ProxyError):
+    """The client took too long to send its request's head or body."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class TooManyConnectionsError(ProxyError):
+    """The worker holds as many client connections as it may (`limits.max_connections`)."""
+
+    status = 503
+    type = "server_error"
+    code = "too_many_connections"
+
+
 class RateLimitedError(ProxyError):
     """A tenant sent more requests than its rate allows; `retry_after` seconds to wait."""
 
