@@ -53,6 +53,7 @@ from proxy.decision import (
     Dialect,
     Outcome,
     TooManyMessagesError,
+    cannot_compact,
     read_request,
     with_conversation,
 )
@@ -201,6 +202,9 @@ class Compactor:
         """The request value for these bytes and the client's headers (tenant from their key)."""
         # Parsed here (the body cache is the event loop's), the rest in a thread if long.
         started = time.perf_counter()
+        unparsed = cannot_compact(raw, headers, self.tenancy, started)
+        if unparsed is not None:
+            return dataclasses.replace(unparsed, dialect=dialect)
         try:
             body = self.bodies.parse(raw)
         except orjson.JSONDecodeError:
@@ -219,8 +223,8 @@ class Compactor:
         if dialect is CHAT and messages is not None and self.bodies.narrow(messages, raw):
             request = dataclasses.replace(request, narrow=True)
         if messages is not None and root_length(messages) > LONG_HISTORY:
-            return await asyncio.to_thread(with_conversation, request)
-        return with_conversation(request)
+            return await asyncio.to_thread(with_conversation, request, self.tenancy.secret)
+        return with_conversation(request, self.tenancy.secret)
 
     async def decide(
         self, request: ChatRequest, *, window: int | None = None, confirm: Confirm | None = None
