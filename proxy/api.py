@@ -21,6 +21,7 @@ from proxy.errors import (
     InvalidRequestError,
     NotFoundError,
     ProxyError,
+    RateLimitedError,
     ResultTooLargeError,
     StoreUnavailableError,
     UnauthorizedError,
@@ -75,13 +76,22 @@ def _caller(request: Request, services: Services) -> str | None:
         raise UnauthorizedError(
             "Send the API key whose conversations you want (Authorization, api-key or x-api-key)."
         )
+    if services.api_rate is not None:
+        try:
+            services.api_rate.check(tenant, "limits.api_rate_per_minute")
+        except RateLimitedError:
+            services.metrics.rate_limited("api")
+            raise
     return tenant
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     del request
     assert isinstance(exc, ProxyError)
-    return _error(exc)
+    response = _error(exc)
+    if isinstance(exc, RateLimitedError):
+        response.headers["retry-after"] = str(exc.retry_after)
+    return response
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:
@@ -122,11 +132,48 @@ async def metrics(request: Request) -> Response:
 
 
 async def list_conversations(request: Request) -> Response:
-    """Conversations visible to the caller, with sizes."""
+    """Conversations visible to the caller, with sizes: most recently used first, a page at a
+    time (`limit`, at most limits.list_page_size; `after`: the `next` of the page before)."""
     services = _services(request)
     tenant = _caller(request, services)
-    infos = await services.store.list_conversations(tenant)
-    return _Json({"data": [conversation_summary(i) for i in infos]})
+    most = services.settings.limits.list_page_size
+    try:
+        limit = int(request.query_params.get("limit", most))
+        after = page_key(request.query_params.get("after"))
+    except ValueError:
+        raise InvalidRequestError(
+            f"limit must be 1..{most}; after must be the `next` of the page before"
+        ) from None
+    if not 0 < limit <= most:
+        raise InvalidRequestError(f"limit must be 1..{most} (limits.list_page_size)")
+    infos = sorted(await services.store.list_conversations(tenant), key=_order)
+    if after is not None:
+        infos = [i for i in infos if _order(i) > after]
+    page, more = infos[:limit], len(infos) > limit
+    return _Json(
+        {
+            "data": [conversation_summary(i) for i in page],
+            "has_more": more,
+            "next": _cursor(page[-1]) if more else None,
+        }
+    )
+
+
+def _order(info: ConversationInfo) -> tuple[float, str, str]:
+    """Most recently used first; ties by tenant and id, so a cursor is a position."""
+    return (-info.updated_at, info.tenant, info.conversation)
+
+
+def _cursor(info: ConversationInfo) -> str:
+    return f"{info.updated_at!r}:{info.tenant}:{info.conversation}"
+
+
+def page_key(cursor: str | None) -> tuple[float, str, str] | None:
+    """The sort key a `next` cursor stands for (ValueError if it is not one)."""
+    if cursor is None:
+        return None
+    updated, tenant, conversation = cursor.split(":", 2)
+    return (-float(updated), tenant, conversation)
 
 
 def _owner(request: Request, services: Services) -> str | None:

@@ -69,6 +69,7 @@ from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
+from proxy.quota import Quota, QuotaExceededError
 from proxy.replay import ReplayChecks
 from proxy.store.base import (
     Checkpoint,
@@ -191,6 +192,8 @@ class Compactor:
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
         self.replay_checks = ReplayChecks()
+        quota_mb = settings.limits.tenant_quota_mb
+        self.quota = Quota(store, quota_mb << 20) if quota_mb else None
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options, self._run_provider)
             for p in settings.all_policies()
@@ -858,6 +861,8 @@ class Compactor:
         compaction = plan.compaction
         assert compaction is not None
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
+        if self.quota is not None:
+            self.quota.check(compaction.checkpoint.tenant)  # over it: fails open, nothing saved
         t0 = time.perf_counter()
         try:
             winner = await self.store.save_compaction(compaction, ttl)
@@ -961,6 +966,8 @@ async def _per_message(
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, QuotaExceededError):
+        return "quota"
     if isinstance(exc, StoreError):
         return "store"
     if isinstance(exc, TimeoutError):

@@ -40,6 +40,21 @@ KEY_ID = re.compile(r"[0-9a-f]{12}")
 """A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
 
 
+MIN_ADMIN_KEY_CHARS = 16
+"""The shortest admin key `check-config` accepts (it reads every tenant's conversations)."""
+
+
+def admin_key_weakness(key: str) -> str | None:
+    """Why an admin key is too weak to guard every tenant's data, or None (empty: no admin)."""
+    if not key:
+        return None
+    if len(key) < MIN_ADMIN_KEY_CHARS:
+        return f"server.admin_key is shorter than {MIN_ADMIN_KEY_CHARS} characters"
+    if len(set(key)) < MIN_ADMIN_KEY_CHARS // 2:
+        return f"server.admin_key has fewer than {MIN_ADMIN_KEY_CHARS // 2} distinct characters"
+    return None
+
+
 def _check(cond: bool, key: str, why: str) -> None:
     if not cond:
         raise ConfigError(f"{key}: {why}")

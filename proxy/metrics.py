@@ -229,6 +229,13 @@ class Metrics:
             ["where", "outcome"],
             registry=r,
         )
+        self._rate_limited = Counter(
+            "compactd_rate_limited",
+            "Requests refused with 429: a tenant past limits.api_rate_per_minute (route api) or"
+            " limits.chat_rate_per_minute (route chat).",
+            ["route"],
+            registry=r,
+        )
         self._refused = Counter(
             "compactd_client_requests_refused",
             "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
@@ -387,6 +394,10 @@ class Metrics:
         """The upstream refused a request as too long (`where`: response or stream); `outcome`:
         retried compacted, or relayed (no retry was due: shadow, bypass, nothing smaller)."""
         self._overflows.labels(where, outcome).inc()
+
+    def rate_limited(self, route: str) -> None:
+        """A request was refused for its tenant's rate (`api` or `chat`)."""
+        self._rate_limited.labels(route).inc()
 
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""

@@ -24,6 +24,7 @@ from proxy.policy import PolicyResolver
 from proxy.pool import StaleRetry
 from proxy.providers.base import Completer, ContextProvider, Message, OptionError
 from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
+from proxy.ratelimit import RateLimiter, limiter
 from proxy.store.base import Store
 from proxy.store.factory import open_store
 from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
@@ -56,12 +57,16 @@ class Services:
     compactor: Compactor
     heavy: HeavyWork
     """Savings and stats answers: in threads, a few at once, within a deadline."""
+    api_rate: RateLimiter | None = None
+    """Requests per minute per tenant on /compactd/v1/* (None: no limit)."""
     accountant: Accountant | None = None
     """Usage aggregates on their way to the store; None with accounting off."""
 
     async def aclose(self) -> None:
         """Write pending usage, then release connections."""
         await self.compactor.precompute.aclose()
+        if self.compactor.quota is not None:
+            await self.compactor.quota.aclose()
         self.compactor.close()
         if self.compactor.windows is not None:
             await self.compactor.windows.aclose()
@@ -207,6 +212,7 @@ async def build_services(
         heavy=HeavyWork(
             settings.limits.api_work_concurrency, settings.limits.api_work_timeout_ms / 1000
         ),
+        api_rate=limiter(settings.limits.api_rate_per_minute),
         accountant=accountant,
     )
 
