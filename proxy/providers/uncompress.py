@@ -157,7 +157,12 @@ def _rounds(
         step = expand_round(current, known, depth, tally)
         rounds.append(step)
         current = step.items
-        if not recursive or not step.expanded or len(rounds) >= bounds.max_depth:
+        if not recursive or not step.expanded:
+            break
+        if len(rounds) >= bounds.max_depth:
+            # Stopped with markers left: their ids are reported as not restored.
+            left = dict.fromkeys(r for i in current for r in bounds.refs_of(i.message, depth + 1))
+            rounds.append(_Round(current, 0, 0, list(left)))
             break
     return _combine(messages, current, rounds)
 

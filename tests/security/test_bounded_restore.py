@@ -93,6 +93,7 @@ def test_a_forged_chain_grows_without_bounds_unless_bounded() -> None:
         uncompress(start, refs, recursive=True, bounds=Bounds(max_messages=10_000))
     shallow = uncompress(start, refs, recursive=True, bounds=Bounds(max_depth=2))
     assert len(shallow.messages) == 24 * 24  # two rounds; the markers left are not followed
+    assert shallow.missing_ids == ("0202020202",)  # and say so
 
 
 def test_a_forged_marker_inside_an_original_is_not_followed() -> None:
