@@ -84,6 +84,7 @@ class RedisStore:
         # main pool gives up at the store timeout (200 ms), whatever the call may take.
         self._slow_client = slow_client or client
         self._timeout = timeout
+        self._save_timeout = timeout
         self._keys = keys
         self._min_acks = min_replicas_ack
         self._find_script = client.register_script(redis_find.FIND_SCRIPT)
@@ -97,6 +98,7 @@ class RedisStore:
         url: str,
         *,
         timeout_ms: int = 200,
+        save_timeout_ms: int = 0,
         pool_size: int = 50,
         prefix: str = "compactd:",
         min_replicas_ack: int = 0,
@@ -120,6 +122,7 @@ class RedisStore:
             usage_client=usage_client,
             slow_client=slow_client,
         )
+        store._save_timeout = max(save_timeout_ms / 1000, timeout)
         warm = [store.ping() for _ in range(min(pool_size, 4))]
         await asyncio.gather(*warm, return_exceptions=True)
         return store
@@ -130,12 +133,22 @@ class RedisStore:
         return isinstance(self._client, RedisCluster)
 
     async def _io(
-        self, op: Callable[[Client], Awaitable[T]], *, slow: bool = False, usage: bool = False
+        self,
+        op: Callable[[Client], Awaitable[T]],
+        *,
+        slow: bool = False,
+        usage: bool = False,
+        save: bool = False,
     ) -> T:
         """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
-        timeout; `usage`: on the accounting pool), errors as StoreError."""
+        timeout; `usage`: on the accounting pool; `save`: a compaction's write, within
+        save_timeout_ms on the pool whose sockets wait that long), errors as StoreError."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        client = self._usage_client if usage else self._slow_client if slow else self._client
+        if save:
+            timeout = self._save_timeout
+        client = (
+            self._usage_client if usage else self._slow_client if slow or save else self._client
+        )
         task: asyncio.Task[T] = asyncio.ensure_future(op(client))
         self._inflight.add(task)
         task.add_done_callback(self._settle)
@@ -196,7 +209,8 @@ class RedisStore:
                 ttl_seconds,
                 min_acks=self._min_acks,
                 wait_ms=wait_ms,
-            )
+            ),
+            save=True,
         )
         return self._decoded.load(stored, tenant)
 
@@ -222,7 +236,8 @@ class RedisStore:
                 ttl=ttl_seconds,
                 min_acks=self._min_acks,
                 wait_ms=wait_ms,
-            )
+            ),
+            save=True,
         )
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
