@@ -127,7 +127,9 @@ async def readyz(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
-    body, content_type = _services(request).metrics.render()
+    services = _services(request)
+    services.caches.update()  # this worker's caches as they are now
+    body, content_type = services.metrics.render()
     return Response(body, media_type=content_type)
 
 

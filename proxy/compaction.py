@@ -58,7 +58,7 @@ from proxy.decision import (
     with_conversation,
 )
 from proxy.dialects.confirm import Confirm, near
-from proxy.dialects.native import Counting
+from proxy.dialects.native import Counting, NativeCounter
 from proxy.digest import root_length
 from proxy.exactjson import WideIntegerError, holds_wide_int
 from proxy.expand import ExpandPlan, with_tool
@@ -240,7 +240,8 @@ class Compactor:
         (`proxy.dialects.confirm`).
         """
         if request.body is None or (request.messages is None and not request.oversized):
-            return self._outcome(request, "passthrough")  # not ours to judge: the upstream is
+            # Not ours to judge: the upstream is. Without a credential it was not even parsed.
+            return self._outcome(request, "passthrough", no_credential=request.tenant is None)
         resolved = self.policies.resolve(
             key_fingerprint=request.key_id,
             model=request.model,
@@ -376,6 +377,19 @@ class Compactor:
         """`asyncio.to_thread(fn, *args)` on the providers' own threads (`PROVIDER_THREADS`)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._providers_pool, call)
+
+    def cache_entries(self) -> dict[str, int]:
+        """Entries each of this compactor's in-memory caches holds (for the metrics)."""
+        natives = [c for c in self._counters.values() if isinstance(c, NativeCounter)]
+        return {
+            "bodies": self.bodies.entries(),
+            "lossless_forms": self.lossless.entries(),
+            "stored_forms": self.stored_forms.entries(),
+            "precompute": self.precompute.entries(),
+            "replay_checks": self.replay_checks.entries(),
+            "native_counts": sum(c.entries() for c in natives),
+            "token_counts": sum(c.entries() for c in self.tokenizers.counters()),
+        }
 
     def close(self) -> None:
         """Let the providers' threads go (one still running a sync provider finishes first)."""

@@ -26,6 +26,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     values,
@@ -229,6 +230,14 @@ class Metrics:
             ["where", "outcome"],
             registry=r,
         )
+        self._cache_entries = Gauge(
+            "compactd_cache_entries",
+            "Entries each in-memory cache of this worker holds (bounded: tokens.cache_size,"
+            " tokens.body_cache_mb and fixed caps).",
+            ["cache"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
         self._rate_limited = Counter(
             "compactd_rate_limited",
             "Requests refused with 429: a tenant past limits.api_rate_per_minute (route api) or"
@@ -394,6 +403,10 @@ class Metrics:
         """The upstream refused a request as too long (`where`: response or stream); `outcome`:
         retried compacted, or relayed (no retry was due: shadow, bypass, nothing smaller)."""
         self._overflows.labels(where, outcome).inc()
+
+    def cache_entries(self, cache: str, entries: int) -> None:
+        """How many entries an in-memory cache holds now."""
+        self._cache_entries.labels(cache).set(entries)
 
     def rate_limited(self, route: str) -> None:
         """A request was refused for its tenant's rate (`api` or `chat`)."""

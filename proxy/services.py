@@ -14,6 +14,7 @@ import orjson
 
 from proxy.accounting import Accountant
 from proxy.budget import ModelTable
+from proxy.caches import CacheWatch
 from proxy.calibration import Calibration
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
@@ -57,6 +58,8 @@ class Services:
     compactor: Compactor
     heavy: HeavyWork
     """Savings and stats answers: in threads, a few at once, within a deadline."""
+    caches: CacheWatch
+    """The in-memory caches' sizes, kept in `compactd_cache_entries`."""
     api_rate: RateLimiter | None = None
     """Requests per minute per tenant on /compactd/v1/* (None: no limit)."""
     accountant: Accountant | None = None
@@ -64,6 +67,7 @@ class Services:
 
     async def aclose(self) -> None:
         """Write pending usage, then release connections."""
+        self.caches.close()
         await self.compactor.precompute.aclose()
         if self.compactor.quota is not None:
             await self.compactor.quota.aclose()
@@ -196,6 +200,8 @@ async def build_services(
             max_model_chars=acc.max_model_chars,
         )
         accountant.start()
+    caches = CacheWatch(compactor.cache_entries, metrics)
+    caches.start()
     return Services(
         settings=settings,
         secret=secret,
@@ -212,6 +218,7 @@ async def build_services(
         heavy=HeavyWork(
             settings.limits.api_work_concurrency, settings.limits.api_work_timeout_ms / 1000
         ),
+        caches=caches,
         api_rate=limiter(settings.limits.api_rate_per_minute),
         accountant=accountant,
     )

@@ -113,6 +113,10 @@ class NativeCounter:
         self._size = cache_size
         self._lock = threading.Lock()
 
+    def entries(self) -> int:
+        """Per-message counts held."""
+        return len(self._cache)
+
     def count_message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one projected message."""
         items = message.get(NATIVE)
