@@ -170,9 +170,10 @@ _STORE_SCHEMES = (
 class StoreSettings:
     url: str = ""
     timeout_ms: int = 200
-    save_timeout_ms: int = 1000
-    """How long a compaction's write may take (its own pool on Redis): rare, and forwarding
-    unstored costs a fresh compaction next turn, so it waits longer than a lookup."""
+    over_budget_timeout_ms: int = 1000
+    """How long the store calls of a request over its trigger (the lookup of its checkpoint,
+    the save of its compaction) may take, on a pool of their own on Redis: forwarded as sent,
+    such a request is one the upstream would refuse, so they wait longer than other calls."""
     retention_days: int = 30
     on_store_error: StoreErrorMode = "forward-original"
     pool_size: int = 50
@@ -191,7 +192,7 @@ class StoreSettings:
             "needs a Redis store.url (SQLite has no replicas)",
         )
         _check(self.timeout_ms > 0, f"{p}.timeout_ms", "must be > 0")
-        _check(self.save_timeout_ms > 0, f"{p}.save_timeout_ms", "must be > 0")
+        _check(self.over_budget_timeout_ms > 0, f"{p}.over_budget_timeout_ms", "must be > 0")
         _check(self.retention_days > 0, f"{p}.retention_days", "must be > 0")
         _check(
             self.on_store_error in ("forward-original", "compact-unstored"),

@@ -31,7 +31,7 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
         return await RedisStore.open(
             url,
             timeout_ms=settings.timeout_ms,
-            save_timeout_ms=settings.save_timeout_ms,
+            over_budget_timeout_ms=settings.over_budget_timeout_ms,
             pool_size=settings.pool_size,
             min_replicas_ack=settings.min_replicas_ack,
         )
@@ -43,5 +43,5 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
     return await SqliteStore.open(
         sqlite_path(url, data_dir),
         timeout_ms=settings.timeout_ms,
-        save_timeout_ms=settings.save_timeout_ms,
+        over_budget_timeout_ms=settings.over_budget_timeout_ms,
     )

@@ -84,7 +84,7 @@ class RedisStore:
         # main pool gives up at the store timeout (200 ms), whatever the call may take.
         self._slow_client = slow_client or client
         self._timeout = timeout
-        self._save_timeout = timeout
+        self._over_budget_timeout = timeout
         self._keys = keys
         self._min_acks = min_replicas_ack
         self._find_script = client.register_script(redis_find.FIND_SCRIPT)
@@ -98,7 +98,7 @@ class RedisStore:
         url: str,
         *,
         timeout_ms: int = 200,
-        save_timeout_ms: int = 0,
+        over_budget_timeout_ms: int = 0,
         pool_size: int = 50,
         prefix: str = "compactd:",
         min_replicas_ack: int = 0,
@@ -122,7 +122,7 @@ class RedisStore:
             usage_client=usage_client,
             slow_client=slow_client,
         )
-        store._save_timeout = max(save_timeout_ms / 1000, timeout)
+        store._over_budget_timeout = max(over_budget_timeout_ms / 1000, timeout)
         warm = [store.ping() for _ in range(min(pool_size, 4))]
         await asyncio.gather(*warm, return_exceptions=True)
         return store
@@ -138,16 +138,21 @@ class RedisStore:
         *,
         slow: bool = False,
         usage: bool = False,
-        save: bool = False,
+        over_budget: bool = False,
     ) -> T:
         """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
-        timeout; `usage`: on the accounting pool; `save`: a compaction's write, within
-        save_timeout_ms on the pool whose sockets wait that long), errors as StoreError."""
+        timeout; `usage`: on the accounting pool; `over_budget`: a request over its trigger's
+        lookup or save, within over_budget_timeout_ms on the pool whose sockets wait that long),
+        errors as StoreError."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        if save:
-            timeout = self._save_timeout
+        if over_budget:
+            timeout = self._over_budget_timeout
         client = (
-            self._usage_client if usage else self._slow_client if slow or save else self._client
+            self._usage_client
+            if usage
+            else self._slow_client
+            if slow or over_budget
+            else self._client
         )
         task: asyncio.Task[T] = asyncio.ensure_future(op(client))
         self._inflight.add(task)
@@ -191,7 +196,7 @@ class RedisStore:
                 )
             return body
 
-        raw = await self._io(op)
+        raw = await self._io(op, over_budget=True)  # only requests over their trigger look
         return None if raw is None else self._decoded.load(raw, tenant)
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
@@ -210,7 +215,7 @@ class RedisStore:
                 min_acks=self._min_acks,
                 wait_ms=wait_ms,
             ),
-            save=True,
+            over_budget=True,
         )
         return self._decoded.load(stored, tenant)
 
@@ -237,7 +242,7 @@ class RedisStore:
                 min_acks=self._min_acks,
                 wait_ms=wait_ms,
             ),
-            save=True,
+            over_budget=True,
         )
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
