@@ -13,6 +13,7 @@ outside every checkpoint.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,7 @@ async def find_scope(
     conversation = conversation_of(named, messages, secret)
     info = await _info(store, owner, conversation)
     if named or info is not None or owner is None:
-        return conversation, RefScope.of(info)
+        return conversation, await _scope(info)
     found = await _written_in(store, owner, messages)
     return found if found is not None else (conversation, RefScope())
 
@@ -98,7 +99,7 @@ async def _written_in(
     owners = await store.ref_conversations(owner, wanted)
     candidates = list(dict.fromkeys(c for ref in wanted for c in owners.get(ref, [])))
     scopes = [
-        (conversation, RefScope.of(await _info(store, owner, conversation)))
+        (conversation, await _scope(await _info(store, owner, conversation)))
         for conversation in candidates[:_MAX_TRIED]
     ]
     for message, refs in carriers:  # the message itself, as compactd forwarded it
@@ -112,6 +113,11 @@ async def _written_in(
             if scope.texts.get(text, frozenset()) & set(refs):
                 return conversation, scope
     return None
+
+
+async def _scope(info: ConversationInfo | None) -> RefScope:
+    # A digest of every message of every checkpoint: a long conversation's take milliseconds.
+    return await asyncio.to_thread(RefScope.of, info)
 
 
 async def _info(store: Store, owner: str | None, conversation: str) -> ConversationInfo | None:
