@@ -205,7 +205,8 @@ class Compactor:
         """The request value for these bytes and the client's headers (tenant from their key)."""
         # Parsed here (the body cache is the event loop's), the rest in a thread if long.
         started = time.perf_counter()
-        unparsed = cannot_compact(raw, headers, self.tenancy, started)
+        anonymous = self.settings.limits.unparsed_anonymous_bytes
+        unparsed = cannot_compact(raw, headers, self.tenancy, started, anonymous)
         if unparsed is not None:
             return dataclasses.replace(unparsed, dialect=dialect)
         try:

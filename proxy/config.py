@@ -274,6 +274,9 @@ class LimitsSettings:
     """Requests per minute one tenant may make to the compacted APIs (per worker; 0 = none)."""
     list_page_size: int = 100
     """Conversations per page of a listing (`?limit=` may ask for fewer, at most this many)."""
+    unparsed_anonymous_bytes: int = 1 << 20
+    """A body without a credential larger than this is forwarded without being parsed (nothing
+    of it can be stored, so it is never compacted; it is not counted either)."""
     tenant_quota_mb: int = 0
     """Stored originals and checkpoints one tenant may hold (MB; 0 = no quota): past it, its
     new compactions are not stored (the request is forwarded as sent)."""
@@ -290,6 +293,7 @@ class LimitsSettings:
             "uncompress_max_depth",
             "max_connections",
             "list_page_size",
+            "unparsed_anonymous_bytes",
         ):
             _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
         for name in ("head_timeout_seconds", "body_timeout_seconds"):

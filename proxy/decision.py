@@ -229,17 +229,21 @@ missed: that body is parsed and measured as any other)."""
 
 
 def cannot_compact(
-    raw: bytes, raw_headers: Sequence[tuple[bytes, bytes]], tenancy: Tenancy, started: float
+    raw: bytes,
+    raw_headers: Sequence[tuple[bytes, bytes]],
+    tenancy: Tenancy,
+    started: float,
+    anonymous_bytes: int,
 ) -> ChatRequest | None:
     """The request of a body that cannot be compacted, known without parsing it: one without a
-    credential (nothing of it may be stored) is forwarded as sent, one with more than
-    MAX_MESSAGES messages fails open (`too_many_messages`). None: parse it. A 30 MB body of 1M
-    tiny messages cost ~130 MB and a second of the event loop to parse before either was
-    known."""
+    credential (nothing of it may be stored) and over `anonymous_bytes` is forwarded as sent
+    (smaller ones are parsed, to be counted), one with more than MAX_MESSAGES messages fails
+    open (`too_many_messages`). None: parse it. A 30 MB body of 1M tiny messages cost ~130 MB
+    and a second of the event loop to parse before either was known."""
     headers = raw_header_map(raw_headers)
     identity = tenancy.identify(headers)
     frozen = MappingProxyType(headers)
-    if identity.tenant is None:
+    if identity.tenant is None and len(raw) > anonymous_bytes:
         return ChatRequest(raw, frozen, identity, started=started)
     if len(raw) > MAX_MESSAGES * len(ROLE_KEY) and raw.count(ROLE_KEY) > MAX_MESSAGES:
         return ChatRequest(raw, frozen, identity, body={}, started=started, oversized=True)

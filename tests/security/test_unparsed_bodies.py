@@ -37,15 +37,18 @@ async def test_a_body_without_a_credential_is_forwarded_unparsed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed = _spy_parses(monkeypatch)
-    raw = _tiny(20_000)
+    raw, small = _tiny(40_000), _tiny(3)  # 1.2 MB, over the 1 MiB default; and 0.1 kB
+    headers = {"content-type": "application/json"}
     async with running(tmp_path, default_policy={"budget_tokens": 600}) as proxy:
-        r = await proxy.client.post(
-            "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
-        )
+        r = await proxy.client.post("/v1/chat/completions", content=raw, headers=headers)
+        counted = await proxy.client.post("/v1/chat/completions", content=small, headers=headers)
     assert r.status_code == 200
     assert r.headers["x-compactd-action"] == "passthrough"
-    assert proxy.upstream.last.content == raw  # the client's own bytes
-    assert parsed == []
+    assert r.headers["x-compactd-store"] == "no-credential"
+    assert "x-compactd-tokens-before" not in r.headers  # not even counted
+    assert proxy.upstream.received[0].content == raw  # the client's own bytes
+    assert parsed == [len(small)]
+    assert "x-compactd-tokens-before" in counted.headers  # a small one is still counted
 
 
 async def test_a_body_over_the_message_cap_fails_open_unparsed(
