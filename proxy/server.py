@@ -243,7 +243,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         limit = self._limits.head_timeout if part == "head" else self._limits.body_timeout
         self.logger.warning("request %s not received within %g s: 408", part, limit)
         cycle = self.cycle
-        if cycle is None or not cycle.response_started:
+        # A late head follows the last response (if any) in full; a late body gets an answer
+        # only if its own has not begun. Never bytes in the middle of another response.
+        if part == "head":
+            answer = cycle is None or cycle.response_complete
+        else:
+            answer = cycle is not None and not cycle.response_started
+        if answer:
             late = RequestTimeoutError(
                 f"The request {part} did not arrive within {limit:g} seconds"
                 f" (limits.{part}_timeout_seconds)."

@@ -162,6 +162,17 @@ async def store_latency(metrics_url: str) -> dict[str, str]:
     }
 
 
+async def cache_entries(metrics_url: str) -> dict[str, int]:
+    """What each in-memory cache holds (`compactd_cache_entries`) after the cooldown."""
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
+        text = await resp.text()
+    return {
+        line.split('cache="', 1)[1].split('"', 1)[0]: int(float(line.rpartition(" ")[2]))
+        for line in text.splitlines()
+        if line.startswith("compactd_cache_entries{")
+    }
+
+
 async def main_async(args: argparse.Namespace) -> int:
     """Run the phases and print the report."""
     proxy_core, load_core = cores()
@@ -237,6 +248,7 @@ async def main_async(args: argparse.Namespace) -> int:
             idle = asyncio.ensure_future(asyncio.sleep(args.cooldown))
             await sampler.during("cooldown", idle)
             after = sampler.samples[-1]
+            caches = await cache_entries(f"{server.url}/metrics")
         if redis is not None:
             redis.stop()
     under_load = max(s.rss_mb for s in sampler.samples if s.phase in ("256 SSE", "c=64"))
@@ -262,6 +274,7 @@ async def main_async(args: argparse.Namespace) -> int:
     failed = sum(n for action, n in seen.items() if action.startswith("error"))
     share = 100 * failed / over if over else 0.0
     print(f"Failed open: {failed} of {over} over-budget requests ({share:.2f} %).")
+    print(f"Cache entries after the cooldown: {caches}")
     print(f"Store operations after c=64 (count, mean, over 100 ms): {store_ops}")
     print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.\n")
     errors = res_streams.errors + res_c64.errors + res_c64.mismatched_bodies

@@ -108,3 +108,18 @@ async def test_one_connection_past_the_cap_is_refused_with_503_at_once(
     assert status == 503
     assert body["error"]["code"] == "too_many_connections"
     assert after == 200
+
+
+async def test_a_late_second_head_on_a_kept_alive_connection_gets_408(upstream, make_proxy) -> None:
+    async with make_proxy(upstream[1], **SHORT) as url:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\nGET /healthz HTTP/1.1\r\n")
+            await writer.drain()
+            raw = await asyncio.wait_for(reader.read(), WAIT)  # to the close
+        finally:
+            writer.close()
+    assert raw.startswith(b"HTTP/1.1 200")  # the first request's answer, whole
+    assert raw.count(b"HTTP/1.1 408") == 1  # then the late head's
+    assert b"request_timeout" in raw
