@@ -122,7 +122,8 @@ async def readyz(request: Request) -> Response:
         store = "ok"
     except StoreError:
         store = "unavailable"
-    return JSONResponse({"status": "ready", "store": store})
+    warnings = await services.store_warnings.current()
+    return JSONResponse({"status": "ready", "store": store, "store_warnings": warnings})
 
 
 async def metrics(request: Request) -> Response:

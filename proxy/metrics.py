@@ -238,6 +238,13 @@ class Metrics:
             registry=r,
             multiprocess_mode="liveall",
         )
+        self._store_warnings = Gauge(
+            "compactd_store_config_warnings",
+            "Settings of the store that risk losing stored originals (an evicting"
+            " maxmemory-policy, no persistence ...), as last checked (every 60 s by /readyz).",
+            registry=r,
+            multiprocess_mode="max",
+        )
         self._rate_limited = Counter(
             "compactd_rate_limited",
             "Requests refused with 429: a tenant past limits.api_rate_per_minute (route api) or"
@@ -407,6 +414,10 @@ class Metrics:
     def cache_entries(self, cache: str, entries: int) -> None:
         """How many entries an in-memory cache holds now."""
         self._cache_entries.labels(cache).set(entries)
+
+    def store_config_warnings(self, count: int) -> None:
+        """How many warnings the store's last settings check gave."""
+        self._store_warnings.set(count)
 
     def rate_limited(self, route: str) -> None:
         """A request was refused for its tenant's rate (`api` or `chat`)."""

@@ -28,6 +28,7 @@ from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_
 from proxy.ratelimit import RateLimiter, limiter
 from proxy.store.base import Store
 from proxy.store.factory import open_store
+from proxy.storecheck import StoreWarnings, store_warnings
 from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
 from proxy.tokens import Tokenizers
 from proxy.windows import LearnedWindows
@@ -60,6 +61,8 @@ class Services:
     """Savings and stats answers: in threads, a few at once, within a deadline."""
     caches: CacheWatch
     """The in-memory caches' sizes, kept in `compactd_cache_entries`."""
+    store_warnings: StoreWarnings
+    """The store's risky settings, asked for again while running (`/readyz`)."""
     api_rate: RateLimiter | None = None
     """Requests per minute per tenant on /compactd/v1/* (None: no limit)."""
     accountant: Accountant | None = None
@@ -167,7 +170,8 @@ async def build_services(
     tokenizers = Tokenizers(None, settings.tokens.cache_size)
     if store is None:
         store = await open_store(settings.store, directory)
-    for warning in await _store_warnings(store):
+    first = await store_warnings(store)
+    for warning in first:
         log.warning("store: %s", warning)
     metrics = Metrics(multiprocess=os.environ.get(MULTIPROC_ENV))
     if isinstance(transport, StaleRetry):
@@ -200,6 +204,7 @@ async def build_services(
             max_model_chars=acc.max_model_chars,
         )
         accountant.start()
+    checked = StoreWarnings(store, metrics, first)
     caches = CacheWatch(compactor.cache_entries, metrics)
     caches.start()
     return Services(
@@ -219,6 +224,7 @@ async def build_services(
             settings.limits.api_work_concurrency, settings.limits.api_work_timeout_ms / 1000
         ),
         caches=caches,
+        store_warnings=checked,
         api_rate=limiter(settings.limits.api_rate_per_minute),
         accountant=accountant,
     )
@@ -263,14 +269,3 @@ def _keep_private(directory: Path) -> None:
         return  # nothing kept on disk (a configured secret and a remote store)
     except OSError as exc:
         log.warning("could not make %s private: %s", directory, exc.strerror)
-
-
-async def _store_warnings(store: Store) -> list[str]:
-    check = getattr(store, "check_config", None)
-    if check is None:
-        return []
-    try:
-        warnings: list[str] = await check()
-    except Exception as exc:  # noqa: BLE001 - a warning check must not stop start-up
-        return [f"could not check the store's configuration ({type(exc).__name__})"]
-    return warnings
