@@ -27,6 +27,7 @@ from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.metrics import Metrics
 from proxy.pool import Reuse, StaleRetry
 from proxy.providers.registry import ProviderRegistry
+from proxy.ratelimit import limiter
 from proxy.server import HeadLimits, anthropic_target, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
@@ -201,6 +202,7 @@ def create_app(
             ),
             count_tokens_band=settings.tokens.count_tokens_band,
             count_tokens_timeout=settings.tokens.count_tokens_timeout_ms / 1000,
+            chat_rate=limiter(settings.limits.chat_rate_per_minute),
         )
         try:
             yield

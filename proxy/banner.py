@@ -15,7 +15,13 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy import __version__
-from proxy.config import DEFAULT_UPSTREAM, PolicySettings, Settings, data_dir
+from proxy.config import (
+    DEFAULT_UPSTREAM,
+    PolicySettings,
+    Settings,
+    admin_key_weakness,
+    data_dir,
+)
 from proxy.tenant import SECRET_FILE
 
 log = logging.getLogger("compactd.startup")
@@ -156,6 +162,9 @@ def warnings(settings: Settings) -> list[str]:
                 f"{key} ({policy.name}): budget_tokens / budget_fraction never apply, none of "
                 "its match_apis is in its cap_apis"
             )
+    weakness = admin_key_weakness(settings.server.admin_key)
+    if weakness:
+        out.append(f"{weakness}; `compactd check-config` refuses it")
     if up.api_key and not up.allowed_keys:
         out.append(
             "upstream.api_key is set but upstream.allowed_keys is empty, so every request gets 401"

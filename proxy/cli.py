@@ -118,11 +118,15 @@ async def _store_warnings(settings: Settings) -> list[str]:
 
 def _check_config(args: argparse.Namespace) -> int:
     from proxy.banner import warnings  # noqa: PLC0415
+    from proxy.config import admin_key_weakness  # noqa: PLC0415
     from proxy.services import check_settings  # noqa: PLC0415
 
     settings = _settings(args)
     # Everything start-up would build from the config, so check-config fails where serve would.
     check_settings(settings)
+    weakness = admin_key_weakness(settings.server.admin_key)
+    if weakness:
+        raise CommandError(f"{weakness}: it reads every tenant's data (use `openssl rand -hex 32`)")
     for warning in warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
     print(

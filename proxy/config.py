@@ -40,6 +40,21 @@ KEY_ID = re.compile(r"[0-9a-f]{12}")
 """A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
 
 
+MIN_ADMIN_KEY_CHARS = 16
+"""The shortest admin key `check-config` accepts (it reads every tenant's conversations)."""
+
+
+def admin_key_weakness(key: str) -> str | None:
+    """Why an admin key is too weak to guard every tenant's data, or None (empty: no admin)."""
+    if not key:
+        return None
+    if len(key) < MIN_ADMIN_KEY_CHARS:
+        return f"server.admin_key is shorter than {MIN_ADMIN_KEY_CHARS} characters"
+    if len(set(key)) < MIN_ADMIN_KEY_CHARS // 2:
+        return f"server.admin_key has fewer than {MIN_ADMIN_KEY_CHARS // 2} distinct characters"
+    return None
+
+
 def _check(cond: bool, key: str, why: str) -> None:
     if not cond:
         raise ConfigError(f"{key}: {why}")
@@ -60,6 +75,9 @@ class ServerSettings:
     admin_key: str = ""
     credential_headers: tuple[str, ...] = ("authorization", "api-key", "x-api-key")
     shared_anonymous_tenant: bool = False
+    anonymous_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
+    """`Host` names the shared anonymous tenant answers to (DNS rebinding: a page on another
+    name that resolves to 127.0.0.1 must not read it); a port after the name is ignored."""
     allocator: str = "auto"
 
     def validate(self, p: str) -> None:
@@ -76,6 +94,12 @@ class ServerSettings:
         _check(self.max_header_bytes >= 1024, f"{p}.max_header_bytes", "must be >= 1024")
         _check(self.max_headers >= 8, f"{p}.max_headers", "must be >= 8")
         _check(self.max_api_body_bytes > 0, f"{p}.max_api_body_bytes", "must be > 0")
+        for name in self.anonymous_hosts:
+            _check(
+                bool(name) and name == name.strip().lower(),
+                f"{p}.anonymous_hosts",
+                f"{name!r} is not a lower-case host name",
+            )
         levels = ("debug", "info", "warning", "error")
         _check(self.log_level in levels, f"{p}.log_level", f"must be one of {levels}")
         allocators = ("auto", "jemalloc", "system")
@@ -146,6 +170,10 @@ _STORE_SCHEMES = (
 class StoreSettings:
     url: str = ""
     timeout_ms: int = 200
+    over_budget_timeout_ms: int = 1000
+    """How long the store calls of a request over its trigger (the lookup of its checkpoint,
+    the save of its compaction) may take, on a pool of their own on Redis: forwarded as sent,
+    such a request is one the upstream would refuse, so they wait longer than other calls."""
     retention_days: int = 30
     on_store_error: StoreErrorMode = "forward-original"
     pool_size: int = 50
@@ -164,6 +192,7 @@ class StoreSettings:
             "needs a Redis store.url (SQLite has no replicas)",
         )
         _check(self.timeout_ms > 0, f"{p}.timeout_ms", "must be > 0")
+        _check(self.over_budget_timeout_ms > 0, f"{p}.over_budget_timeout_ms", "must be > 0")
         _check(self.retention_days > 0, f"{p}.retention_days", "must be > 0")
         _check(
             self.on_store_error in ("forward-original", "compact-unstored"),
@@ -209,6 +238,69 @@ class AccountingSettings:
         _check(self.max_pending > 0, f"{p}.max_pending", "must be > 0")
         _check(self.max_model_chars >= 16, f"{p}.max_model_chars", "must be >= 16")
         _check(self.max_sse_event_bytes >= 4096, f"{p}.max_sse_event_bytes", "must be >= 4096")
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    """What one client may cost: answers, connections and each tenant's share (docs/security.md)."""
+
+    stats_max_days: int = 400
+    """The longest period `/compactd/v1/savings` and `/stats` cover: a `since` further back
+    is refused with a 400."""
+    stats_max_groups: int = 100
+    """Groups a savings answer lists one by one; the rest are added up as one `(other)` row."""
+    api_work_timeout_ms: int = 10_000
+    """How long an API answer's heavy work (savings, stats) may run in its thread: 503 past it."""
+    api_work_concurrency: int = 2
+    """Heavy API answers computed at once per worker; more wait their turn (within the timeout)."""
+    uncompress_max_messages: int = 10_000
+    """Most messages an uncompress answer restores: 413 past it."""
+    uncompress_max_bytes: int = 16 * 1024 * 1024
+    """Most bytes of restored messages in an uncompress answer: 413 past it."""
+    uncompress_max_depth: int = 4
+    """Most rounds a recursive uncompress expands."""
+    head_timeout_seconds: float = 60.0
+    """How long a connection may take to send a request head (from its first byte, or from
+    the connection's opening): 408 and closed past it (nginx's client_header_timeout)."""
+    body_timeout_seconds: float = 60.0
+    """How long a request body may go without a byte arriving: 408 and closed past it
+    (nginx's client_body_timeout)."""
+    max_connections: int = 800
+    """Open client connections per worker; one more is answered 503 and closed at once (keep
+    it under the worker's file-descriptor limit, which upstream connections share)."""
+    api_rate_per_minute: int = 300
+    """Requests per minute one tenant may make to /compactd/v1/* (per worker; 0 = no limit)."""
+    chat_rate_per_minute: int = 0
+    """Requests per minute one tenant may make to the compacted APIs (per worker; 0 = none)."""
+    list_page_size: int = 100
+    """Conversations per page of a listing (`?limit=` may ask for fewer, at most this many)."""
+    unparsed_anonymous_bytes: int = 1 << 20
+    """A body without a credential larger than this is forwarded without being parsed (nothing
+    of it can be stored, so it is never compacted; it is not counted either)."""
+    tenant_quota_mb: int = 0
+    """Stored originals and checkpoints one tenant may hold (MB; 0 = no quota): past it, its
+    new compactions are not stored (the request is forwarded as sent)."""
+
+    def validate(self, p: str) -> None:
+        """Every limit positive; timeouts within what a client would wait."""
+        for name in (
+            "stats_max_days",
+            "stats_max_groups",
+            "api_work_timeout_ms",
+            "api_work_concurrency",
+            "uncompress_max_messages",
+            "uncompress_max_bytes",
+            "uncompress_max_depth",
+            "max_connections",
+            "list_page_size",
+            "unparsed_anonymous_bytes",
+        ):
+            _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
+        for name in ("head_timeout_seconds", "body_timeout_seconds"):
+            value = getattr(self, name)
+            _check(0 < value <= 3600, f"{p}.{name}", "must be in (0, 3600] seconds")
+        for name in ("api_rate_per_minute", "chat_rate_per_minute", "tenant_quota_mb"):
+            _check(getattr(self, name) >= 0, f"{p}.{name}", "must be >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -305,6 +397,7 @@ class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     accounting: AccountingSettings = field(default_factory=AccountingSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
     default_policy: PolicySettings = field(default_factory=PolicySettings)
     policies: tuple[PolicySettings, ...] = ()
 
@@ -315,6 +408,7 @@ class Settings:
         self.store.validate("store")
         self.tokens.validate("tokens")
         self.accounting.validate("accounting")
+        self.limits.validate("limits")
         self.default_policy.validate("default_policy")
         names = {self.default_policy.name}
         for i, pol in enumerate(self.policies):
@@ -366,6 +460,7 @@ _SECTION_TYPES: dict[str, type[Any]] = {
     "store": StoreSettings,
     "tokens": TokenSettings,
     "accounting": AccountingSettings,
+    "limits": LimitsSettings,
     "default_policy": PolicySettings,
 }
 

@@ -29,9 +29,10 @@ from proxy.headers import RawHeaders, compactd_headers, header, response_headers
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.opening import read_opening
+from proxy.refscope import resolve_within
 from proxy.rewrite import upstream_headers
 from proxy.stats import fail_open_reason
-from proxy.store.base import Store, UsageRecord, resolve_readable
+from proxy.store.base import Store, UsageRecord
 from proxy.tenant import ANONYMOUS
 from proxy.usage import SSEUsageTap, Usage, inflated, usage_from_json
 
@@ -222,7 +223,7 @@ class ChatExchange:
         self.expander = Expander(
             plan,
             send=send,
-            resolve=functools.partial(resolve_readable, self.h.store),
+            resolve=functools.partial(resolve_within, self.h.store, conversation=plan.conversation),
             observe=self.h.metrics.expand_call,
             stream=plan.body.get("stream") is True,
             client_wants_usage=asked or self.outcome.injected_usage,

@@ -187,6 +187,9 @@ class Store(Protocol):
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns (others omitted)."""
 
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the live conversations of this tenant that store it."""
+
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:

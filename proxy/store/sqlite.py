@@ -69,6 +69,7 @@ class SqliteStore:
         self._slow = slow
         self._usage = usage
         self._timeout = timeout
+        self._over_budget_timeout = timeout
         self._decoded = DecodedCheckpoints()
         self._expiry = sqlite_expiry.Expiry(self._expire_batch, purge_every)
 
@@ -78,6 +79,7 @@ class SqliteStore:
         path: Path,
         *,
         timeout_ms: int = 200,
+        over_budget_timeout_ms: int = 0,
         purge_every: float = sqlite_expiry.PURGE_EVERY_SECONDS,
     ) -> SqliteStore:
         """Open (creating the file, its directory and schema if needed) the database at `path`,
@@ -96,6 +98,7 @@ class SqliteStore:
         usage = await _Lane.open(side, slow_ms, inspect_ms, "u", adopt)
         timeout = timeout_ms / 1000
         store = cls(writer, reader, slow, usage, timeout, purge_every=purge_every)
+        store._over_budget_timeout = max(over_budget_timeout_ms / 1000, timeout)
         store._expiry.start()
         return store
 
@@ -106,10 +109,15 @@ class SqliteStore:
         write: bool = True,
         slow: bool = False,
         lane: _Lane | None = None,
+        over_budget: bool = False,
     ) -> T:
         """Run `fn(connection, *args)` on the writer's, reader's (or `lane`'s) thread, within
-        the timeout (`slow`: the inspection timeout, on the lane whose locks wait as long)."""
+        the timeout (`slow`: the inspection timeout, on the lane whose locks wait as long;
+        `over_budget`: a request over its trigger's lookup or save, within
+        over_budget_timeout_ms)."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
+        if over_budget:
+            timeout = self._over_budget_timeout
         lane = lane or (self._slow if slow else self._writer if write else self._reader)
         future = lane.call(fn, lane.con, *args)
         # A caller that timed out no longer awaits the statement: retrieve its outcome here, so
@@ -137,16 +145,21 @@ class SqliteStore:
             prefix_digests,
             self._decoded.load,
             write=False,
+            over_budget=True,  # only requests over their trigger look
         )
         if refresh_to:
-            await self._run(sqlite_ops.refresh, tenant, conversation, refresh_to)
+            await self._run(sqlite_ops.refresh, tenant, conversation, refresh_to, over_budget=True)
         return found
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """One BEGIN IMMEDIATE transaction; first writer of a source digest wins."""
         check_ids(compaction.checkpoint.tenant, compaction.checkpoint.conversation)
         return await self._run(
-            sqlite_ops.save_compaction, compaction, ttl_seconds, self._decoded.load
+            sqlite_ops.save_compaction,
+            compaction,
+            ttl_seconds,
+            self._decoded.load,
+            over_budget=True,
         )
 
     async def save_originals(
@@ -160,13 +173,19 @@ class SqliteStore:
         """One BEGIN IMMEDIATE transaction: the conversation row, originals and refs."""
         check_ids(tenant, conversation)
         save = partial(sqlite_ops.save_originals, originals=originals, refs=refs, ttl=ttl_seconds)
-        await self._run(save, tenant, conversation)
+        await self._run(save, tenant, conversation, over_budget=True)
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns."""
         if not ref_ids:
             return {}
         return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, slow=True)
+
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the live conversations of this tenant that store it."""
+        if not ref_ids:
+            return {}
+        return await self._run(sqlite_ops.ref_conversations, tenant, ref_ids, slow=True)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str

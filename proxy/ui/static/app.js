@@ -363,8 +363,14 @@
 
   // ---- conversations ----
   async function renderConversations(params) {
-    const data = await api("conversations");
-    const list = data.data;
+    // A page at a time (limits.list_page_size): the first ten pages, most recently used first.
+    let data = await api("conversations");
+    const list = [...data.data];
+    for (let page = 1; data.has_more && page < 10; page++) {
+      data = await api(`conversations?after=${encodeURIComponent(data.next)}`);
+      list.push(...data.data);
+    }
+    const more = data.has_more ? "+" : "";
     const view = $("view");
     const query = params.get("q") || "";
     const search = el("input", { id: "q", type: "search", value: query, placeholder: "conversation or tenant id", "aria-controls": "conversations" });
@@ -374,7 +380,7 @@
     const fill = () => {
       const q = search.value.trim().toLowerCase();
       const shown = list.filter((c) => !q || c.conversation.toLowerCase().includes(q) || c.tenant.toLowerCase().includes(q));
-      caption.textContent = `${shown.length} of ${list.length} conversations, most recently used first`;
+      caption.textContent = `${shown.length} of ${list.length}${more} conversations, most recently used first`;
       body.replaceChildren(...shown.map((c) => el("tr", { "data-conversation": c.conversation },
         el("th", { scope: "row" }, el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}${me.admin ? `?tenant=${encodeURIComponent(c.tenant)}` : ""}`, class: "mono" }, c.conversation)),
         me.admin ? el("td", { class: "mono" }, c.tenant) : null,
