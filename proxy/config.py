@@ -1,7 +1,8 @@
 """Typed, validated settings. One precedence: CLI > environment > file > defaults.
 
-Unknown keys and bad values stop start-up with a message naming the key, so a misspelled
-setting fails at load time rather than being silently ignored.
+Unknown keys and bad values stop start-up with a message naming the key (and the key it was
+probably meant to be), so a misspelled setting fails at load time rather than being silently
+ignored. Every problem of a load is reported at once, not one per attempt.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import os
 import re
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -30,7 +32,11 @@ _HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
 class ConfigError(ValueError):
-    """A setting is unknown or invalid; the message names the key."""
+    """A setting is unknown or invalid; the message names the key (`problems`: each one)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
 
 
 MAX_COMPACTION_TIMEOUT_MS = 600_000
@@ -40,9 +46,35 @@ KEY_ID = re.compile(r"[0-9a-f]{12}")
 """A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
 
 
+_PROBLEMS: ContextVar[list[str] | None] = ContextVar("compactd_config_problems", default=None)
+"""While `load_settings` runs: where every problem goes, so all are reported together."""
+
+
 def _check(cond: bool, key: str, why: str) -> None:
     if not cond:
+        _problem(ConfigError(f"{key}: {why}"))
+
+
+def _require(cond: bool, key: str, why: str) -> None:
+    """A check the code after it relies on: always raises (`_build` notes it and goes on)."""
+    if not cond:
         raise ConfigError(f"{key}: {why}")
+
+
+def _problem(exc: ConfigError) -> None:
+    """Note a problem while loading (raise it otherwise)."""
+    problems = _PROBLEMS.get()
+    if problems is None:
+        raise exc
+    problems.append(str(exc))
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """` (did you mean X?)` for the closest known name, or nothing."""
+    import difflib  # noqa: PLC0415  (only for a misspelling: ~0.2 MB a worker need not hold)
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 @dataclass(frozen=True)
@@ -377,21 +409,21 @@ _FALSE = ("0", "false", "no", "off")
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if origin is Literal:
-        _check(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
+        _require(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
         return value
     if origin in (Union, types.UnionType):
         return value
     if dataclasses.is_dataclass(tp):
-        _check(isinstance(value, dict), key, "must be a table")
+        _require(isinstance(value, dict), key, "must be a table")
         return _build(tp, value, key)  # type: ignore[arg-type]
     if origin is tuple:
         (item_tp, _) = get_args(tp)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        _check(isinstance(value, list), key, "must be a list")
+        _require(isinstance(value, list), key, "must be a list")
         return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is dict:
-        _check(isinstance(value, dict), key, "must be a table")
+        _require(isinstance(value, dict), key, "must be a table")
         return dict(value)
     if tp is bool:
         if isinstance(value, str) and value.lower() in (
@@ -405,7 +437,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             "off",
         ):
             return value.lower() in ("1", "true", "yes", "on")
-        _check(isinstance(value, bool), key, f"must be true or false, not {value!r}")
+        _require(isinstance(value, bool), key, f"must be true or false, not {value!r}")
         return value
     if tp is int:
         if isinstance(value, str):
@@ -413,7 +445,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = int(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be an integer, not {value!r}") from None
-        _check(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
+        _require(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
         return value
     if tp is float:
         if isinstance(value, str):
@@ -421,12 +453,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = float(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be a number, not {value!r}") from None
-        _check(
+        _require(
             isinstance(value, int | float) and not isinstance(value, bool), key, "must be a number"
         )
         return float(value)
     if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, not {value!r}")
+        _require(isinstance(value, str), key, f"must be a string, not {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
 
@@ -437,15 +469,20 @@ def _build(cls: type[Any], table: Mapping[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         full = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            raise ConfigError(f"{full}: unknown key (known: {', '.join(sorted(names))})")
-        if key == "policies":
-            _check(isinstance(value, list), full, "must be an array of tables")
-            kwargs[key] = tuple(
-                _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
-            )
-        else:
-            kwargs[key] = _coerce(value, hints[key], full)
+        try:
+            if key not in names:
+                hint = did_you_mean(key, names) or f" (known: {', '.join(sorted(names))})"
+                raise ConfigError(f"{full}: unknown key{hint}")  # noqa: TRY301
+            if key == "policies":
+                if not isinstance(value, list):
+                    raise ConfigError(f"{full}: must be an array of tables")  # noqa: TRY301
+                kwargs[key] = tuple(
+                    _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
+                )
+            else:
+                kwargs[key] = _coerce(value, hints[key], full)
+        except ConfigError as exc:
+            _problem(exc)  # the default stands in, so the rest is still checked
     return cls(**kwargs)
 
 
@@ -487,11 +524,7 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
             continue
         if name.startswith(_ENV_IGNORED_PREFIXES):
             continue
-        import difflib  # noqa: PLC0415  (only for a misspelling: ~0.2 MB a worker need not hold)
-
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"{name}: unknown environment variable{hint}")
+        problems.append(f"{name}: unknown environment variable{did_you_mean(name, known)}")
     return problems
 
 
@@ -523,13 +556,20 @@ def load_settings(
     environ = os.environ if env is None else env
     # A misspelled variable is a misspelled key: it stops start-up instead of being ignored.
     problems = unknown_env(environ)
-    if problems:
-        raise ConfigError("; ".join(problems))
     table = _merge(table, env_overrides(environ))
     if overrides:
         table = _merge(table, overrides)
-    settings: Settings = _build(Settings, table, "")
-    settings.validate()
+    token = _PROBLEMS.set(problems)
+    try:
+        settings: Settings = _build(Settings, table, "")
+        settings.validate()
+    except (TypeError, ValueError):
+        if not problems:  # a check that trusted an earlier one that failed: those explain it
+            raise
+    finally:
+        _PROBLEMS.reset(token)
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
     return settings
 
 
