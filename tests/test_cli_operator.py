@@ -13,9 +13,6 @@ import subprocess
 from pathlib import Path
 
 from proxy.cli import build_parser
-from proxy.store.sqlite import SqliteStore
-from tests.store.test_contract import compaction
-from tests.store.test_contract import history as short_history
 from tests.test_cli import PY, _env, run
 from tests.test_compaction_e2e import history
 
@@ -45,17 +42,6 @@ def test_store_commands_name_the_store_they_opened_and_say_so_when_nothing_is_th
     assert json.loads(stats.stdout)["rows"] == []
     assert "no usage since" in stats.stderr.decode()
     assert store_line(data) in stats.stderr.decode()
-
-
-async def test_a_store_with_conversations_lists_them_and_names_itself_once(tmp_path: Path) -> None:
-    store = await SqliteStore.open(tmp_path / "compactd.db")
-    try:
-        await store.save_compaction(compaction("t1", "conv-1", short_history(6), 3), 3600)
-    finally:
-        await store.close()
-    listed = run("conversations", "--json", data=tmp_path)
-    assert [c["conversation"] for c in json.loads(listed.stdout)] == ["conv-1"]
-    assert listed.stderr.decode() == f"compactd: {store_line(tmp_path)}\n"  # stdout stays JSON
 
 
 def test_every_config_file_problem_is_reported_at_once_with_suggestions(tmp_path: Path) -> None:
