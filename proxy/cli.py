@@ -133,7 +133,7 @@ def _check_config(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print(
         f"ok: {_config_path(args) or '(defaults)'} — upstream {settings.upstream.url}, "
-        f"{len(settings.policies) + 1} policies"
+        f"{len(settings.policies) + 1} {'policy' if not settings.policies else 'policies'}"
     )
     return 0
 
