@@ -118,6 +118,15 @@ async def _shot(page: Any, tmp_path: Path, name: str, full: bool = True) -> None
         shutil.copy(path, Path(keep) / path.name)
 
 
+async def _watched_page(browser: Any) -> tuple[Any, list[str]]:
+    """The browser's page, and the console errors and page errors it reports as they come."""
+    page = browser.pages[0] if browser.pages else await browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    return page, problems
+
+
 async def _sign_in(page: Any, url: str, key: str) -> None:
     await page.goto(f"{url}/compactd/ui/")
     await page.get_by_label("API key").fill(key)
@@ -131,10 +140,7 @@ async def test_an_operator_reads_savings_inspects_a_conversation_and_tenants_sta
     from playwright.async_api import expect
 
     url, made = dashboard
-    page = browser.pages[0] if browser.pages else await browser.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(str(e)))
+    page, problems = await _watched_page(browser)
 
     # --- sign in with the admin key: nothing of it in the URL, the tiles say what the API says
     await _sign_in(page, url, dd.ADMIN)
@@ -303,10 +309,7 @@ async def test_every_page_after_sign_in_is_drawn_cleanly_without_the_old_rough_e
     from playwright.async_api import expect
 
     url, _ = dashboard
-    page = browser.pages[0] if browser.pages else await browser.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(str(e)))
+    page, problems = await _watched_page(browser)
 
     # Before sign-in: the sign-in form only; no nav, no "Sign out" (CSS display: flex used to
     # override the hidden attribute).
