@@ -3,14 +3,14 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install install-test redis browser lint
+.PHONY: run test install install-test redis browser kubectl lint
 
 # Install and run the proxy on 127.0.0.1:8787 (embedded SQLite store, no Redis needed).
 run: install
 	$(BIN)/compactd serve
 
 # Install with test extras, make sure a Redis answers, then lint, type-check and run every test.
-test: install-test redis browser
+test: install-test redis browser kubectl
 	$(BIN)/ruff check proxy tests bench
 	$(BIN)/ruff format --check proxy tests bench
 	$(BIN)/mypy
@@ -44,3 +44,9 @@ redis:
 browser:
 	@command -v chromium >/dev/null || \
 	  echo "make: chromium not found: the dashboard's browser test will be skipped (apt-get install chromium)" >&2
+
+# tests/test_kubernetes.py renders deploy/kubernetes with kubectl kustomize (Debian's
+# kubernetes-client). Without it those tests skip (and say so); under CI they fail.
+kubectl:
+	@command -v kubectl >/dev/null || \
+	  echo "make: kubectl not found: the Kubernetes manifest tests will be skipped (apt-get install kubernetes-client)" >&2
