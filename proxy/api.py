@@ -27,7 +27,7 @@ from proxy.services import Services
 from proxy.stats import GROUP_BY, GroupBy, compute_stats, parse_since, stats_json
 from proxy.store.base import ConversationInfo, Store, StoreError, resolve_readable
 from proxy.tenant import credential
-from proxy.views import conversation_json, conversation_summary
+from proxy.views import conversation_json, conversation_list
 
 log = logging.getLogger("compactd.api")
 
@@ -110,12 +110,19 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
+ACTIVITY_LIMIT = 1000
+"""The most recently active conversations a listing reads the activity of."""
+
+
 async def list_conversations(request: Request) -> Response:
-    """Conversations visible to the caller, with sizes."""
+    """Conversations visible to the caller, with sizes, API, model and tokens; `?all=true`
+    adds those that never compacted."""
     services = _services(request)
     tenant = _caller(request, services)
+    every = request.query_params.get("all", "").lower() in ("1", "true", "yes")
     infos = await services.store.list_conversations(tenant)
-    return _Json({"data": [conversation_summary(i) for i in infos]})
+    activity = await services.store.activity(tenant, ACTIVITY_LIMIT)
+    return _Json({"data": conversation_list(infos, activity, every=every)})
 
 
 def _owner(request: Request, services: Services) -> str | None:

@@ -49,6 +49,14 @@ _SUMMARY: Json = {
         "size_bytes": {"type": "integer"},
         "checkpoint_count": {"type": "integer"},
         "original_count": {"type": "integer"},
+        "compacted": {"type": "boolean", "description": "false: never compacted (`all=true`)"},
+        "api": {"type": ["string", "null"], "description": "The API of its latest request."},
+        "model": {"type": ["string", "null"]},
+        "requests": {"type": ["integer", "null"]},
+        "compactions": {"type": ["integer", "null"]},
+        "tokens_before": {"type": ["integer", "null"], "description": "As clients sent them."},
+        "tokens_after": {"type": ["integer", "null"], "description": "As compactd forwarded."},
+        "tokens_saved": {"type": ["integer", "null"]},
     },
 }
 _CONVERSATION: Json = {
@@ -126,6 +134,12 @@ _QUERY = {
         "schema": {"type": "string", "default": "7d"},
     },
     "conv": {"name": "conv", "in": "path", "required": True, "schema": {"type": "string"}},
+    "all": {
+        "name": "all",
+        "in": "query",
+        "description": "true: also the conversations that never compacted.",
+        "schema": {"type": "boolean", "default": False},
+    },
     "tenant": {
         "name": "tenant",
         "in": "query",
@@ -198,6 +212,7 @@ def _paths() -> Json:
                 _json(_listing(_ref("ConversationSummary"))),
                 401,
                 503,
+                params=("all",),
             )
         },
         "/compactd/v1/conversations/{conv}": {

@@ -353,11 +353,44 @@ async def test_every_page_after_sign_in_is_drawn_cleanly_without_the_old_rough_e
     await _checked_shot(page, tmp_path, "shadow", problems)
 
     await page.get_by_role("link", name="Conversations").click()
-    await expect(page.locator("#conversations tbody tr")).to_have_count(3)
+    rows = page.locator("#conversations tbody tr")
+    await expect(rows).to_have_count(3)
     await expect(page.locator("#conversations caption")).to_have_text(
-        "3 of 3 conversations, most recently used first"
+        "3 of 3 compacted conversations, most recently used first"
     )
+    heads = await page.locator("#conversations thead th").all_inner_texts()
+    for column in ("API", "Model", "Requests", "Tokens before", "Tokens after", "Saved"):
+        assert column in heads, heads
+    # Each row says what the API says of its conversation.
+    listed = {c["conversation"]: c for c in (await _api(url, "conversations", dd.ADMIN))["data"]}
+    for i in range(3):
+        row = rows.nth(i)
+        conv = await row.get_attribute("data-conversation")
+        want = listed[conv]
+        cells = await row.locator("td").all_inner_texts()
+        at = {h: cells[k - 1] for k, h in enumerate(heads) if k}
+        assert at["API"] == want["api"] == "chat.completions"
+        assert at["Model"] == want["model"]
+        assert at["Tokens before"] == n(want["tokens_before"])
+        assert at["Tokens after"] == n(want["tokens_after"])
+        assert at["Saved"].startswith(n(want["tokens_before"] - want["tokens_after"]))
+    # A shadow policy's conversation is stored but forwarded as sent; the others saved tokens.
+    assert any(c["tokens_saved"] > 0 for c in listed.values())
     await _checked_shot(page, tmp_path, "conversations", problems)
+    # Conversations that never compacted: listed on request, not links (nothing to inspect).
+    await page.get_by_label("Show conversations that never compacted").check()
+    every = (await _api(url, "conversations?all=true", dd.ADMIN))["data"]
+    never = [c for c in every if not c["compacted"]]
+    assert never
+    await expect(rows).to_have_count(len(every))
+    plain = page.locator('#conversations tbody tr[data-compacted="false"]')
+    await expect(plain).to_have_count(len(never))
+    await expect(plain.first.locator("a")).to_have_count(0)
+    await expect(plain.first.locator("td").nth(3)).to_have_text(n(never[0]["requests"]))
+    await _no_plural_slips(page)
+    await _checked_shot(page, tmp_path, "conversations-all", problems)
+    await page.get_by_label("Show conversations that never compacted").uncheck()
+    await expect(rows).to_have_count(3)
     await page.locator("#conversations tbody tr").first.get_by_role("link").click()
     await expect(page.locator("#inspect")).to_be_visible()
     await _no_plural_slips(page)
@@ -369,6 +402,6 @@ async def test_every_page_after_sign_in_is_drawn_cleanly_without_the_old_rough_e
     await _sign_in(page, url, dd.BETA)
     await page.get_by_role("link", name="Conversations").click()
     await expect(page.locator("#conversations caption")).to_have_text(
-        "1 of 1 conversation, most recently used first"
+        "1 of 1 compacted conversation, most recently used first"
     )
     await _checked_shot(page, tmp_path, "conversations-client", problems)

@@ -390,34 +390,50 @@
 
   // ---- conversations ----
   async function renderConversations(params) {
-    const data = await api("conversations");
+    const every = params.get("all") === "1";
+    const data = await api(`conversations${every ? "?all=true" : ""}`);
     const list = data.data;
     const view = $("view");
     const query = params.get("q") || "";
-    const search = el("input", { id: "q", type: "search", value: query, placeholder: "conversation or tenant id", "aria-controls": "conversations" });
+    const search = el("input", { id: "q", type: "search", value: query, placeholder: "conversation, tenant, API or model", "aria-controls": "conversations" });
+    const all = el("input", { id: "all", type: "checkbox", checked: every, onchange: (e) => setQuery("conversations", e.target.checked ? { all: "1" } : {}) });
     const body = el("tbody");
     const caption = el("caption");
-    const heads = ["Conversation", me.admin ? "Tenant" : null, "Compaction events", "Originals kept", "Size", "Last used", "Expires"].filter(Boolean);
+    const cell = (value, format) => el("td", { class: "num" }, value === null || value === undefined ? "–" : format(value));
+    const heads = [
+      ["Conversation"], me.admin ? ["Tenant"] : null, ["API"], ["Model"], ["Requests", true], ["Tokens before", true],
+      ["Tokens after", true], ["Saved", true], ["Compaction events", true], ["Size", true], ["Last used"],
+    ].filter(Boolean);
+    const link = (c) => (c.compacted
+      ? el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}${me.admin ? `?tenant=${encodeURIComponent(c.tenant)}` : ""}`, class: "mono" }, c.conversation)
+      : el("span", { class: "mono", title: "Never compacted: nothing is stored to inspect" }, c.conversation));
     const fill = () => {
       const q = search.value.trim().toLowerCase();
-      const shown = list.filter((c) => !q || c.conversation.toLowerCase().includes(q) || c.tenant.toLowerCase().includes(q));
-      caption.textContent = `${fmt.int(shown.length)} of ${plural(list.length, "conversation")}, most recently used first`;
-      body.replaceChildren(...shown.map((c) => el("tr", { "data-conversation": c.conversation },
-        el("th", { scope: "row" }, el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}${me.admin ? `?tenant=${encodeURIComponent(c.tenant)}` : ""}`, class: "mono" }, c.conversation)),
+      const shown = list.filter((c) => !q || [c.conversation, c.tenant, c.api || "", c.model || ""].some((v) => v.toLowerCase().includes(q)));
+      caption.textContent = `${fmt.int(shown.length)} of ${plural(list.length, every ? "conversation" : "compacted conversation")}, most recently used first`;
+      body.replaceChildren(...shown.map((c) => el("tr", { "data-conversation": c.conversation, "data-compacted": String(c.compacted) },
+        el("th", { scope: "row" }, link(c)),
         me.admin ? el("td", { class: "mono" }, c.tenant) : null,
-        el("td", { class: "num" }, fmt.int(c.checkpoint_count)),
-        el("td", { class: "num" }, fmt.int(c.original_count)),
+        el("td", {}, c.api || "–"),
+        el("td", {}, c.model || "–"),
+        cell(c.requests, fmt.int),
+        cell(c.tokens_before, fmt.int),
+        cell(c.tokens_after, fmt.int),
+        cell(c.tokens_saved, (v) => (c.tokens_before ? `${fmt.int(v)} (${fmt.pct(v / c.tokens_before)})` : fmt.int(v))),
+        el("td", { class: "num" }, c.compacted ? fmt.int(c.checkpoint_count) : "none"),
         el("td", { class: "num" }, fmt.bytes(c.size_bytes)),
-        el("td", {}, fmt.time(c.updated_at)),
-        el("td", {}, fmt.time(c.expires_at)))));
+        el("td", {}, fmt.time(c.updated_at)))));
     };
     search.addEventListener("input", fill);
     view.append(
       el("h1", {}, "Conversations"),
-      el("p", { class: "note" }, "Conversations with stored originals (one compaction event or more). Open one to see each checkpoint beside the messages it replaced."),
-      el("div", { class: "search" }, el("label", { for: "q" }, "Search"), search),
+      el("p", { class: "note" }, every
+        ? "Every conversation with a request in the retention period. Compacted ones keep their originals: open one to see each checkpoint beside the messages it replaced."
+        : "Conversations with stored originals (one compaction event or more). Open one to see each checkpoint beside the messages it replaced."),
+      el("div", { class: "search" }, el("label", { for: "q" }, "Search"), search,
+        el("label", { class: "check" }, all, "Show conversations that never compacted")),
       el("div", { class: "scroll" }, el("table", { id: "conversations" }, caption,
-        el("thead", {}, el("tr", {}, heads.map((h, i) => el("th", { scope: "col", class: i >= (me.admin ? 2 : 1) && i <= (me.admin ? 4 : 3) ? "num" : null }, h)))),
+        el("thead", {}, el("tr", {}, heads.map(([h, num]) => el("th", { scope: "col", class: num ? "num" : null }, h)))),
         body)),
     );
     fill();
