@@ -12,11 +12,14 @@ import os
 import re
 import tomllib
 import types
-from collections.abc import Iterable, Mapping
-from contextvars import ContextVar
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from proxy.config_errors import ConfigError as ConfigError  # noqa: PLC0414  (re-exported)
+from proxy.config_errors import check as _check
+from proxy.config_errors import collecting, did_you_mean, problem, require
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
@@ -31,50 +34,11 @@ Transport = Literal["aiohttp", "httpx"]
 _HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
-class ConfigError(ValueError):
-    """A setting is unknown or invalid; the message names the key (`problems`: each one)."""
-
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.problems = problems or [message]
-
-
 MAX_COMPACTION_TIMEOUT_MS = 600_000
 """Ten minutes: a longer chain deadline is a hang by another name (clients gave up long before)."""
 
 KEY_ID = re.compile(r"[0-9a-f]{12}")
 """A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
-
-
-_PROBLEMS: ContextVar[list[str] | None] = ContextVar("compactd_config_problems", default=None)
-"""While `load_settings` runs: where every problem goes, so all are reported together."""
-
-
-def _check(cond: bool, key: str, why: str) -> None:
-    if not cond:
-        _problem(ConfigError(f"{key}: {why}"))
-
-
-def _require(cond: bool, key: str, why: str) -> None:
-    """A check the code after it relies on: always raises (`_build` notes it and goes on)."""
-    if not cond:
-        raise ConfigError(f"{key}: {why}")
-
-
-def _problem(exc: ConfigError) -> None:
-    """Note a problem while loading (raise it otherwise)."""
-    problems = _PROBLEMS.get()
-    if problems is None:
-        raise exc
-    problems.append(str(exc))
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """` (did you mean X?)` for the closest known name, or nothing."""
-    import difflib  # noqa: PLC0415  (only for a misspelling: ~0.2 MB a worker need not hold)
-
-    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""
 
 
 @dataclass(frozen=True)
@@ -409,21 +373,21 @@ _FALSE = ("0", "false", "no", "off")
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if origin is Literal:
-        _require(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
+        require(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
         return value
     if origin in (Union, types.UnionType):
         return value
     if dataclasses.is_dataclass(tp):
-        _require(isinstance(value, dict), key, "must be a table")
+        require(isinstance(value, dict), key, "must be a table")
         return _build(tp, value, key)  # type: ignore[arg-type]
     if origin is tuple:
         (item_tp, _) = get_args(tp)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        _require(isinstance(value, list), key, "must be a list")
+        require(isinstance(value, list), key, "must be a list")
         return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is dict:
-        _require(isinstance(value, dict), key, "must be a table")
+        require(isinstance(value, dict), key, "must be a table")
         return dict(value)
     if tp is bool:
         if isinstance(value, str) and value.lower() in (
@@ -437,7 +401,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             "off",
         ):
             return value.lower() in ("1", "true", "yes", "on")
-        _require(isinstance(value, bool), key, f"must be true or false, not {value!r}")
+        require(isinstance(value, bool), key, f"must be true or false, not {value!r}")
         return value
     if tp is int:
         if isinstance(value, str):
@@ -445,7 +409,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = int(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be an integer, not {value!r}") from None
-        _require(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
+        require(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
         return value
     if tp is float:
         if isinstance(value, str):
@@ -453,12 +417,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = float(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be a number, not {value!r}") from None
-        _require(
+        require(
             isinstance(value, int | float) and not isinstance(value, bool), key, "must be a number"
         )
         return float(value)
     if tp is str:
-        _require(isinstance(value, str), key, f"must be a string, not {value!r}")
+        require(isinstance(value, str), key, f"must be a string, not {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
 
@@ -482,7 +446,7 @@ def _build(cls: type[Any], table: Mapping[str, Any], prefix: str) -> Any:
             else:
                 kwargs[key] = _coerce(value, hints[key], full)
         except ConfigError as exc:
-            _problem(exc)  # the default stands in, so the rest is still checked
+            problem(exc)  # the default stands in, so the rest is still checked
     return cls(**kwargs)
 
 
@@ -559,15 +523,13 @@ def load_settings(
     table = _merge(table, env_overrides(environ))
     if overrides:
         table = _merge(table, overrides)
-    token = _PROBLEMS.set(problems)
-    try:
-        settings: Settings = _build(Settings, table, "")
-        settings.validate()
-    except (TypeError, ValueError):
-        if not problems:  # a check that trusted an earlier one that failed: those explain it
-            raise
-    finally:
-        _PROBLEMS.reset(token)
+    with collecting(problems):
+        try:
+            settings: Settings = _build(Settings, table, "")
+            settings.validate()
+        except (TypeError, ValueError):
+            if not problems:  # a check that trusted an earlier one that failed: those explain it
+                raise
     if problems:
         raise ConfigError("; ".join(problems), problems)
     return settings
