@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
@@ -36,7 +36,7 @@ from proxy.services import Services
 from proxy.stats import GROUP_BY, GroupBy, parse_since, period_json
 from proxy.store.base import ConversationInfo, StoreError
 from proxy.tenant import credential
-from proxy.views import conversation_json, conversation_summary
+from proxy.views import conversation_json, conversation_list
 
 log = logging.getLogger("compactd.api")
 
@@ -134,9 +134,14 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=content_type)
 
 
+ACTIVITY_LIMIT = 1000
+"""The most recently active conversations a listing reads the activity of."""
+
+
 async def list_conversations(request: Request) -> Response:
-    """Conversations visible to the caller, with sizes: most recently used first, a page at a
-    time (`limit`, at most limits.list_page_size; `after`: the `next` of the page before)."""
+    """Conversations visible to the caller, with sizes, API, model and tokens: most recently
+    used first, a page at a time (`limit`, at most limits.list_page_size; `after`: the `next`
+    of the page before); `?all=true` adds those that never compacted."""
     services = _services(request)
     tenant = _caller(request, services)
     most = services.settings.limits.list_page_size
@@ -149,26 +154,23 @@ async def list_conversations(request: Request) -> Response:
         ) from None
     if not 0 < limit <= most:
         raise InvalidRequestError(f"limit must be 1..{most} (limits.list_page_size)")
-    infos = sorted(await services.store.list_conversations(tenant), key=_order)
+    every = request.query_params.get("all", "").lower() in ("1", "true", "yes")
+    infos = await services.store.list_conversations(tenant)
+    activity = await services.store.activity(tenant, ACTIVITY_LIMIT)
+    rows = sorted(conversation_list(infos, activity, every=every), key=_order)
     if after is not None:
-        infos = [i for i in infos if _order(i) > after]
-    page, more = infos[:limit], len(infos) > limit
-    return _Json(
-        {
-            "data": [conversation_summary(i) for i in page],
-            "has_more": more,
-            "next": _cursor(page[-1]) if more else None,
-        }
-    )
+        rows = [r for r in rows if _order(r) > after]
+    page, more = rows[:limit], len(rows) > limit
+    return _Json({"data": page, "has_more": more, "next": _cursor(page[-1]) if more else None})
 
 
-def _order(info: ConversationInfo) -> tuple[float, str, str]:
+def _order(row: Mapping[str, Any]) -> tuple[float, str, str]:
     """Most recently used first; ties by tenant and id, so a cursor is a position."""
-    return (-info.updated_at, info.tenant, info.conversation)
+    return (-float(row["updated_at"]), str(row["tenant"]), str(row["conversation"]))
 
 
-def _cursor(info: ConversationInfo) -> str:
-    return f"{info.updated_at!r}:{info.tenant}:{info.conversation}"
+def _cursor(row: Mapping[str, Any]) -> str:
+    return f"{float(row['updated_at'])!r}:{row['tenant']}:{row['conversation']}"
 
 
 def page_key(cursor: str | None) -> tuple[float, str, str] | None:

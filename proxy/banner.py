@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from proxy import __version__
 from proxy.config import (
+    DEFAULT_ANTHROPIC_UPSTREAM,
     DEFAULT_UPSTREAM,
     PolicySettings,
     Settings,
@@ -69,8 +70,11 @@ class Banner:
     version: str
     listen: str
     workers: int
-    upstreams: list[str]
+    upstreams: dict[str, str]
+    """Where each API goes: `openai` (chat completions, Responses, the rest of /v1) and
+    `anthropic` (Messages and Anthropic's other paths)."""
     upstream_key_mode: bool
+    anthropic_key_mode: bool
     store: str
     store_location: str
     data_dir: str
@@ -109,8 +113,9 @@ def describe(
         version=__version__,
         listen=listen,
         workers=s.workers,
-        upstreams=[masked_url(up.url)],
+        upstreams={"openai": masked_url(up.url), "anthropic": masked_url(up.anthropic_url)},
         upstream_key_mode=bool(up.api_key),
+        anthropic_key_mode=bool(up.anthropic_api_key),
         store=kind,
         store_location=where,
         data_dir=str(data_dir(settings)),
@@ -142,6 +147,14 @@ def warnings(settings: Settings) -> list[str]:
         out.append(
             f"upstream.url is the default ({DEFAULT_UPSTREAM}) and no upstream.api_key is set, "
             "so every client must send its own OpenAI key"
+        )
+    if up.url.rstrip("/") != DEFAULT_UPSTREAM and up.anthropic_url.rstrip("/") == (
+        DEFAULT_ANTHROPIC_UPSTREAM
+    ):
+        out.append(
+            f"upstream.url is {masked_url(up.url)} but Anthropic traffic (/v1/messages, Claude "
+            f"Code) still goes to {DEFAULT_ANTHROPIC_UPSTREAM}: set upstream.anthropic_url "
+            "(COMPACTD_UPSTREAM_ANTHROPIC_URL) to send it elsewhere too"
         )
     if settings.server.shared_anonymous_tenant:
         out.append(
@@ -175,12 +188,10 @@ def warnings(settings: Settings) -> list[str]:
 def render(banner: Banner) -> str:
     """The readable block for a terminal."""
     workers = f"{banner.workers} worker{'s' if banner.workers > 1 else ''}"
+    keys = {True: " (upstream-key mode)", False: " (clients' own keys)"}
     rows = [
-        (
-            "upstream",
-            ", ".join(banner.upstreams)
-            + (" (upstream-key mode)" if banner.upstream_key_mode else " (clients' own keys)"),
-        ),
+        ("upstream", banner.upstreams["openai"] + keys[banner.upstream_key_mode]),
+        ("anthropic", banner.upstreams["anthropic"] + keys[banner.anthropic_key_mode]),
         ("store", f"{banner.store} {banner.store_location}"),
         ("data dir", banner.data_dir),
         ("secret", banner.secret),

@@ -1,7 +1,8 @@
 """Typed, validated settings. One precedence: CLI > environment > file > defaults.
 
-Unknown keys and bad values stop start-up with a message naming the key, so a misspelled
-setting fails at load time rather than being silently ignored.
+Unknown keys and bad values stop start-up with a message naming the key (and the key it was
+probably meant to be), so a misspelled setting fails at load time rather than being silently
+ignored. Every problem of a load is reported at once, not one per attempt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from proxy.config_errors import ConfigError as ConfigError  # noqa: PLC0414  (re-exported)
+from proxy.config_errors import check as _check
+from proxy.config_errors import collecting, did_you_mean, problem, require
+
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 
@@ -27,10 +32,6 @@ Transport = Literal["aiohttp", "httpx"]
 
 
 _HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
-
-
-class ConfigError(ValueError):
-    """A setting is unknown or invalid; the message names the key."""
 
 
 MAX_COMPACTION_TIMEOUT_MS = 600_000
@@ -53,11 +54,6 @@ def admin_key_weakness(key: str) -> str | None:
     if len(set(key)) < MIN_ADMIN_KEY_CHARS // 2:
         return f"server.admin_key has fewer than {MIN_ADMIN_KEY_CHARS // 2} distinct characters"
     return None
-
-
-def _check(cond: bool, key: str, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {why}")
 
 
 @dataclass(frozen=True)
@@ -472,21 +468,21 @@ _FALSE = ("0", "false", "no", "off")
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if origin is Literal:
-        _check(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
+        require(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
         return value
     if origin in (Union, types.UnionType):
         return value
     if dataclasses.is_dataclass(tp):
-        _check(isinstance(value, dict), key, "must be a table")
+        require(isinstance(value, dict), key, "must be a table")
         return _build(tp, value, key)  # type: ignore[arg-type]
     if origin is tuple:
         (item_tp, _) = get_args(tp)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        _check(isinstance(value, list), key, "must be a list")
+        require(isinstance(value, list), key, "must be a list")
         return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is dict:
-        _check(isinstance(value, dict), key, "must be a table")
+        require(isinstance(value, dict), key, "must be a table")
         return dict(value)
     if tp is bool:
         if isinstance(value, str) and value.lower() in (
@@ -500,7 +496,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             "off",
         ):
             return value.lower() in ("1", "true", "yes", "on")
-        _check(isinstance(value, bool), key, f"must be true or false, not {value!r}")
+        require(isinstance(value, bool), key, f"must be true or false, not {value!r}")
         return value
     if tp is int:
         if isinstance(value, str):
@@ -508,7 +504,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = int(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be an integer, not {value!r}") from None
-        _check(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
+        require(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
         return value
     if tp is float:
         if isinstance(value, str):
@@ -516,12 +512,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = float(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be a number, not {value!r}") from None
-        _check(
+        require(
             isinstance(value, int | float) and not isinstance(value, bool), key, "must be a number"
         )
         return float(value)
     if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, not {value!r}")
+        require(isinstance(value, str), key, f"must be a string, not {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
 
@@ -532,15 +528,20 @@ def _build(cls: type[Any], table: Mapping[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         full = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            raise ConfigError(f"{full}: unknown key (known: {', '.join(sorted(names))})")
-        if key == "policies":
-            _check(isinstance(value, list), full, "must be an array of tables")
-            kwargs[key] = tuple(
-                _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
-            )
-        else:
-            kwargs[key] = _coerce(value, hints[key], full)
+        try:
+            if key not in names:
+                hint = did_you_mean(key, names) or f" (known: {', '.join(sorted(names))})"
+                raise ConfigError(f"{full}: unknown key{hint}")  # noqa: TRY301
+            if key == "policies":
+                if not isinstance(value, list):
+                    raise ConfigError(f"{full}: must be an array of tables")  # noqa: TRY301
+                kwargs[key] = tuple(
+                    _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
+                )
+            else:
+                kwargs[key] = _coerce(value, hints[key], full)
+        except ConfigError as exc:
+            problem(exc)  # the default stands in, so the rest is still checked
     return cls(**kwargs)
 
 
@@ -582,11 +583,7 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
             continue
         if name.startswith(_ENV_IGNORED_PREFIXES):
             continue
-        import difflib  # noqa: PLC0415  (only for a misspelling: ~0.2 MB a worker need not hold)
-
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"{name}: unknown environment variable{hint}")
+        problems.append(f"{name}: unknown environment variable{did_you_mean(name, known)}")
     return problems
 
 
@@ -618,13 +615,18 @@ def load_settings(
     environ = os.environ if env is None else env
     # A misspelled variable is a misspelled key: it stops start-up instead of being ignored.
     problems = unknown_env(environ)
-    if problems:
-        raise ConfigError("; ".join(problems))
     table = _merge(table, env_overrides(environ))
     if overrides:
         table = _merge(table, overrides)
-    settings: Settings = _build(Settings, table, "")
-    settings.validate()
+    with collecting(problems):
+        try:
+            settings: Settings = _build(Settings, table, "")
+            settings.validate()
+        except (TypeError, ValueError):
+            if not problems:  # a check that trusted an earlier one that failed: those explain it
+                raise
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
     return settings
 
 

@@ -20,6 +20,8 @@ from proxy.compaction import Compactor
 from proxy.decision import ChatRequest
 from proxy.dialects.apis import compacted_api, is_anthropic
 from proxy.dialects.confirm import Confirm, confirmer
+from proxy.dialects.count import PATH as COUNT_PATH
+from proxy.dialects.count import count_tokens
 from proxy.dialects.errors import send_api_error, stream_end
 from proxy.errors import BodyTooLargeError, ProxyError, RateLimitedError
 from proxy.exchange import ChatExchange, Route
@@ -93,6 +95,18 @@ class Handler:
             # However the client spelled the path, a compacted route goes to its canonical URL.
             route_to = Route(api, upstream, gate)
             await self._chat(scope, receive, send, upstream.url(named, query), route_to)
+            return
+        if method == "POST" and named == COUNT_PATH:
+            # Counted as what compactd would forward, not as what the client holds.
+            await count_tokens(
+                scope,
+                receive,
+                send,
+                compactor=self.compactor,
+                upstream=upstream,
+                gate=gate,
+                max_body=self.max_body,
+            )
             return
         url = upstream.url(sub_path, query)
         declared = content_length(scope)

@@ -202,6 +202,7 @@ async def build_services(
             flush_seconds=acc.flush_interval_ms / 1000,
             max_pending=acc.max_pending,
             max_model_chars=acc.max_model_chars,
+            activity_ttl_seconds=settings.store.retention_days * 86400,
         )
         accountant.start()
     checked = StoreWarnings(store, metrics, first)

@@ -15,9 +15,17 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.store import codec, redis_find, redis_save, redis_usage, windows_ops
+from proxy.store import (
+    codec,
+    redis_activity,
+    redis_find,
+    redis_save,
+    redis_usage,
+    windows_ops,
+)
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
+    ActivityDelta,
     Checkpoint,
     Compaction,
     ConversationInfo,
@@ -296,7 +304,11 @@ class RedisStore:
         """Delete the conversation's keys and its index entries."""
         check_ids(tenant, conversation)
 
-        return await self._io(lambda r: purge(r, self._keys, tenant, conversation), slow=True)
+        gone = await self._io(lambda r: purge(r, self._keys, tenant, conversation), slow=True)
+        await self._io(
+            lambda r: redis_activity.purge(r, self._keys, tenant, conversation), slow=True
+        )
+        return gone
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -323,6 +335,21 @@ class RedisStore:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
         return await self._io(
             lambda r: redis_usage.usage(r, self._keys, tenant, since_day), slow=True, usage=True
+        )
+
+    async def add_activity(self, deltas: Sequence[ActivityDelta], ttl_seconds: int) -> None:
+        """A batch of conversations' activity, on the accounting pool."""
+        if deltas:
+            await self._io(
+                lambda r: redis_activity.add(r, self._keys, deltas, ttl_seconds),
+                slow=True,
+                usage=True,
+            )
+
+    async def activity(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        """The most recently active conversations, newest first."""
+        return await self._io(
+            lambda r: redis_activity.recent(r, self._keys, tenant, limit), slow=True, usage=True
         )
 
     async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:

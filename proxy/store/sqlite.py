@@ -29,9 +29,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.allocator import release_thread_cache
-from proxy.store import codec, sqlite_expiry, sqlite_ops, sqlite_usage, windows_ops
+from proxy.store import (
+    codec,
+    sqlite_activity,
+    sqlite_expiry,
+    sqlite_ops,
+    sqlite_usage,
+    windows_ops,
+)
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
+    ActivityDelta,
     Checkpoint,
     Compaction,
     ConversationInfo,
@@ -213,7 +221,9 @@ class SqliteStore:
             gone = [sqlite_ops.delete_conversation(con, t, conversation) for (t,) in owners]
             return any(gone)
 
-        return await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)), slow=True)
+        gone = await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)), slow=True)
+        await self._run(sqlite_activity.purge, tenant, conversation, slow=True, lane=self._usage)
+        return gone
 
     async def purge_expired(self) -> int:
         """One pass of the background deletion, now: rows whose retention has passed."""
@@ -262,6 +272,17 @@ class SqliteStore:
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
         return await self._run(sqlite_usage.usage, tenant, since_day, slow=True, lane=self._usage)
+
+    async def add_activity(self, deltas: Sequence[ActivityDelta], ttl_seconds: int) -> None:
+        """One transaction in the usage file, on its own thread (never the writer's)."""
+        if deltas:
+            await self._run(
+                sqlite_activity.add, deltas, float(ttl_seconds), slow=True, lane=self._usage
+            )
+
+    async def activity(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        """The most recently active conversations, newest first."""
+        return await self._run(sqlite_activity.recent, tenant, limit, slow=True, lane=self._usage)
 
     async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:
         """Record a learned context window (rare: only after a validated overflow)."""
