@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property
 from operator import itemgetter
 from typing import Any
 
@@ -25,31 +25,6 @@ _FACT = re.compile(
     r"(?:[\d_/@]|\w\.\w|[a-z][A-Z]|[A-Z]{2}[a-z]|[A-Z]-[A-Za-z]|[a-z]-[A-Z]|\w\+[A-Z]|[A-Za-z]#)"
     r"[\w./@$€£~:%+?=&#-]*"
 )
-# The same matches at C speed (proxy/providers/_factscan.c, built when a compiler is there),
-# used only while its pattern is this one: a changed `_FACT` runs `python_scan` (and fails
-# tests/providers/test_factscan.py) until the C scan is changed with it.
-try:
-    from proxy.providers import _factscan
-except ImportError:  # built without a compiler: the pure-Python scan
-    _factscan = None  # type: ignore[assignment]
-
-
-def native(name: str, *specs: tuple[str, str]) -> Any:
-    """The native version of a function of this module (`_factscan.<name>`, same results), or
-    None when it is not built or implements other patterns than these (`specs`: the pattern or
-    characters this module uses, and the name of the constant the C file keeps for it)."""
-    if _factscan is None or not all(getattr(_factscan, c, None) == p for p, c in specs):
-        return None
-    return getattr(_factscan, name, None)
-
-
-NATIVE_SCAN: Callable[[str], list[str]] | None = native("fact_matches", (_FACT.pattern, "PATTERN"))
-
-
-# `needle in text` for many needles at C speed: the text indexed once by its character pairs
-# (tests/providers/test_factscan.py: the same answers as `in`, for any str kinds).
-NATIVE_TEXT_INDEX = native("text_index")
-NATIVE_OCCURS = native("occurs")
 
 
 def unshown(
@@ -57,20 +32,7 @@ def unshown(
 ) -> list[tuple[int, str]]:
     """The (rank, fact) pairs of `found` whose fact `occurs` says is not in the text every rung
     keeps (a stub lists them), each fact's answer remembered in `shown` (facts repeat from
-    message to message; a long history has tens of thousands of candidates: at C speed)."""
-    if NATIVE_UNSHOWN is not None:
-        kept: list[tuple[int, str]] = NATIVE_UNSHOWN(found, shown, occurs)
-        return kept
-    return python_unshown(found, shown, occurs)
-
-
-NATIVE_UNSHOWN = native("unshown")
-
-
-def python_unshown(
-    found: list[tuple[int, str]], shown: dict[str, bool], occurs: Callable[[str], bool]
-) -> list[tuple[int, str]]:
-    """`unshown` in Python (the reference of the native one)."""
+    message to message)."""
     kept = []
     for c in found:
         hit = shown.get(c[1])
@@ -82,12 +44,9 @@ def python_unshown(
 
 
 def occurs_in(text: str) -> Callable[[str], bool]:
-    """Whether a str occurs in text (`text.__contains__`, its Python reference), for asking
-    of many strs: a stub's hundreds of candidate facts, against the text every rung keeps."""
-    if NATIVE_TEXT_INDEX is None or NATIVE_OCCURS is None:
-        return text.__contains__
-    found: Callable[[str], bool] = partial(NATIVE_OCCURS, NATIVE_TEXT_INDEX(text))
-    return found
+    """Whether a str occurs in text, for asking of many strs: a stub's hundreds of candidate
+    facts, against the text every rung keeps."""
+    return text.__contains__
 
 
 _PUNCT_EDGES = ".:,-+%~"
@@ -119,28 +78,12 @@ _MIN_FACT_LEN = 2
 _DIGIT = re.compile(r"\d")
 _PATHLIKE = re.compile(r"^[\w.-]*/[\w./-]*\w$|^[\w-]+\.[a-z]{1,4}$")
 _LETTER = re.compile(r"[^\W\d_]")
-# Ranks and distinct facts at C speed (tests/providers/test_factscan.py: same results).
-NATIVE_RANKED = native(
-    "ranked",
-    (_PATHLIKE.pattern, "PATHLIKE"),
-    (_DIGIT.pattern, "DIGIT"),
-    (_LETTER.pattern, "LETTER"),
-    (str(_MIN_FACT_LEN), "MIN_FACT_LEN"),
-)
-NATIVE_QUOTE_INTO = native("quote_into", (_PUNCT_EDGES, "PUNCT_EDGES"))
 
 
 def _rank(value: str, quoted: bool = False) -> int:
     """0: what the author quoted as `code`, paths and ids (letters and digits); 1: other names,
     URLs and dates; 2: amounts; 3: other numbers."""
-    if quoted:
-        return 0
-    return python_rank(value)
-
-
-def python_rank(value: str) -> int:
-    """`_rank` of a fact not quoted as code, in Python (the reference of the native rank)."""
-    if _PATHLIKE.search(value):
+    if quoted or _PATHLIKE.search(value):
         return 0
     digits = _DIGIT.search(value) is not None
     letters = _LETTER.search(value) is not None
@@ -256,21 +199,9 @@ _NAME = re.compile(
 _GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.,]\d)")
 
 
-# At C speed where built (see _factscan.c; tests/providers/test_factscan.py checks that they
-# find the same and that they are in use).
-NATIVE_GROUPED = native("grouped_amounts", (_GROUPED.pattern, "GROUPED"))
-NATIVE_QUOTED = native("quoted_spans", (_QUOTED_PHRASE.pattern, "QUOTED"))
-_grouped_amounts = NATIVE_GROUPED or _GROUPED.findall
-NATIVE_NAMES = native("names", (_NAME.pattern, "NAME"))
-_names = NATIVE_NAMES or _NAME.findall
-
-
-def python_quoted_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Where `_QUOTED_PHRASE` matches in text[start:end] (the reference of the native one)."""
+def _quoted_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Where `_QUOTED_PHRASE` matches in text[start:end]."""
     return [match.span() for match in _QUOTED_PHRASE.finditer(text, start, end)]
-
-
-_quoted_spans = NATIVE_QUOTED or python_quoted_spans
 
 
 def _quoted_word(text: str, at: int, end: int) -> bool:
@@ -299,15 +230,15 @@ def name_matches(text: str) -> list[str]:
                 if (" " in phrase and _LETTER.search(phrase)) or _quoted_word(text, at, stop):
                     found.append(phrase)
         if commas:
-            found += _grouped_amounts(text, start, end)
+            found += _GROUPED.findall(text, start, end)
         found += _name_facts(text, start, end, _NOT_NAMES)
     return found
 
 
-def python_name_facts(text: str, start: int, end: int, not_names: frozenset[str]) -> list[str]:
-    """The names of text[start:end] a fact list keeps (the reference of the native one)."""
+def _name_facts(text: str, start: int, end: int, not_names: frozenset[str]) -> list[str]:
+    """The names of text[start:end] a fact list keeps."""
     found: list[str] = []
-    for match in _names(text, start, end):
+    for match in _NAME.findall(text, start, end):
         # A possessive stays as written (`Jay Chou's`: it holds the name too; a list that has
         # both keeps the possessive, see `_without_contained`). Most names are one word (only
         # blanks and tabs separate a name's words): no split for those.
@@ -323,11 +254,6 @@ def python_name_facts(text: str, start: int, end: int, not_names: frozenset[str]
     return found
 
 
-# The names loop at C speed, where the native name pattern is in use.
-NATIVE_NAME_FACTS = native("name_facts", (_NAME.pattern, "NAME"))
-_name_facts = NATIVE_NAME_FACTS or python_name_facts
-
-
 _NO_FACTS: list[str] = []
 # Distinct tokens whose matches a compaction remembers (a log of unique ids would otherwise fill
 # a dict that takes long to free).
@@ -336,15 +262,7 @@ _TOKEN_MEMO = 50_000
 
 def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
     """The fact pattern's matches, token by token; `tokens` remembers each distinct token's
-    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids). The
-    native scan, where there is one, finds the same at C speed."""
-    if NATIVE_SCAN is not None:
-        return NATIVE_SCAN(text)
-    return python_scan(text, tokens)
-
-
-def python_scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
-    """`_scan` in Python (the reference the native scan is tested against)."""
+    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids)."""
     found: list[str] = []
     findall = _FACT.findall
     seen: dict[str, list[str]] = {} if tokens is None else tokens
@@ -374,14 +292,6 @@ def _quoted(matches: Iterable[str]) -> dict[str, bool]:
 def _quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
     """Each match's fact into `quoted`: backticked code as True, the rest stripped of
     `_PUNCT_EDGES` as False unless there already."""
-    if NATIVE_QUOTE_INTO is not None and type(matches) is list:
-        NATIVE_QUOTE_INTO(quoted, matches)
-    else:
-        python_quote_into(quoted, matches)
-
-
-def python_quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
-    """`_quote_into` in Python (the reference of the native one)."""
     for v in matches:
         if v[0] == "`":
             quoted[v[1:-1]] = True
@@ -426,18 +336,9 @@ def all_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[s
 
 
 def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
-    """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
+    """(rank, position, fact) for each distinct fact of `text` of at least `_MIN_FACT_LEN`
+    characters, in order of appearance."""
     distinct = _distinct(text, memo)
-    if NATIVE_RANKED is not None:
-        return NATIVE_RANKED(distinct)  # type: ignore[no-any-return]
-    return python_ranked(distinct, memo)
-
-
-def python_ranked(
-    distinct: dict[str, bool], memo: FactMemo | None = None
-) -> list[tuple[int, int, str]]:
-    """(rank, position, fact) for each fact of at least `_MIN_FACT_LEN` characters of a
-    `_distinct` dict, in its order (the reference of the native ranking)."""
     if memo is None:
         return [
             (_rank(value, q), pos, value)
@@ -582,16 +483,7 @@ def _id_like(value: str) -> bool:
 
 
 def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
-    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too
-    (at C speed where built: a long agent run's JSON outputs have thousands of leaves)."""
-    if NATIVE_JSON_ITEMS is not None:
-        items: dict[tuple[str, str], tuple[int, int]] = NATIVE_JSON_ITEMS(value, _id_like)
-        return items
-    return python_json_items(value)
-
-
-def python_json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
-    """`_json_items` in Python (the reference of the native one)."""
+    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too."""
     items: dict[tuple[str, str], tuple[int, int]] = {}
     # Keys and values repeat through a document (`flight_number` in every element): each
     # distinct string is tested once.
@@ -640,15 +532,6 @@ def _json_facts(items: dict[tuple[str, str], tuple[int, int]], max_chars: int) -
     for _pos, key, text in sorted(chosen):
         groups.setdefault(key, []).append(text)
     return "; ".join(f"{k}: {', '.join(v)}" if k else ", ".join(v) for k, v in groups.items())
-
-
-# `_json_items` at C speed, with `_id_like` of an ASCII string decided there, where built.
-NATIVE_JSON_ITEMS = native(
-    "json_items",
-    (_ID_SHAPE.pattern, "ID_SHAPE"),
-    (_THREE_DIGITS.pattern, "THREE_DIGITS"),
-    (_CODE.pattern, "CODE"),
-)
 
 
 @dataclass(frozen=True)
@@ -723,20 +606,6 @@ def shape_counts(
     """One message's facts that hold a digit (only those can be tags), grouped by shape;
     `shapes` memoizes `fact_shape`."""
     memo: dict[str, str] = {} if shapes is None else shapes
-    if NATIVE_SHAPE_COUNTS is not None:
-        found: dict[str, set[str]] = NATIVE_SHAPE_COUNTS(group, memo, fact_shape)
-        return found
-    return python_shape_counts(group, memo)
-
-
-# `python_shape_counts` at C speed (every message a stub reads), where built.
-NATIVE_SHAPE_COUNTS = native("shape_counts", (_DIGIT_RUN.pattern, "DIGIT_RUN"))
-
-
-def python_shape_counts(
-    group: Sequence[tuple[int, str]], memo: dict[str, str]
-) -> dict[str, set[str]]:
-    """`shape_counts` in Python (the reference of the native one)."""
     out: dict[str, set[str]] = {}
     for _rank, fact in group:
         shape = memo.get(fact)
@@ -796,26 +665,6 @@ def pack_salient(
     memo: dict[str, str] = {} if shapes is None else shapes
     if structural is None:
         structural = structural_shapes([shape_counts(group, memo) for group in groups])
-    if NATIVE_SALIENT is not None:
-        found: str = NATIVE_SALIENT(groups, max_chars, structural, memo, fact_shape)
-        return found
-    return python_salient(groups, max_chars, structural, memo)
-
-
-# `python_salient` at C speed (a stub packs hundreds of candidates), where built.
-NATIVE_SALIENT = native(
-    "salient", (f"{_STRUCTURAL_RANK},{_STRUCTURAL_KEEP},{_MENTION_TIERS}", "SALIENT")
-)
-
-
-def python_salient(
-    groups: Sequence[Sequence[tuple[int, str]]],
-    max_chars: int,
-    structural: frozenset[str],
-    memo: dict[str, str],
-) -> str:
-    """`pack_salient` once `structural` is known, in Python (the reference of the native one);
-    `memo` memoizes `fact_shape`."""
     unique: dict[str, tuple[int, int, str]] = {}
     kept_structural: dict[str, int] = {}
     mentions: dict[str, int] = {}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.providers import facts
 from proxy.providers.facts import (
     TAG_MESSAGES,
     fact_items,
@@ -162,3 +166,62 @@ def test_a_fact_list_with_a_plural_leaves_out_the_singular() -> None:
 def test_a_quoted_word_in_a_sentence_is_a_fact_a_quoted_key_or_command_is_not() -> None:
     text = 'she is not "spoiled." says my "girlfriend" {"role": "user"} sed -i "s|a|b|" x = "abc"'
     assert name_matches(text) == ["spoiled.", "girlfriend"]
+
+
+# Pieces of text the fact pattern tells apart: letters of every case and script, digits of
+# other scripts, every character the pattern names, blanks of every kind.
+_PIECES = [
+    "a", "z", "B", "Z", "é", "É", "ß", "1", "0", "\u0663", "\u00b2", "\u2160", "_", "/", "@",
+    "`", "``", ".", ",", ";", ":", "!", "?", "=", "&", "#", "<", ">", "(", ")", '"', "'", " ",
+    "\n", "\t", "\u00a0", "\u2003", "\u2028", "\x1c", "-", "+", "%", "~", "$", "€", "£", "ab",
+    "Cd", "GD", "x.y", "a-B", "A-b", "x+Y", "C#", "\u01c5", "\ufb01", "\U0001d7d8", "é.x",
+]  # fmt: skip
+_QUOTE_PIECES = ['"', "“", "”", "\n", " ", "a", "bc", "x" * 30, "é", "'", "\u2028"]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=60).map("".join))
+def test_the_token_scan_finds_what_the_fact_pattern_finds(text: str) -> None:
+    # Plain words are ruled out without the pattern, and each token's matches are remembered.
+    assert facts._scan(text) == facts._FACT.findall(text)
+    assert facts._scan(text, {}) == facts._FACT.findall(text)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.lists(st.sampled_from(_QUOTE_PIECES), max_size=80).map("".join),
+    st.integers(min_value=-3, max_value=120),
+    st.integers(min_value=-3, max_value=120),
+)
+def test_quoted_spans_hold_the_quoted_phrase_and_its_quotes(
+    text: str, start: int, end: int
+) -> None:
+    found = facts._quoted_spans(text, start, end)
+    assert [text[a + 1 : b - 1] for a, b in found] == facts._QUOTED_PHRASE.findall(text, start, end)
+
+
+def test_facts_are_ranked_code_and_ids_first_in_order_of_appearance() -> None:
+    assert facts._ranked_facts('see `xy` and a_1 at 1,000 in "the red door"') == [
+        (0, 0, "xy"), (0, 1, "a_1"), (2, 3, "000"), (1, 4, "the red door"), (2, 5, "1,000"),
+    ]  # fmt: skip
+
+
+def test_names_drop_the_words_that_are_no_names_before_them() -> None:
+    text = "we met Jay Chou and then OK Bob\tSmith, and I Ann with I"
+    found = facts._name_facts(text, 0, len(text), facts._NOT_NAMES)
+    assert found == ["Jay Chou", "Bob Smith"]
+
+
+def test_shape_counts_group_a_message_s_facts_with_digits_by_shape() -> None:
+    assert shape_counts([(0, "Turn 12"), (1, "turn 3")]) == {"turn 0": {"Turn 12", "turn 3"}}
+
+
+def test_unshown_keeps_the_facts_not_in_the_text_and_remembers_answers() -> None:
+    shown = {"cd": False}
+    assert facts.unshown([(0, "ab"), (1, "cd")], shown, facts.occurs_in("xab")) == [(1, "cd")]
+    assert shown == {"cd": False, "ab": True}
+
+
+def test_a_fact_another_holds_or_pluralizes_is_left_out_of_a_salient_list() -> None:
+    held = [[(1, "b"), (1, "a b"), (0, "GPUs")], [(1, "b"), (0, "GPU")]]
+    assert pack_salient(held, 99, frozenset()) == "a b, GPUs"
