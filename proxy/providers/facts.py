@@ -45,17 +45,16 @@ _MIN_FACT_LEN = 2
 _LETTER = re.compile(r"[^\W\d_]")
 
 
-def scan_spans(
-    text: str, size: int, boundaries: str, start: int = 0, stop: int | None = None
-) -> Iterator[tuple[int, int]]:
-    """(start, end) pieces of text[start:stop] of about `size` characters, each ending just
-    after one of the `boundaries` characters, or at 2 * size when none comes before (a text
-    without them is still cut: no piece is ever longer)."""
-    n = len(text) if stop is None else stop
-    if n - start <= size:  # one piece (most texts): what the loop below yields, without its finds
-        if start < n:
-            yield start, n
+def scan_spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
+    """(start, end) pieces of text of about `size` characters, each ending just after one of
+    the `boundaries` characters, or at 2 * size when none comes before (a text without them is
+    still cut: no piece is ever longer)."""
+    n = len(text)
+    if n <= size:  # one piece (most texts): what the loop below yields, without its finds
+        if n:
+            yield 0, n
         return
+    start = 0
     while start < n:
         limit = min(n, start + 2 * size)
         cuts = [c for c in (text.find(b, start + size, limit) for b in boundaries) if c >= 0]
