@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test install install-test redis browser lint docs
+.PHONY: run test install install-test redis browser kubectl lint docs
 
 # Install and run the proxy on 127.0.0.1:8787 (embedded SQLite store, no Redis needed).
 run: install
@@ -11,7 +11,7 @@ run: install
 
 # Install with test extras, make sure a Redis answers, then lint, type-check, build the docs
 # (strict: a broken link or a lost generated section fails) and run every test.
-test: install-test redis browser
+test: install-test redis browser kubectl
 	$(BIN)/ruff check proxy tests bench docs/_hooks
 	$(BIN)/ruff format --check proxy tests bench docs/_hooks
 	$(BIN)/mypy
@@ -50,3 +50,9 @@ browser:
 # Build the documentation site into site/ (make test does this too); `$(BIN)/mkdocs serve` previews it.
 docs: install-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# tests/test_kubernetes.py renders deploy/kubernetes with kubectl kustomize (Debian's
+# kubernetes-client). Without it those tests skip (and say so); under CI they fail.
+kubectl:
+	@command -v kubectl >/dev/null || \
+	  echo "make: kubectl not found: the Kubernetes manifest tests will be skipped (apt-get install kubernetes-client)" >&2

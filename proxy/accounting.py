@@ -1,7 +1,8 @@
 """Usage accounting off the request path: aggregated in memory per worker, written in batches.
 
 A finished chat request adds its counters to an in-memory aggregate keyed by (tenant, policy,
-model, day): a dict update, no task and no store call. A background task writes every pending
+model, day), and its conversation's activity (API, model, tokens) to one keyed by (tenant,
+conversation): dict updates, no task and no store call. A background task writes every pending
 aggregate as one batch each `flush_interval_ms`, through the store's usage path, which never
 holds a connection, lock or thread a compaction write waits for (`Store.add_usage`).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -23,7 +25,14 @@ from typing import Protocol
 
 from proxy.metrics import Metrics
 from proxy.store import codec
-from proxy.store.base import StoreError, UsageDelta, UsageRecord, key_name
+from proxy.store.base import (
+    ACTIVITY_FIELDS,
+    ActivityDelta,
+    StoreError,
+    UsageDelta,
+    UsageRecord,
+    key_name,
+)
 
 log = logging.getLogger("compactd.accounting")
 
@@ -36,6 +45,9 @@ class UsageSink(Protocol):
 
     async def add_usage(self, deltas: Sequence[UsageDelta]) -> None:
         """Add a batch of aggregates."""
+
+    async def add_activity(self, deltas: Sequence[ActivityDelta], ttl_seconds: int) -> None:
+        """Add a batch of conversations' activity."""
 
 
 def usage_model(model: str, limit: int) -> str:
@@ -54,6 +66,7 @@ class Accountant:
         flush_seconds: float = 1.0,
         max_pending: int = 10_000,
         max_model_chars: int = 128,
+        activity_ttl_seconds: int = 30 * 86400,
     ) -> None:
         self._sink = sink
         self._metrics = metrics
@@ -61,6 +74,8 @@ class Accountant:
         self._max_pending = max_pending
         self._max_model_chars = max_model_chars
         self._pending: dict[_Key, dict[str, int]] = {}
+        self._activity: dict[tuple[str, str], ActivityDelta] = {}
+        self._activity_ttl = activity_ttl_seconds
         self._models: dict[str, str] = {}  # client model name -> its key name (bounded)
         self._day = (0, "")
         self._task: asyncio.Task[None] | None = None
@@ -89,6 +104,23 @@ class Accountant:
             (record.tenant, record.policy, model, record.day), codec.usage_increments(record)
         )
 
+    def add_activity(self, delta: ActivityDelta, reason: str = "full") -> None:
+        """Count one request of a conversation (bounded like usage: a full table drops)."""
+        model = usage_model(delta.model, self._max_model_chars)
+        if model != delta.model:
+            delta = dataclasses.replace(delta, model=model)
+        key = (delta.tenant, delta.conversation)
+        into = self._activity.get(key)
+        if into is None:
+            if len(self._activity) >= self._max_pending:
+                self._metrics.usage_dropped(reason, 0)
+                return
+            self._activity[key] = delta
+            return
+        latest = delta if delta.seen_at >= into.seen_at else into
+        sums = {n: into.counters.get(n, 0) + delta.counters.get(n, 0) for n in ACTIVITY_FIELDS}
+        self._activity[key] = dataclasses.replace(latest, counters=sums)
+
     def _merge(self, key: _Key, counters: dict[str, int], reason: str = "full") -> None:
         into = self._pending.get(key)
         if into is None:
@@ -116,6 +148,7 @@ class Accountant:
     async def flush(self) -> None:
         """Write every pending aggregate in one batch; on a store failure keep them for later."""
         async with self._flushing:
+            await self._flush_activity()
             if not self._pending:
                 return
             batch, self._pending = self._pending, {}
@@ -129,6 +162,17 @@ class Accountant:
                     self._merge(key, counters, reason="store")
                 return
             self._metrics.usage_flush(ok=True)
+
+    async def _flush_activity(self) -> None:
+        if not self._activity:
+            return
+        batch, self._activity = self._activity, {}
+        try:
+            await self._sink.add_activity(list(batch.values()), self._activity_ttl)
+        except StoreError as exc:
+            log.warning("activity batch not written, kept for the next flush: %s", exc)
+            for delta in batch.values():
+                self.add_activity(delta, reason="store")
 
     async def aclose(self, grace_seconds: float = 5.0) -> None:
         """Stop the periodic flush and write what is pending (within `grace_seconds`)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
-from datetime import date
+from collections.abc import Callable, Mapping
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -12,22 +14,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.decision import CONVERSATION_HEADER
 from proxy.dialects import restore
 from proxy.errors import (
     BodyTooLargeError,
     InvalidRequestError,
     NotFoundError,
     ProxyError,
+    RateLimitedError,
+    ResultTooLargeError,
     StoreUnavailableError,
     UnauthorizedError,
     error_body,
 )
-from proxy.providers.uncompress import uncompress_async
+from proxy.gate import admitted
+from proxy.providers.uncompress import Bounds
+from proxy.providers.uncompress import ResultTooLargeError as RestoreTooLargeError
+from proxy.providers.uncompress import uncompress as uncompress_messages
+from proxy.refscope import find_scope
 from proxy.services import Services
-from proxy.stats import GROUP_BY, GroupBy, compute_stats, parse_since, stats_json
-from proxy.store.base import ConversationInfo, Store, StoreError, resolve_readable
+from proxy.stats import GROUP_BY, GroupBy, parse_since, period_json
+from proxy.store.base import ConversationInfo, StoreError
 from proxy.tenant import credential
-from proxy.views import conversation_json, conversation_summary
+from proxy.views import conversation_json, conversation_list
 
 log = logging.getLogger("compactd.api")
 
@@ -59,18 +68,30 @@ def _caller(request: Request, services: Services) -> str | None:
     admin = services.settings.server.admin_key
     if admin and found is not None and hmac.compare_digest(found.encode(), admin.encode()):
         return None
+    if not admitted(services.settings.upstream, services.secret, found):
+        # Upstream-key mode: compactd's own API is gated as chat is (same key ids, same 401).
+        raise UnauthorizedError("This API key is not admitted by the gateway.")
     tenant = services.tenancy.identify(request.headers).tenant
     if tenant is None:
         raise UnauthorizedError(
             "Send the API key whose conversations you want (Authorization, api-key or x-api-key)."
         )
+    if services.api_rate is not None:
+        try:
+            services.api_rate.check(tenant, "limits.api_rate_per_minute")
+        except RateLimitedError:
+            services.metrics.rate_limited("api")
+            raise
     return tenant
 
 
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     del request
     assert isinstance(exc, ProxyError)
-    return _error(exc)
+    response = _error(exc)
+    if isinstance(exc, RateLimitedError):
+        response.headers["retry-after"] = str(exc.retry_after)
+    return response
 
 
 async def _store_error(request: Request, exc: Exception) -> Response:
@@ -101,21 +122,63 @@ async def readyz(request: Request) -> Response:
         store = "ok"
     except StoreError:
         store = "unavailable"
-    return JSONResponse({"status": "ready", "store": store})
+    warnings = await services.store_warnings.current()
+    return JSONResponse({"status": "ready", "store": store, "store_warnings": warnings})
 
 
 async def metrics(request: Request) -> Response:
     """Prometheus exposition."""
-    body, content_type = _services(request).metrics.render()
+    services = _services(request)
+    services.caches.update()  # this worker's caches as they are now
+    body, content_type = services.metrics.render()
     return Response(body, media_type=content_type)
 
 
+ACTIVITY_LIMIT = 1000
+"""The most recently active conversations a listing reads the activity of."""
+
+
 async def list_conversations(request: Request) -> Response:
-    """Conversations visible to the caller, with sizes."""
+    """Conversations visible to the caller, with sizes, API, model and tokens: most recently
+    used first, a page at a time (`limit`, at most limits.list_page_size; `after`: the `next`
+    of the page before); `?all=true` adds those that never compacted."""
     services = _services(request)
     tenant = _caller(request, services)
+    most = services.settings.limits.list_page_size
+    try:
+        limit = int(request.query_params.get("limit", most))
+        after = page_key(request.query_params.get("after"))
+    except ValueError:
+        raise InvalidRequestError(
+            f"limit must be 1..{most}; after must be the `next` of the page before"
+        ) from None
+    if not 0 < limit <= most:
+        raise InvalidRequestError(f"limit must be 1..{most} (limits.list_page_size)")
+    every = request.query_params.get("all", "").lower() in ("1", "true", "yes")
     infos = await services.store.list_conversations(tenant)
-    return _Json({"data": [conversation_summary(i) for i in infos]})
+    activity = await services.store.activity(tenant, ACTIVITY_LIMIT)
+    rows = sorted(conversation_list(infos, activity, every=every), key=_order)
+    if after is not None:
+        rows = [r for r in rows if _order(r) > after]
+    page, more = rows[:limit], len(rows) > limit
+    return _Json({"data": page, "has_more": more, "next": _cursor(page[-1]) if more else None})
+
+
+def _order(row: Mapping[str, Any]) -> tuple[float, str, str]:
+    """Most recently used first; ties by tenant and id, so a cursor is a position."""
+    return (-float(row["updated_at"]), str(row["tenant"]), str(row["conversation"]))
+
+
+def _cursor(row: Mapping[str, Any]) -> str:
+    return f"{float(row['updated_at'])!r}:{row['tenant']}:{row['conversation']}"
+
+
+def page_key(cursor: str | None) -> tuple[float, str, str] | None:
+    """The sort key a `next` cursor stands for (ValueError if it is not one)."""
+    if cursor is None:
+        return None
+    updated, tenant, conversation = cursor.split(":", 2)
+    return (-float(updated), tenant, conversation)
 
 
 def _owner(request: Request, services: Services) -> str | None:
@@ -143,15 +206,23 @@ async def visible_conversation(request: Request, services: Services) -> Conversa
     return info
 
 
-def grouping(request: Request) -> tuple[GroupBy, date]:
-    """`by` and `since` of a stats query (InvalidRequestError if either is bad)."""
+def grouping(request: Request, max_days: int) -> tuple[GroupBy, date]:
+    """`by` and `since` of a stats query (InvalidRequestError if either is bad, or `since` is
+    more than `max_days` ago: the answer's size and cost grow with the days)."""
     by = request.query_params.get("by", "policy")
     try:
         if by not in GROUP_BY:
             raise ValueError(f"by must be one of {', '.join(GROUP_BY)}")  # noqa: TRY301
-        return by, parse_since(request.query_params.get("since", "7d"))
+        since = parse_since(request.query_params.get("since", "7d"))
     except (ValueError, OverflowError) as exc:
         raise InvalidRequestError(str(exc)) from None
+    earliest = datetime.now(UTC).date() - timedelta(days=max_days)
+    if since < earliest:
+        raise InvalidRequestError(
+            f"since reaches back more than {max_days} days (limits.stats_max_days):"
+            f" the earliest is {earliest.isoformat()}"
+        )
+    return by, since
 
 
 async def get_conversation(request: Request) -> Response:
@@ -174,34 +245,46 @@ async def purge_conversation(request: Request) -> Response:
 
 
 async def uncompress(request: Request) -> Response:
-    """Restore compacted messages from the caller's stored originals."""
+    """Restore compacted messages from the originals of the conversation they were sent in.
+
+    The conversation is the body's `conversation`, else the `x-compactd-conversation-id`
+    header, else the one the messages start (as for chat); only its refs resolve, and the
+    answer is bounded (`limits.uncompress_*`: 413 past them)."""
     services = _services(request)
-    tenant = _caller(request, services)
+    owner = _owner(request, services)
     raw = await _bounded_body(request, services.settings.server.max_api_body_bytes)
     try:
         body = orjson.loads(raw)
         # Each API's own shape in and out (proxy.dialects.restore); chat messages by default.
         api, messages = restore.read(body)
         recursive = bool(body.get("recursive", False))
+        named = body.get("conversation")
+        if named is not None and not isinstance(named, str):
+            raise TypeError(restore.USAGE)  # noqa: TRY301
     except (orjson.JSONDecodeError, TypeError):
         return _error(InvalidRequestError(restore.USAGE))
-    store = services.store
-    # The admin key restores any tenant's messages: each id is looked for in every tenant's data.
-    tenants = [tenant] if tenant is not None else await _tenants(store)
-
-    async def lookup(ids: list[str]) -> dict[str, list[dict[str, Any]]]:
-        found: dict[str, list[dict[str, Any]]] = {}
-        for owner in tenants:
-            rest = [i for i in ids if i not in found]
-            if not rest:
-                break
-            found.update(await resolve_readable(store, owner, rest))
-        return found
-
-    result = await uncompress_async(messages, lookup, recursive=recursive)
+    named = named or request.headers.get(CONVERSATION_HEADER)
+    conversation, scope = await find_scope(services.store, owner, named, messages, services.secret)
+    limits = services.settings.limits
+    bounds = Bounds(
+        max_messages=limits.uncompress_max_messages,
+        max_bytes=limits.uncompress_max_bytes,
+        max_depth=limits.uncompress_max_depth,
+        refs_of=scope.refs_of,
+    )
+    try:
+        result = await asyncio.to_thread(
+            uncompress_messages, messages, scope.lookup, recursive, bounds
+        )
+    except RestoreTooLargeError as exc:
+        raise ResultTooLargeError(
+            f"Restoring these messages would pass compactd's limits ({exc}); restore fewer"
+            " messages at once, or without `recursive`."
+        ) from None
     return _Json(
         {
             **restore.write(api, result.messages, body),
+            "conversation": conversation,
             "messages_expanded": result.messages_expanded,
             "messages_passthrough": result.messages_passthrough,
             "missing_ids": list(result.missing_ids),
@@ -224,23 +307,34 @@ async def _bounded_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _tenants(store: Store) -> list[str]:
-    """Every tenant with stored conversations, most recently used first."""
-    infos = await store.list_conversations(None)
-    return list(dict.fromkeys(i.tenant for i in sorted(infos, key=lambda i: -i.updated_at)))
-
-
 async def stats(request: Request) -> Response:
     """Accounting (admin key only)."""
     services = _services(request)
     if _caller(request, services) is not None:
         return _error(UnauthorizedError("Stats need the admin key."))
-    by, since = grouping(request)
+    _, body = await usage_answer(request, services, None, period_json)
+    return _Json(body)
+
+
+async def usage_answer(
+    request: Request, services: Services, tenant: str | None, compute: Callable[..., Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(the usage rows of the query's period, `compute` of them): the period checked, this
+    worker's latest counts flushed, and the work done off the event loop within its deadline."""
+    limits = services.settings.limits
+    by, since = grouping(request, limits.stats_max_days)
     if services.accountant is not None:
         await services.accountant.flush()  # this worker's latest counts, not a second old
-    rows = await services.store.usage(None, since.isoformat())
-    table = compute_stats(rows, by=by, model_table=services.models)
-    return _Json(stats_json(table, by=by, since=since))
+    rows = await services.store.usage(tenant, since.isoformat())
+    body: dict[str, Any] = await services.heavy.run(
+        compute,
+        rows,
+        by=by,
+        since=since,
+        model_table=services.models,
+        max_groups=limits.stats_max_groups,
+    )
+    return rows, body
 
 
 ROUTES = [

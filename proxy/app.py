@@ -13,6 +13,7 @@ import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from proxy import ui
@@ -25,8 +26,11 @@ from proxy.gate import Gate
 from proxy.handler import Handler
 from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.metrics import Metrics
+from proxy.openapi import PATH as OPENAPI_PATH
+from proxy.openapi import openapi
 from proxy.pool import Reuse, StaleRetry
 from proxy.providers.registry import ProviderRegistry
+from proxy.ratelimit import limiter
 from proxy.server import HeadLimits, anthropic_target, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
@@ -201,6 +205,7 @@ def create_app(
             ),
             count_tokens_band=settings.tokens.count_tokens_band,
             count_tokens_timeout=settings.tokens.count_tokens_timeout_ms / 1000,
+            chat_rate=limiter(settings.limits.chat_rate_per_minute),
         )
         try:
             yield
@@ -227,7 +232,7 @@ def create_app(
         )
 
     router = Starlette(
-        routes=[*ROUTES, *INSIGHT_ROUTES, *ui.routes()],
+        routes=[*ROUTES, *INSIGHT_ROUTES, Route(OPENAPI_PATH, openapi), *ui.routes()],
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_allowed, **EXCEPTION_HANDLERS},
     )

@@ -15,7 +15,14 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 from proxy import __version__
-from proxy.config import DEFAULT_UPSTREAM, PolicySettings, Settings, data_dir
+from proxy.config import (
+    DEFAULT_ANTHROPIC_UPSTREAM,
+    DEFAULT_UPSTREAM,
+    PolicySettings,
+    Settings,
+    admin_key_weakness,
+    data_dir,
+)
 from proxy.tenant import SECRET_FILE
 
 log = logging.getLogger("compactd.startup")
@@ -63,8 +70,11 @@ class Banner:
     version: str
     listen: str
     workers: int
-    upstreams: list[str]
+    upstreams: dict[str, str]
+    """Where each API goes: `openai` (chat completions, Responses, the rest of /v1) and
+    `anthropic` (Messages and Anthropic's other paths)."""
     upstream_key_mode: bool
+    anthropic_key_mode: bool
     store: str
     store_location: str
     data_dir: str
@@ -103,8 +113,9 @@ def describe(
         version=__version__,
         listen=listen,
         workers=s.workers,
-        upstreams=[masked_url(up.url)],
+        upstreams={"openai": masked_url(up.url), "anthropic": masked_url(up.anthropic_url)},
         upstream_key_mode=bool(up.api_key),
+        anthropic_key_mode=bool(up.anthropic_api_key),
         store=kind,
         store_location=where,
         data_dir=str(data_dir(settings)),
@@ -137,6 +148,14 @@ def warnings(settings: Settings) -> list[str]:
             f"upstream.url is the default ({DEFAULT_UPSTREAM}) and no upstream.api_key is set, "
             "so every client must send its own OpenAI key"
         )
+    if up.url.rstrip("/") != DEFAULT_UPSTREAM and up.anthropic_url.rstrip("/") == (
+        DEFAULT_ANTHROPIC_UPSTREAM
+    ):
+        out.append(
+            f"upstream.url is {masked_url(up.url)} but Anthropic traffic (/v1/messages, Claude "
+            f"Code) still goes to {DEFAULT_ANTHROPIC_UPSTREAM}: set upstream.anthropic_url "
+            "(COMPACTD_UPSTREAM_ANTHROPIC_URL) to send it elsewhere too"
+        )
     if settings.server.shared_anonymous_tenant:
         out.append(
             "anonymous mode (server.shared_anonymous_tenant): requests without a credential all "
@@ -156,6 +175,9 @@ def warnings(settings: Settings) -> list[str]:
                 f"{key} ({policy.name}): budget_tokens / budget_fraction never apply, none of "
                 "its match_apis is in its cap_apis"
             )
+    weakness = admin_key_weakness(settings.server.admin_key)
+    if weakness:
+        out.append(f"{weakness}; `compactd check-config` refuses it")
     if up.api_key and not up.allowed_keys:
         out.append(
             "upstream.api_key is set but upstream.allowed_keys is empty, so every request gets 401"
@@ -166,12 +188,10 @@ def warnings(settings: Settings) -> list[str]:
 def render(banner: Banner) -> str:
     """The readable block for a terminal."""
     workers = f"{banner.workers} worker{'s' if banner.workers > 1 else ''}"
+    keys = {True: " (upstream-key mode)", False: " (clients' own keys)"}
     rows = [
-        (
-            "upstream",
-            ", ".join(banner.upstreams)
-            + (" (upstream-key mode)" if banner.upstream_key_mode else " (clients' own keys)"),
-        ),
+        ("upstream", banner.upstreams["openai"] + keys[banner.upstream_key_mode]),
+        ("anthropic", banner.upstreams["anthropic"] + keys[banner.anthropic_key_mode]),
         ("store", f"{banner.store} {banner.store_location}"),
         ("data dir", banner.data_dir),
         ("secret", banner.secret),

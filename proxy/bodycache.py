@@ -79,6 +79,15 @@ class BodyCache:
         self.hits = 0
         self.misses = 0
 
+    def entries(self) -> int:
+        """Bodies held (their bytes, at most the configured size, are `held_bytes`)."""
+        return len(self._seen)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the bodies held."""
+        return self._bytes
+
     def parse(self, raw: bytes) -> Any:
         """The parsed body (raises orjson.JSONDecodeError as orjson.loads would)."""
         if len(raw) < MIN_BYTES or self._max_bytes <= 0:

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from proxy.store.base import Store
 
 
+CONFIG_HELP = (
+    "TOML config file (default: $COMPACTD_CONFIG_FILE, else defaults and environment; "
+    "example: config/compactd.toml)"
+)
+
+
 class CommandError(Exception):
     """A command cannot do what was asked; `main` prints the message as one line."""
 
@@ -118,16 +124,20 @@ async def _store_warnings(settings: Settings) -> list[str]:
 
 def _check_config(args: argparse.Namespace) -> int:
     from proxy.banner import warnings  # noqa: PLC0415
+    from proxy.config import admin_key_weakness  # noqa: PLC0415
     from proxy.services import check_settings  # noqa: PLC0415
 
     settings = _settings(args)
     # Everything start-up would build from the config, so check-config fails where serve would.
     check_settings(settings)
+    weakness = admin_key_weakness(settings.server.admin_key)
+    if weakness:
+        raise CommandError(f"{weakness}: it reads every tenant's data (use `openssl rand -hex 32`)")
     for warning in warnings(settings):
         print(f"warning: {warning}", file=sys.stderr)
     print(
         f"ok: {_config_path(args) or '(defaults)'} — upstream {settings.upstream.url}, "
-        f"{len(settings.policies) + 1} policies"
+        f"{len(settings.policies) + 1} {'policy' if not settings.policies else 'policies'}"
     )
     return 0
 
@@ -182,11 +192,13 @@ def _key_id(args: argparse.Namespace) -> int:
 
 
 def _with_store(args: argparse.Namespace, work: Callable[[Store, Settings], Awaitable[int]]) -> int:
-    """Open the configured store, run `work`, close it."""
+    """Open the configured store, say which one on stderr (a store other than the server's
+    looks empty, not wrong), run `work`, close it."""
     from proxy.config import data_dir  # noqa: PLC0415
     from proxy.store.factory import open_store  # noqa: PLC0415
 
     settings = _settings(args)
+    print(f"compactd: {_store_name(settings)}", file=sys.stderr)
 
     async def go() -> int:
         store = await open_store(settings.store, data_dir(settings))
@@ -196,6 +208,20 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store, Settings], Awai
             await store.close()
 
     return asyncio.run(go())
+
+
+def _store_name(settings: Settings) -> str:
+    """`store sqlite /path/compactd.db (data dir /path)`: what a store command reads."""
+    from proxy.banner import store_location  # noqa: PLC0415
+    from proxy.config import data_dir  # noqa: PLC0415
+
+    kind, where = store_location(settings)
+    return f"store {kind} {where} (data dir {data_dir(settings)})"
+
+
+def _terminal() -> Any:
+    """stderr when it is a terminal (progress goes there), else None."""
+    return sys.stderr if sys.stderr.isatty() else None
 
 
 def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
@@ -227,10 +253,15 @@ def _credential(typed: str | bytes) -> str | None:
 
 
 def _conversations(args: argparse.Namespace) -> int:
+    from proxy.progress import waiting  # noqa: PLC0415
     from proxy.views import conversation_summary  # noqa: PLC0415
 
     async def work(store: Store, settings: Settings) -> int:
-        infos = await store.list_conversations(_tenant(args, settings))
+        infos = await waiting(
+            store.list_conversations(_tenant(args, settings)), _terminal(), "listing"
+        )
+        if not infos:
+            print(f"compactd: no conversations in {_store_name(settings)}", file=sys.stderr)
         if args.json:
             print(orjson.dumps([conversation_summary(i) for i in infos]).decode())
             return 0
@@ -271,7 +302,10 @@ def _restore(args: argparse.Namespace) -> int:
         info = await store.get_conversation(_tenant(args, settings), conversation)
         restored = restore(info) if info is not None else None
         if info is None or (restored is None and not info.unreadable):
-            print(f"compactd: no compacted conversation {conversation!r}", file=sys.stderr)
+            print(
+                f"compactd: no compacted conversation {conversation!r} in {_store_name(settings)}",
+                file=sys.stderr,
+            )
             return 1
         # A Responses or Messages conversation is stored as chat projections of its items:
         # what goes back is the client's own items, in that API's shape.
@@ -293,6 +327,9 @@ def _purge(args: argparse.Namespace) -> int:
     async def work(store: Store, settings: Settings) -> int:
         deleted = await store.purge(_tenant(args, settings), conversation)
         print("deleted" if deleted else "not found")
+        if not deleted:
+            where = _store_name(settings)
+            print(f"compactd: no conversation {conversation!r} in {where}", file=sys.stderr)
         return 0 if deleted else 1
 
     return _with_store(args, work)
@@ -300,6 +337,7 @@ def _purge(args: argparse.Namespace) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     from proxy.budget import ModelTable  # noqa: PLC0415
+    from proxy.progress import waiting  # noqa: PLC0415
     from proxy.stats import compute_stats, format_table, parse_since, stats_json  # noqa: PLC0415
 
     try:
@@ -308,7 +346,13 @@ def _stats(args: argparse.Namespace) -> int:
         raise CommandError(f"--since: {exc}") from None
 
     async def work(store: Store, settings: Settings) -> int:
-        rows = await store.usage(_tenant(args, settings), since.isoformat())
+        reading = store.usage(_tenant(args, settings), since.isoformat())
+        rows = await waiting(reading, _terminal(), "reading usage")
+        if not rows:
+            print(
+                f"compactd: no usage since {since.isoformat()} in {_store_name(settings)}",
+                file=sys.stderr,
+            )
         models_file = settings.tokens.models_file
         table = compute_stats(
             rows,
@@ -331,19 +375,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the proxy")
-    serve.add_argument("--config", help="TOML config file (see config/compactd.toml)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--workers", type=int)
+    serve.add_argument("--config", help=CONFIG_HELP)
+    serve.add_argument("--host", help="address to listen on (server.host; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on (server.port; default 8787)")
+    serve.add_argument("--workers", type=int, help="worker processes (server.workers; default 1)")
     serve.add_argument("--upstream", help="upstream base URL (default https://api.openai.com/v1)")
     serve.set_defaults(func=_serve)
 
     check = sub.add_parser("check-config", help="validate a config file and exit")
-    check.add_argument("config", nargs="?")
+    check.add_argument("config", nargs="?", help=CONFIG_HELP)
     check.set_defaults(func=_check_config)
 
     comp = sub.add_parser("compress", help="compress JSONL conversations from stdin to stdout")
-    comp.add_argument("--config")
+    comp.add_argument("--config", help=CONFIG_HELP)
     comp.add_argument(
         "--budget",
         type=float,
@@ -351,7 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens each request must fit, or a fraction <= 1 of its own count "
         "(default 0.5: half of each line's tokens)",
     )
-    comp.add_argument("--model", default="gpt-4o")
+    comp.add_argument(
+        "--model", default="gpt-4o", help="model for lines that name none (default gpt-4o)"
+    )
     comp.add_argument(
         "--provider", help="provider for lines that name none (default: policy chain)"
     )
@@ -368,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     kid = sub.add_parser("key-id", help="print a key's fingerprint for policy matching")
     kid.add_argument("key", help="the API key, or - to read it from stdin (keeps it out of ps)")
-    kid.add_argument("--config")
+    kid.add_argument("--config", help=CONFIG_HELP)
     kid.set_defaults(func=_key_id)
 
     for name, func, text in (
@@ -378,19 +424,23 @@ def build_parser() -> argparse.ArgumentParser:
         ("stats", _stats, "requests, tokens and money saved"),
     ):
         cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("--config")
+        cmd.add_argument("--config", help=CONFIG_HELP)
         cmd.add_argument("--key", help="scope to the tenant of this API key (default: all)")
         if name in ("restore", "purge"):
-            cmd.add_argument("conversation")
+            cmd.add_argument("conversation", help="its id, as `conversations` lists it")
             # Two tenants can have the same conversation id (a digest of how it starts).
             cmd.add_argument(
                 "--tenant", help="only this tenant's (its id, as `conversations` lists it)"
             )
         if name in ("conversations", "stats"):
-            cmd.add_argument("--json", action="store_true")
+            cmd.add_argument("--json", action="store_true", help="print JSON, not a table")
         if name == "stats":
-            cmd.add_argument("--since", default="7d")
-            cmd.add_argument("--by", choices=GROUP_BY, default="policy")
+            cmd.add_argument(
+                "--since", default="7d", help="first UTC day: 7d, 2w, 0d (today) or YYYY-MM-DD"
+            )
+            cmd.add_argument(
+                "--by", choices=GROUP_BY, default="policy", help="group rows by (default policy)"
+            )
         cmd.set_defaults(func=func)
     return parser
 
@@ -407,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         result: int = args.func(args)
         sys.stdout.flush()  # a reader that has gone is found here, not at exit
     except ConfigError as exc:
+        problems = exc.problems
+        if len(problems) > 1:
+            return _fail("configuration errors:\n  " + "\n  ".join(problems), 2)
         return _fail(f"configuration error: {exc}", 2)
     except CommandError as exc:
         return _fail(str(exc), 2)

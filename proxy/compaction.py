@@ -53,11 +53,12 @@ from proxy.decision import (
     Dialect,
     Outcome,
     TooManyMessagesError,
+    cannot_compact,
     read_request,
     with_conversation,
 )
 from proxy.dialects.confirm import Confirm, near
-from proxy.dialects.native import Counting
+from proxy.dialects.native import Counting, NativeCounter
 from proxy.digest import root_length
 from proxy.exactjson import WideIntegerError, holds_wide_int
 from proxy.expand import ExpandPlan, with_tool
@@ -68,6 +69,7 @@ from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
+from proxy.quota import Quota, QuotaExceededError
 from proxy.replay import ReplayChecks
 from proxy.store.base import (
     Checkpoint,
@@ -190,6 +192,8 @@ class Compactor:
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
         self.replay_checks = ReplayChecks()
+        quota_mb = settings.limits.tenant_quota_mb
+        self.quota = Quota(store, quota_mb << 20) if quota_mb else None
         self._chains = {
             p.name: bound_chain(p.providers, providers, p.options, self._run_provider)
             for p in settings.all_policies()
@@ -201,6 +205,10 @@ class Compactor:
         """The request value for these bytes and the client's headers (tenant from their key)."""
         # Parsed here (the body cache is the event loop's), the rest in a thread if long.
         started = time.perf_counter()
+        anonymous = self.settings.limits.unparsed_anonymous_bytes
+        unparsed = cannot_compact(raw, headers, self.tenancy, started, anonymous)
+        if unparsed is not None:
+            return dataclasses.replace(unparsed, dialect=dialect)
         try:
             body = self.bodies.parse(raw)
         except orjson.JSONDecodeError:
@@ -219,8 +227,8 @@ class Compactor:
         if dialect is CHAT and messages is not None and self.bodies.narrow(messages, raw):
             request = dataclasses.replace(request, narrow=True)
         if messages is not None and root_length(messages) > LONG_HISTORY:
-            return await asyncio.to_thread(with_conversation, request)
-        return with_conversation(request)
+            return await asyncio.to_thread(with_conversation, request, self.tenancy.secret)
+        return with_conversation(request, self.tenancy.secret)
 
     async def decide(
         self, request: ChatRequest, *, window: int | None = None, confirm: Confirm | None = None
@@ -233,7 +241,8 @@ class Compactor:
         (`proxy.dialects.confirm`).
         """
         if request.body is None or (request.messages is None and not request.oversized):
-            return self._outcome(request, "passthrough")  # not ours to judge: the upstream is
+            # Not ours to judge: the upstream is. Without a credential it was not even parsed.
+            return self._outcome(request, "passthrough", no_credential=request.tenant is None)
         resolved = self.policies.resolve(
             key_fingerprint=request.key_id,
             model=request.model,
@@ -369,6 +378,19 @@ class Compactor:
         """`asyncio.to_thread(fn, *args)` on the providers' own threads (`PROVIDER_THREADS`)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self._providers_pool, call)
+
+    def cache_entries(self) -> dict[str, int]:
+        """Entries each of this compactor's in-memory caches holds (for the metrics)."""
+        natives = [c for c in self._counters.values() if isinstance(c, NativeCounter)]
+        return {
+            "bodies": self.bodies.entries(),
+            "lossless_forms": self.lossless.entries(),
+            "stored_forms": self.stored_forms.entries(),
+            "precompute": self.precompute.entries(),
+            "replay_checks": self.replay_checks.entries(),
+            "native_counts": sum(c.entries() for c in natives),
+            "token_counts": sum(c.entries() for c in self.tokenizers.counters()),
+        }
 
     def close(self) -> None:
         """Let the providers' threads go (one still running a sync provider finishes first)."""
@@ -578,6 +600,7 @@ class Compactor:
         return ExpandPlan(
             tenant=request.tenant,
             body={**offered, "messages": sent},
+            conversation=request.conversation,
             count=counter.count_text,
             tool_tokens=counter.count_tools(offered) - counter.count_tools(request.body),
             local={ref: [m] for ref, m in forms.originals.items()} if forms else {},
@@ -853,6 +876,8 @@ class Compactor:
         compaction = plan.compaction
         assert compaction is not None
         ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
+        if self.quota is not None:
+            self.quota.check(compaction.checkpoint.tenant)  # over it: fails open, nothing saved
         t0 = time.perf_counter()
         try:
             winner = await self.store.save_compaction(compaction, ttl)
@@ -956,6 +981,8 @@ async def _per_message(
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, QuotaExceededError):
+        return "quota"
     if isinstance(exc, StoreError):
         return "store"
     if isinstance(exc, TimeoutError):

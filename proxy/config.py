@@ -1,7 +1,8 @@
 """Typed, validated settings. One precedence: CLI > environment > file > defaults.
 
-Unknown keys and bad values stop start-up with a message naming the key, so a misspelled
-setting fails at load time rather than being silently ignored.
+Unknown keys and bad values stop start-up with a message naming the key (and the key it was
+probably meant to be), so a misspelled setting fails at load time rather than being silently
+ignored. Every problem of a load is reported at once, not one per attempt.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from proxy.config_errors import ConfigError as ConfigError  # noqa: PLC0414  (re-exported)
+from proxy.config_errors import check as _check
+from proxy.config_errors import collecting, did_you_mean, problem, require
+
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"
 
@@ -29,10 +34,6 @@ Transport = Literal["aiohttp", "httpx"]
 _HEADER_NAME = re.compile(r"[a-z0-9!#$%&'*+.^_`|~-]+")
 
 
-class ConfigError(ValueError):
-    """A setting is unknown or invalid; the message names the key."""
-
-
 MAX_COMPACTION_TIMEOUT_MS = 600_000
 """Ten minutes: a longer chain deadline is a hang by another name (clients gave up long before)."""
 
@@ -40,9 +41,19 @@ KEY_ID = re.compile(r"[0-9a-f]{12}")
 """A key id (`compactd key-id <key>`): the first 12 hex digits of the key's HMAC."""
 
 
-def _check(cond: bool, key: str, why: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {why}")
+MIN_ADMIN_KEY_CHARS = 16
+"""The shortest admin key `check-config` accepts (it reads every tenant's conversations)."""
+
+
+def admin_key_weakness(key: str) -> str | None:
+    """Why an admin key is too weak to guard every tenant's data, or None (empty: no admin)."""
+    if not key:
+        return None
+    if len(key) < MIN_ADMIN_KEY_CHARS:
+        return f"server.admin_key is shorter than {MIN_ADMIN_KEY_CHARS} characters"
+    if len(set(key)) < MIN_ADMIN_KEY_CHARS // 2:
+        return f"server.admin_key has fewer than {MIN_ADMIN_KEY_CHARS // 2} distinct characters"
+    return None
 
 
 @dataclass(frozen=True)
@@ -60,6 +71,9 @@ class ServerSettings:
     admin_key: str = ""
     credential_headers: tuple[str, ...] = ("authorization", "api-key", "x-api-key")
     shared_anonymous_tenant: bool = False
+    anonymous_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "[::1]")
+    """`Host` names the shared anonymous tenant answers to (DNS rebinding: a page on another
+    name that resolves to 127.0.0.1 must not read it); a port after the name is ignored."""
     allocator: str = "auto"
 
     def validate(self, p: str) -> None:
@@ -76,6 +90,12 @@ class ServerSettings:
         _check(self.max_header_bytes >= 1024, f"{p}.max_header_bytes", "must be >= 1024")
         _check(self.max_headers >= 8, f"{p}.max_headers", "must be >= 8")
         _check(self.max_api_body_bytes > 0, f"{p}.max_api_body_bytes", "must be > 0")
+        for name in self.anonymous_hosts:
+            _check(
+                bool(name) and name == name.strip().lower(),
+                f"{p}.anonymous_hosts",
+                f"{name!r} is not a lower-case host name",
+            )
         levels = ("debug", "info", "warning", "error")
         _check(self.log_level in levels, f"{p}.log_level", f"must be one of {levels}")
         allocators = ("auto", "jemalloc", "system")
@@ -146,6 +166,10 @@ _STORE_SCHEMES = (
 class StoreSettings:
     url: str = ""
     timeout_ms: int = 200
+    over_budget_timeout_ms: int = 1000
+    """How long the store calls of a request over its trigger (the lookup of its checkpoint,
+    the save of its compaction) may take, on a pool of their own on Redis: forwarded as sent,
+    such a request is one the upstream would refuse, so they wait longer than other calls."""
     retention_days: int = 30
     on_store_error: StoreErrorMode = "forward-original"
     pool_size: int = 50
@@ -164,6 +188,7 @@ class StoreSettings:
             "needs a Redis store.url (SQLite has no replicas)",
         )
         _check(self.timeout_ms > 0, f"{p}.timeout_ms", "must be > 0")
+        _check(self.over_budget_timeout_ms > 0, f"{p}.over_budget_timeout_ms", "must be > 0")
         _check(self.retention_days > 0, f"{p}.retention_days", "must be > 0")
         _check(
             self.on_store_error in ("forward-original", "compact-unstored"),
@@ -209,6 +234,69 @@ class AccountingSettings:
         _check(self.max_pending > 0, f"{p}.max_pending", "must be > 0")
         _check(self.max_model_chars >= 16, f"{p}.max_model_chars", "must be >= 16")
         _check(self.max_sse_event_bytes >= 4096, f"{p}.max_sse_event_bytes", "must be >= 4096")
+
+
+@dataclass(frozen=True)
+class LimitsSettings:
+    """What one client may cost: answers, connections and each tenant's share (docs/security.md)."""
+
+    stats_max_days: int = 400
+    """The longest period `/compactd/v1/savings` and `/stats` cover: a `since` further back
+    is refused with a 400."""
+    stats_max_groups: int = 100
+    """Groups a savings answer lists one by one; the rest are added up as one `(other)` row."""
+    api_work_timeout_ms: int = 10_000
+    """How long an API answer's heavy work (savings, stats) may run in its thread: 503 past it."""
+    api_work_concurrency: int = 2
+    """Heavy API answers computed at once per worker; more wait their turn (within the timeout)."""
+    uncompress_max_messages: int = 10_000
+    """Most messages an uncompress answer restores: 413 past it."""
+    uncompress_max_bytes: int = 16 * 1024 * 1024
+    """Most bytes of restored messages in an uncompress answer: 413 past it."""
+    uncompress_max_depth: int = 4
+    """Most rounds a recursive uncompress expands."""
+    head_timeout_seconds: float = 60.0
+    """How long a connection may take to send a request head (from its first byte, or from
+    the connection's opening): 408 and closed past it (nginx's client_header_timeout)."""
+    body_timeout_seconds: float = 60.0
+    """How long a request body may go without a byte arriving: 408 and closed past it
+    (nginx's client_body_timeout)."""
+    max_connections: int = 800
+    """Open client connections per worker; one more is answered 503 and closed at once (keep
+    it under the worker's file-descriptor limit, which upstream connections share)."""
+    api_rate_per_minute: int = 300
+    """Requests per minute one tenant may make to /compactd/v1/* (per worker; 0 = no limit)."""
+    chat_rate_per_minute: int = 0
+    """Requests per minute one tenant may make to the compacted APIs (per worker; 0 = none)."""
+    list_page_size: int = 100
+    """Conversations per page of a listing (`?limit=` may ask for fewer, at most this many)."""
+    unparsed_anonymous_bytes: int = 1 << 20
+    """A body without a credential larger than this is forwarded without being parsed (nothing
+    of it can be stored, so it is never compacted; it is not counted either)."""
+    tenant_quota_mb: int = 0
+    """Stored originals and checkpoints one tenant may hold (MB; 0 = no quota): past it, its
+    new compactions are not stored (the request is forwarded as sent)."""
+
+    def validate(self, p: str) -> None:
+        """Every limit positive; timeouts within what a client would wait."""
+        for name in (
+            "stats_max_days",
+            "stats_max_groups",
+            "api_work_timeout_ms",
+            "api_work_concurrency",
+            "uncompress_max_messages",
+            "uncompress_max_bytes",
+            "uncompress_max_depth",
+            "max_connections",
+            "list_page_size",
+            "unparsed_anonymous_bytes",
+        ):
+            _check(getattr(self, name) >= 1, f"{p}.{name}", "must be >= 1")
+        for name in ("head_timeout_seconds", "body_timeout_seconds"):
+            value = getattr(self, name)
+            _check(0 < value <= 3600, f"{p}.{name}", "must be in (0, 3600] seconds")
+        for name in ("api_rate_per_minute", "chat_rate_per_minute", "tenant_quota_mb"):
+            _check(getattr(self, name) >= 0, f"{p}.{name}", "must be >= 0 (0 = no limit)")
 
 
 @dataclass(frozen=True)
@@ -305,6 +393,7 @@ class Settings:
     store: StoreSettings = field(default_factory=StoreSettings)
     tokens: TokenSettings = field(default_factory=TokenSettings)
     accounting: AccountingSettings = field(default_factory=AccountingSettings)
+    limits: LimitsSettings = field(default_factory=LimitsSettings)
     default_policy: PolicySettings = field(default_factory=PolicySettings)
     policies: tuple[PolicySettings, ...] = ()
 
@@ -315,6 +404,7 @@ class Settings:
         self.store.validate("store")
         self.tokens.validate("tokens")
         self.accounting.validate("accounting")
+        self.limits.validate("limits")
         self.default_policy.validate("default_policy")
         names = {self.default_policy.name}
         for i, pol in enumerate(self.policies):
@@ -366,6 +456,7 @@ _SECTION_TYPES: dict[str, type[Any]] = {
     "store": StoreSettings,
     "tokens": TokenSettings,
     "accounting": AccountingSettings,
+    "limits": LimitsSettings,
     "default_policy": PolicySettings,
 }
 
@@ -377,21 +468,21 @@ _FALSE = ("0", "false", "no", "off")
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     origin = get_origin(tp)
     if origin is Literal:
-        _check(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
+        require(value in get_args(tp), key, f"must be one of {get_args(tp)}, not {value!r}")
         return value
     if origin in (Union, types.UnionType):
         return value
     if dataclasses.is_dataclass(tp):
-        _check(isinstance(value, dict), key, "must be a table")
+        require(isinstance(value, dict), key, "must be a table")
         return _build(tp, value, key)  # type: ignore[arg-type]
     if origin is tuple:
         (item_tp, _) = get_args(tp)
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
-        _check(isinstance(value, list), key, "must be a list")
+        require(isinstance(value, list), key, "must be a list")
         return tuple(_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is dict:
-        _check(isinstance(value, dict), key, "must be a table")
+        require(isinstance(value, dict), key, "must be a table")
         return dict(value)
     if tp is bool:
         if isinstance(value, str) and value.lower() in (
@@ -405,7 +496,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             "off",
         ):
             return value.lower() in ("1", "true", "yes", "on")
-        _check(isinstance(value, bool), key, f"must be true or false, not {value!r}")
+        require(isinstance(value, bool), key, f"must be true or false, not {value!r}")
         return value
     if tp is int:
         if isinstance(value, str):
@@ -413,7 +504,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = int(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be an integer, not {value!r}") from None
-        _check(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
+        require(isinstance(value, int) and not isinstance(value, bool), key, "must be an integer")
         return value
     if tp is float:
         if isinstance(value, str):
@@ -421,12 +512,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 value = float(value)
             except ValueError:
                 raise ConfigError(f"{key}: must be a number, not {value!r}") from None
-        _check(
+        require(
             isinstance(value, int | float) and not isinstance(value, bool), key, "must be a number"
         )
         return float(value)
     if tp is str:
-        _check(isinstance(value, str), key, f"must be a string, not {value!r}")
+        require(isinstance(value, str), key, f"must be a string, not {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported type {tp!r}")  # pragma: no cover
 
@@ -437,15 +528,20 @@ def _build(cls: type[Any], table: Mapping[str, Any], prefix: str) -> Any:
     kwargs: dict[str, Any] = {}
     for key, value in table.items():
         full = f"{prefix}.{key}" if prefix else key
-        if key not in names:
-            raise ConfigError(f"{full}: unknown key (known: {', '.join(sorted(names))})")
-        if key == "policies":
-            _check(isinstance(value, list), full, "must be an array of tables")
-            kwargs[key] = tuple(
-                _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
-            )
-        else:
-            kwargs[key] = _coerce(value, hints[key], full)
+        try:
+            if key not in names:
+                hint = did_you_mean(key, names) or f" (known: {', '.join(sorted(names))})"
+                raise ConfigError(f"{full}: unknown key{hint}")  # noqa: TRY301
+            if key == "policies":
+                if not isinstance(value, list):
+                    raise ConfigError(f"{full}: must be an array of tables")  # noqa: TRY301
+                kwargs[key] = tuple(
+                    _coerce(v, PolicySettings, f"{full}[{i}]") for i, v in enumerate(value)
+                )
+            else:
+                kwargs[key] = _coerce(value, hints[key], full)
+        except ConfigError as exc:
+            problem(exc)  # the default stands in, so the rest is still checked
     return cls(**kwargs)
 
 
@@ -487,11 +583,7 @@ def unknown_env(env: Mapping[str, str]) -> list[str]:
             continue
         if name.startswith(_ENV_IGNORED_PREFIXES):
             continue
-        import difflib  # noqa: PLC0415  (only for a misspelling: ~0.2 MB a worker need not hold)
-
-        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        problems.append(f"{name}: unknown environment variable{hint}")
+        problems.append(f"{name}: unknown environment variable{did_you_mean(name, known)}")
     return problems
 
 
@@ -523,13 +615,18 @@ def load_settings(
     environ = os.environ if env is None else env
     # A misspelled variable is a misspelled key: it stops start-up instead of being ignored.
     problems = unknown_env(environ)
-    if problems:
-        raise ConfigError("; ".join(problems))
     table = _merge(table, env_overrides(environ))
     if overrides:
         table = _merge(table, overrides)
-    settings: Settings = _build(Settings, table, "")
-    settings.validate()
+    with collecting(problems):
+        try:
+            settings: Settings = _build(Settings, table, "")
+            settings.validate()
+        except (TypeError, ValueError):
+            if not problems:  # a check that trusted an earlier one that failed: those explain it
+                raise
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
     return settings
 
 

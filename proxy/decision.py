@@ -219,18 +219,46 @@ def read_request(
         started=started,
         oversized=oversized,
     )
-    return with_conversation(request) if identify else request
+    return with_conversation(request, tenancy.secret) if identify else request
 
 
-def with_conversation(request: ChatRequest) -> ChatRequest:
+ROLE_KEY = b'"role"'
+"""How a message's role key appears in a body's bytes. Inside a JSON string a quote is always
+escaped, so counting this counts objects with a role key (an escaped key, `\u0072ole`, is
+missed: that body is parsed and measured as any other)."""
+
+
+def cannot_compact(
+    raw: bytes,
+    raw_headers: Sequence[tuple[bytes, bytes]],
+    tenancy: Tenancy,
+    started: float,
+    anonymous_bytes: int,
+) -> ChatRequest | None:
+    """The request of a body that cannot be compacted, known without parsing it: one without a
+    credential (nothing of it may be stored) and over `anonymous_bytes` is forwarded as sent
+    (smaller ones are parsed, to be counted), one with more than MAX_MESSAGES messages fails
+    open (`too_many_messages`). None: parse it. A 30 MB body of 1M tiny messages cost ~130 MB
+    and a second of the event loop to parse before either was known."""
+    headers = raw_header_map(raw_headers)
+    identity = tenancy.identify(headers)
+    frozen = MappingProxyType(headers)
+    if identity.tenant is None and len(raw) > anonymous_bytes:
+        return ChatRequest(raw, frozen, identity, started=started)
+    if len(raw) > MAX_MESSAGES * len(ROLE_KEY) and raw.count(ROLE_KEY) > MAX_MESSAGES:
+        return ChatRequest(raw, frozen, identity, body={}, started=started, oversized=True)
+    return None
+
+
+def with_conversation(request: ChatRequest, secret: bytes = b"") -> ChatRequest:
     """The request with its conversation id: the client's, else the digest of the messages up
-    to the first user message (per message of those: `Compactor.read` takes a long one's in a
-    thread)."""
+    to the first user message, keyed with `secret` (per message of those: `Compactor.read`
+    takes a long one's in a thread)."""
     messages = request.messages
     if messages is None:
         return request
     try:
-        conversation = _conversation(request.headers.get(CONVERSATION_HEADER), messages)
+        conversation = conversation_of(request.headers.get(CONVERSATION_HEADER), messages, secret)
     except (orjson.JSONEncodeError, RecursionError):
         # Nested deeper than a digest can be taken (orjson parses 1,024 levels, serializes
         # 254): nothing to compact, the upstream judges the bytes.
@@ -242,14 +270,16 @@ class TooManyMessagesError(Exception):
     """The request has more than `MAX_MESSAGES` messages: too many to compact (fails open)."""
 
 
-def _conversation(header: str | None, messages: Sequence[Message]) -> str:
+def conversation_of(header: str | None, messages: Sequence[Message], secret: bytes) -> str:
+    """The conversation a request belongs to: the client's `x-compactd-conversation-id` (made
+    safe as a key), else the one its messages start (keyed with the server secret)."""
     if header:
         header = header.strip()
         # "." and ".." are URL dot-segments: no path to the API could name them.
         if _SAFE_CONV.fullmatch(header) and valid_id(header) and header not in (".", ".."):
             return header
         return "h-" + message_digest({"conversation": header})[:24]
-    return conversation_id(messages)
+    return conversation_id(messages, secret)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ are forwarded as the client sent them (a restore gives back exactly what was sen
 from __future__ import annotations
 
 import hashlib
+import hmac
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -103,9 +104,11 @@ def root_length(messages: Sequence[Message]) -> int:
     return len(messages)
 
 
-def conversation_id(messages: Sequence[Message]) -> str:
-    """Digest of the conversation's root: messages up to and including the first user message."""
-    h = hashlib.sha256()
+def conversation_id(messages: Sequence[Message], key: bytes = b"") -> str:
+    """Digest of the conversation's root: messages up to and including the first user message;
+    keyed (HMAC-SHA256) with the server secret when one is given, so that an id seen in a log
+    cannot be matched to a guessed system prompt and first message offline."""
+    h = hmac.new(key, digestmod=hashlib.sha256) if key else hashlib.sha256()
     for m in messages:
         h.update(canonical_bytes(m))
         if m.get("role") == "user":

@@ -105,6 +105,50 @@ class UpstreamTimeoutError(ProxyError):
     code = "upstream_timeout"
 
 
+class ResultTooLargeError(ProxyError):
+    """What was asked for would make an answer over compactd's limits (uncompress)."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "result_too_large"
+
+
+class WorkTimeoutError(ProxyError):
+    """An answer took longer than its deadline to compute (retry with a shorter period)."""
+
+    status = 503
+    type = "server_error"
+    code = "timeout"
+
+
+class RequestTimeoutError(ProxyError):
+    """The client took too long to send its request's head or body."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class TooManyConnectionsError(ProxyError):
+    """The worker holds as many client connections as it may (`limits.max_connections`)."""
+
+    status = 503
+    type = "server_error"
+    code = "too_many_connections"
+
+
+class RateLimitedError(ProxyError):
+    """A tenant sent more requests than its rate allows; `retry_after` seconds to wait."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 def error_body(message: str, type_: str, code: str | None) -> bytes:
     """`{"error": {"message", "type", "param", "code"}}` as OpenAI sends it."""
     return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})

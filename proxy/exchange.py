@@ -29,9 +29,10 @@ from proxy.headers import RawHeaders, compactd_headers, header, response_headers
 from proxy.logs import log_request, request_log
 from proxy.metrics import Metrics
 from proxy.opening import read_opening
+from proxy.refscope import resolve_within
 from proxy.rewrite import upstream_headers
 from proxy.stats import fail_open_reason
-from proxy.store.base import Store, UsageRecord, resolve_readable
+from proxy.store.base import ActivityDelta, Store, UsageRecord
 from proxy.tenant import ANONYMOUS
 from proxy.usage import SSEUsageTap, Usage, inflated, usage_from_json
 
@@ -222,7 +223,7 @@ class ChatExchange:
         self.expander = Expander(
             plan,
             send=send,
-            resolve=functools.partial(resolve_readable, self.h.store),
+            resolve=functools.partial(resolve_within, self.h.store, conversation=plan.conversation),
             observe=self.h.metrics.expand_call,
             stream=plan.body.get("stream") is True,
             client_wants_usage=asked or self.outcome.injected_usage,
@@ -309,6 +310,24 @@ class ChatExchange:
             values["retried"] = "context-length"
         return compactd_headers(values)
 
+    def _activity(self, model: str) -> ActivityDelta:
+        """This request as its conversation's activity (the conversation list's figures)."""
+        out, req = self.outcome, self.request
+        before = out.tokens_before or 0
+        return ActivityDelta(
+            tenant=req.tenant or ANONYMOUS,
+            conversation=out.conversation,
+            api=req.dialect.name,
+            model=model,
+            seen_at=time.time(),
+            counters={
+                "requests": 1,
+                "compactions": int(out.action == "compacted"),
+                "tokens_before": before,
+                "tokens_after": out.tokens_sent or before,
+            },
+        )
+
     def finish(self, *, cancelled: bool) -> None:
         """Metrics now; the log line and the store's accounting off the request path."""
         out, req = self.outcome, self.request
@@ -360,6 +379,8 @@ class ChatExchange:
         if accepted and self.usage is not None:
             self._calibrate(self.usage)
         if self.h.accountant is not None and req.body is not None and accepted:
+            if out.conversation:
+                self.h.accountant.add_activity(self._activity(model))
             self.h.accountant.add(
                 UsageRecord(
                     tenant=req.tenant or ANONYMOUS,

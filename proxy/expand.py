@@ -109,6 +109,8 @@ class ExpandPlan:
     max_tokens: int = 4000
     tool_tokens: int = 0
     """What offering the tool adds to the request."""
+    conversation: str = ""
+    """Where its refs resolve (a ref of another conversation does not)."""
 
 
 Resolve = Callable[[str, list[str]], Awaitable[dict[str, list[Message]]]]

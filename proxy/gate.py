@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.config import UpstreamSettings
 from proxy.errors import UnauthorizedError
 from proxy.headers import RawHeaders
 from proxy.tenant import Tenancy, credential, key_fingerprint, raw_header_map
@@ -32,3 +33,12 @@ class Gate:
         if self.key_header == "authorization":
             return [*kept, (b"authorization", b"Bearer " + key)]
         return [*kept, (self.key_header.encode(), key)]
+
+
+def admitted(upstream: UpstreamSettings, secret: bytes, found: str | None) -> bool:
+    """Whether a credential may use compactd's own API: any, unless the gateway runs in
+    upstream-key mode (for either upstream), where only the listed key ids are admitted."""
+    if not (upstream.api_key or upstream.anthropic_api_key):
+        return True
+    allowed = {k.strip().lower() for k in upstream.allowed_keys}
+    return found is not None and key_fingerprint(secret, found) in allowed

@@ -20,14 +20,18 @@ from proxy.compaction import Compactor
 from proxy.decision import ChatRequest
 from proxy.dialects.apis import compacted_api, is_anthropic
 from proxy.dialects.confirm import Confirm, confirmer
+from proxy.dialects.count import PATH as COUNT_PATH
+from proxy.dialects.count import count_tokens
 from proxy.dialects.errors import send_api_error, stream_end
-from proxy.errors import BodyTooLargeError, ProxyError
+from proxy.errors import BodyTooLargeError, ProxyError, RateLimitedError
 from proxy.exchange import ChatExchange, Route
 from proxy.forward import Upstream, relay, route
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, request_headers
 from proxy.metrics import Metrics
+from proxy.ratelimit import RateLimiter
 from proxy.store.base import Store
+from proxy.tenant import ANONYMOUS, raw_header_map
 from proxy.usage import MAX_EVENT_BYTES
 from proxy.websocket import POLICY_VIOLATION, relay_websocket, ws_url
 
@@ -55,6 +59,8 @@ class Handler:
     count_tokens_band: float = 0.0
     """Anthropic requests this near their trigger are counted upstream first (0: never)."""
     count_tokens_timeout: float = 1.0
+    chat_rate: RateLimiter | None = None
+    """Requests per minute per tenant on the compacted APIs (None: no limit)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -72,7 +78,9 @@ class Handler:
             if started:
                 raise
             anthropic = is_anthropic(_sub_path(scope), scope["headers"])
-            await send_api_error(send, exc, [], anthropic=anthropic)
+            retry = getattr(exc, "retry_after", None)
+            extra = [(b"retry-after", str(retry).encode())] if retry is not None else []
+            await send_api_error(send, exc, extra, anthropic=anthropic)
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         sub_path = _sub_path(scope)
@@ -87,6 +95,18 @@ class Handler:
             # However the client spelled the path, a compacted route goes to its canonical URL.
             route_to = Route(api, upstream, gate)
             await self._chat(scope, receive, send, upstream.url(named, query), route_to)
+            return
+        if method == "POST" and named == COUNT_PATH:
+            # Counted as what compactd would forward, not as what the client holds.
+            await count_tokens(
+                scope,
+                receive,
+                send,
+                compactor=self.compactor,
+                upstream=upstream,
+                gate=gate,
+                max_body=self.max_body,
+            )
             return
         url = upstream.url(sub_path, query)
         declared = content_length(scope)
@@ -131,6 +151,8 @@ class Handler:
     async def _chat(
         self, scope: Scope, receive: Receive, send: Send, url: httpx.URL, route: Route
     ) -> None:
+        if self.chat_rate is not None:
+            self._check_rate(self.chat_rate, scope)
         raw = await read_body(receive, self.max_body, content_length(scope))
         headers = route.gate.authorize(list(scope["headers"]))
         # The request value is read once, from the client's own headers (its key is its tenant).
@@ -147,6 +169,15 @@ class Handler:
         )
         cancelled = await until_disconnect(exchange.run(), receive)
         exchange.finish(cancelled=cancelled)
+
+    def _check_rate(self, rate: RateLimiter, scope: Scope) -> None:
+        """429 before the body is read, for a tenant past its rate (no credential: one bucket)."""
+        tenant = self.compactor.tenancy.identify(raw_header_map(scope["headers"])).tenant
+        try:
+            rate.check(tenant or ANONYMOUS, "limits.chat_rate_per_minute")
+        except RateLimitedError:
+            self.metrics.rate_limited("chat")
+            raise
 
     def _confirm(self, route: Route, headers: RawHeaders, request: ChatRequest) -> Confirm | None:
         """How the upstream counts this request, where it can and the config asks for it."""

@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.api import _caller, _Json, _services, grouping, visible_conversation
+from proxy.api import _caller, _Json, _services, usage_answer, visible_conversation
 from proxy.stats import series_json
 from proxy.tenant import credential, key_fingerprint
 from proxy.views import inspection
@@ -35,11 +35,7 @@ async def savings(request: Request) -> Response:
     policies' modes and providers, so the dashboard can show what shadow policies would save."""
     services = _services(request)
     tenant = _caller(request, services)
-    by, since = grouping(request)
-    if services.accountant is not None:
-        await services.accountant.flush()  # this worker's latest counts, not a second old
-    rows = await services.store.usage(tenant, since.isoformat())
-    body = series_json(rows, by=by, since=since, model_table=services.models)
+    rows, body = await usage_answer(request, services, tenant, series_json)
     used = {str(r.get("policy")) for r in rows}
     body["policies"] = [
         {"name": p.name, "mode": p.mode, "providers": list(p.providers)}

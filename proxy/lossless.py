@@ -191,6 +191,10 @@ class LosslessTier:
         self.cache_size = cache_size
         self._known: OrderedDict[str, _Known] = OrderedDict()
 
+    def entries(self) -> int:
+        """Messages whose forms are held."""
+        return len(self._known)
+
     def _lookup(self, digest: str, message: Message) -> _Known:
         known = self._known.get(digest)
         if known is None:
@@ -238,6 +242,10 @@ class StoredForms:
         self.size = size
         self.seconds = seconds
         self._at: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+
+    def entries(self) -> int:
+        """Forms whose write time is held."""
+        return len(self._at)
 
     def due(self, tenant: str, conversation: str, ref: str, now: float) -> bool:
         """Whether this form's original has to be written (again)."""

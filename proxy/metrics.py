@@ -26,6 +26,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     values,
@@ -229,6 +230,28 @@ class Metrics:
             ["where", "outcome"],
             registry=r,
         )
+        self._cache_entries = Gauge(
+            "compactd_cache_entries",
+            "Entries each in-memory cache of this worker holds (bounded: tokens.cache_size,"
+            " tokens.body_cache_mb and fixed caps).",
+            ["cache"],
+            registry=r,
+            multiprocess_mode="liveall",
+        )
+        self._store_warnings = Gauge(
+            "compactd_store_config_warnings",
+            "Settings of the store that risk losing stored originals (an evicting"
+            " maxmemory-policy, no persistence ...), as last checked (every 60 s by /readyz).",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self._rate_limited = Counter(
+            "compactd_rate_limited",
+            "Requests refused with 429: a tenant past limits.api_rate_per_minute (route api) or"
+            " limits.chat_rate_per_minute (route chat).",
+            ["route"],
+            registry=r,
+        )
         self._refused = Counter(
             "compactd_client_requests_refused",
             "x-compactd-policy / x-compactd-bypass headers the policy did not allow.",
@@ -387,6 +410,18 @@ class Metrics:
         """The upstream refused a request as too long (`where`: response or stream); `outcome`:
         retried compacted, or relayed (no retry was due: shadow, bypass, nothing smaller)."""
         self._overflows.labels(where, outcome).inc()
+
+    def cache_entries(self, cache: str, entries: int) -> None:
+        """How many entries an in-memory cache holds now."""
+        self._cache_entries.labels(cache).set(entries)
+
+    def store_config_warnings(self, count: int) -> None:
+        """How many warnings the store's last settings check gave."""
+        self._store_warnings.set(count)
+
+    def rate_limited(self, route: str) -> None:
+        """A request was refused for its tenant's rate (`api` or `chat`)."""
+        self._rate_limited.labels(route).inc()
 
     def refused(self, header: str) -> None:
         """A client header (`x-compactd-policy` or `x-compactd-bypass`) was not honoured."""

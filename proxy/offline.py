@@ -16,6 +16,7 @@ from proxy.budget import ModelTable
 from proxy.compaction import compression_config
 from proxy.config import PolicySettings, Settings
 from proxy.exactjson import holds_wide_int
+from proxy.progress import counter
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
@@ -116,20 +117,21 @@ def _lines(stream: IO[bytes]) -> Iterator[bytes]:
         yield line
 
 
-@dataclass
 class Progress:
-    """A one-line running count on a terminal (stderr), redrawn at most every `interval` s."""
+    """A running count on a terminal (stderr): lines, errors and tokens before -> after.
 
-    stream: TextIO | None
-    interval: float = 0.2
-    lines: int = 0
-    failures: int = 0
-    tokens_before: int = 0
-    tokens_after: int = 0
-    _shown: float = 0.0
+    Drawn by tqdm as soon as the run starts (so a long first line does not look like a hang),
+    and not at all without a stream (stderr piped)."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.lines = 0
+        self.failures = 0
+        self.tokens_before = 0
+        self.tokens_after = 0
+        self._bar = counter(stream, "compress", " lines") if stream is not None else None
 
     def add(self, result: dict[str, Any]) -> None:
-        """Count one output line; redraw if it is time."""
+        """Count one output line."""
         self.lines += 1
         stats = result.get("stats")
         if isinstance(stats, dict):
@@ -137,26 +139,23 @@ class Progress:
             self.tokens_after += int(stats["tokens_after"])
         else:
             self.failures += 1
-        now = time.monotonic()
-        if self.stream is not None and now - self._shown >= self.interval:
-            self._shown = now
-            self._draw()
+        if self._bar is not None:
+            self._bar.set_postfix_str(self.summary(), refresh=False)
+            self._bar.update(1)
 
-    def _draw(self) -> None:
-        assert self.stream is not None
+    def summary(self) -> str:
+        """`N errors, before -> after tokens (ratio)`."""
         ratio = self.tokens_after / self.tokens_before if self.tokens_before else 1.0
-        self.stream.write(
-            f"\r{self.lines:,} lines, {self.failures:,} errors, "
+        return (
+            f"{self.failures:,} errors, "
             f"{self.tokens_before:,} -> {self.tokens_after:,} tokens ({ratio:.0%})"
         )
-        self.stream.flush()
 
     def done(self) -> None:
-        """The final count and a newline."""
-        if self.stream is not None:
-            self._draw()
-            self.stream.write("\n")
-            self.stream.flush()
+        """The final count, left on its line."""
+        if self._bar is not None:
+            self._bar.set_postfix_str(self.summary(), refresh=False)
+            self._bar.close()
 
 
 async def run(
@@ -201,7 +200,7 @@ def main(
 ) -> int:
     """Run the filter; exit status 0 even when single lines fail (they say so themselves).
 
-    With `progress` (stderr, when it is a terminal), a running count is redrawn on one line.
+    With `progress` (stderr, when it is a terminal), a running count is drawn on one line.
     """
     compressor = OfflineCompressor(settings, defaults)
     asyncio.run(run(compressor, _lines(stdin), stdout, Progress(progress)))

@@ -45,6 +45,10 @@ class Precomputer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._busy = False
 
+    def entries(self) -> int:
+        """Keys remembered (done and used)."""
+        return len(self._done) + len(self._used)
+
     def due(self, tokens: int, trigger: int, ratio: float) -> bool:
         """Whether a request of `tokens` is in the band where its next checkpoint is computed."""
         return ratio > 0 and ratio * trigger <= tokens <= trigger

@@ -64,6 +64,10 @@ class ReplayChecks:
         self.hits = 0
         self.misses = 0
 
+    def entries(self) -> int:
+        """Checkpoints whose facts are held."""
+        return len(self._facts)
+
     def problem(
         self,
         cp: Checkpoint,

@@ -34,9 +34,16 @@ from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from proxy.config import Settings
+from proxy.connection import Deadline
 from proxy.dialects.apis import is_anthropic
 from proxy.dialects.errors import anthropic_error_body
-from proxy.errors import HeadersTooLargeError, error_body
+from proxy.errors import (
+    HeadersTooLargeError,
+    ProxyError,
+    RequestTimeoutError,
+    TooManyConnectionsError,
+    error_body,
+)
 
 LINGER_SECONDS = 2.0
 """How long a refused connection's remaining input is read and discarded before closing."""
@@ -51,10 +58,14 @@ after a 5 s wait)."""
 
 @dataclass(frozen=True)
 class HeadLimits:
-    """Most bytes in one request head (request line + headers) and most header fields."""
+    """Most bytes in one request head (request line + headers) and most header fields; how long
+    a head and a body may take; most open connections of one worker."""
 
     max_bytes: int = 64 * 1024
     max_headers: int = 100
+    head_timeout: float = 60.0
+    body_timeout: float = 60.0
+    max_connections: int = 800
 
     def refusal(self) -> HeadersTooLargeError:
         """The error a request over these limits gets."""
@@ -65,8 +76,15 @@ class HeadLimits:
 
 
 def head_limits(settings: Settings) -> HeadLimits:
-    """The limits `[server]` sets."""
-    return HeadLimits(settings.server.max_header_bytes, settings.server.max_headers)
+    """The limits `[server]` and `[limits]` set."""
+    limits = settings.limits
+    return HeadLimits(
+        settings.server.max_header_bytes,
+        settings.server.max_headers,
+        head_timeout=limits.head_timeout_seconds,
+        body_timeout=limits.body_timeout_seconds,
+        max_connections=limits.max_connections,
+    )
 
 
 def head_too_large(scope: Scope, limits: HeadLimits) -> bool:
@@ -84,16 +102,25 @@ def anthropic_target(target: bytes) -> bool:
     return path.startswith(b"/v1/") and is_anthropic(path[len(b"/v1") :], ())
 
 
-def refusal_bytes(limits: HeadLimits, *, anthropic: bool = False) -> bytes:
-    """A complete HTTP/1.1 431 response that closes the connection (in Anthropic's shape if
-    `anthropic`)."""
-    exc = limits.refusal()
+_REASONS = {
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+
+
+def refusal_bytes(
+    limits: HeadLimits, *, anthropic: bool = False, exc: ProxyError | None = None
+) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection (in Anthropic's shape if
+    `anthropic`): `exc`, by default the 431 of a head over `limits`."""
+    exc = exc or limits.refusal()
     if anthropic:
         body = anthropic_error_body(exc.status, exc.message)
     else:
         body = error_body(exc.message, exc.type, exc.code)
     head = (
-        f"HTTP/1.1 {exc.status} Request Header Fields Too Large\r\n"
+        f"HTTP/1.1 {exc.status} {_REASONS.get(exc.status, 'Error')}\r\n"
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n\r\n"
@@ -179,6 +206,57 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True
         self._refused = False
         self._plain: bytes | None = None  # the head of an upgrade not made, to parse again
+        self._deadline: Deadline | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline = Deadline(self.loop, self._expired)
+        if len(self.connections) > self._limits.max_connections:
+            # Answered and closed at once: its descriptor is free again before the next accept.
+            self._refused = True
+            refused = TooManyConnectionsError(
+                f"This worker holds {self._limits.max_connections} connections"
+                " (limits.max_connections); retry shortly."
+            )
+            self.logger.warning("connection refused: limits.max_connections reached")
+            transport.write(refusal_bytes(self._limits, exc=refused))
+            transport.close()
+            return
+        self._deadline.arm(self._limits.head_timeout, "head")  # a connection that sends nothing
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _expired(self, part: str) -> None:
+        """The head or body took too long: a 408 unless a response has begun, then close."""
+        if part == "body" and self.flow is not None and self.flow.read_paused:
+            # The app has not read what arrived: the client is not the one waiting.
+            if self._deadline is not None:
+                self._deadline.arm(self._limits.body_timeout, "body")
+            return
+        transport: asyncio.Transport = self.transport
+        if transport.is_closing():
+            return
+        self._refused = True
+        limit = self._limits.head_timeout if part == "head" else self._limits.body_timeout
+        self.logger.warning("request %s not received within %g s: 408", part, limit)
+        cycle = self.cycle
+        # A late head follows the last response (if any) in full; a late body gets an answer
+        # only if its own has not begun. Never bytes in the middle of another response.
+        if part == "head":
+            answer = cycle is None or cycle.response_complete
+        else:
+            answer = cycle is not None and not cycle.response_started
+        if answer:
+            late = RequestTimeoutError(
+                f"The request {part} did not arrive within {limit:g} seconds"
+                f" (limits.{part}_timeout_seconds)."
+            )
+            refusal = refusal_bytes(self._limits, anthropic=anthropic_target(self.url), exc=late)
+            transport.write(refusal)
+        transport.close()
 
     def _over(self, size: int) -> bool:
         return size > self._limits.max_bytes or self._fields > self._limits.max_headers
@@ -201,6 +279,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             if head is not None:
                 self.data_received(head + data[upgrade.args[0] :])
             elif self._should_upgrade():
+                if self._deadline is not None:
+                    self._deadline.cancel()  # a WebSocket's life is not a request body's
                 self.handle_websocket_upgrade()
             else:
                 self._unsupported_upgrade_warning()
@@ -228,6 +308,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head, self._size, self._fields = True, 0, 0
+        if self._deadline is not None:
+            self._deadline.arm(self._limits.head_timeout, "head")
+
+    def on_body(self, body: bytes) -> None:
+        if self._deadline is not None:
+            self._deadline.arm(self._limits.body_timeout, "body")  # between two reads, as nginx
+        super().on_body(body)
 
     def on_url(self, url: bytes) -> None:
         self._size += len(url)
@@ -246,6 +333,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if self._plain is not None:
             return  # no request for the app yet: it comes when the head is parsed again
         self._in_head, self._fed = False, 0
+        if self._deadline is not None:
+            self._deadline.arm(self._limits.body_timeout, "body")
         cycle = self.cycle
         super().on_headers_complete()
         if self.cycle is not cycle:  # a request for the app (not an upgrade): its response
@@ -254,6 +343,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if self._plain is None:
             super().on_message_complete()
+            if self._deadline is not None:
+                self._deadline.cancel()  # the next head's clock starts with its first byte
         self._in_head, self._fed = True, 0
 
     def send_400_response(self, msg: str) -> None:

@@ -14,17 +14,21 @@ import orjson
 
 from proxy.accounting import Accountant
 from proxy.budget import ModelTable
+from proxy.caches import CacheWatch
 from proxy.calibration import Calibration
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
+from proxy.heavy import HeavyWork
 from proxy.metrics import MULTIPROC_ENV, Metrics
 from proxy.policy import PolicyResolver
 from proxy.pool import StaleRetry
 from proxy.providers.base import Completer, ContextProvider, Message, OptionError
 from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
+from proxy.ratelimit import RateLimiter, limiter
 from proxy.store.base import Store
 from proxy.store.factory import open_store
+from proxy.storecheck import StoreWarnings, store_warnings
 from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
 from proxy.tokens import Tokenizers
 from proxy.windows import LearnedWindows
@@ -53,12 +57,23 @@ class Services:
     policies: PolicyResolver
     metrics: Metrics
     compactor: Compactor
+    heavy: HeavyWork
+    """Savings and stats answers: in threads, a few at once, within a deadline."""
+    caches: CacheWatch
+    """The in-memory caches' sizes, kept in `compactd_cache_entries`."""
+    store_warnings: StoreWarnings
+    """The store's risky settings, asked for again while running (`/readyz`)."""
+    api_rate: RateLimiter | None = None
+    """Requests per minute per tenant on /compactd/v1/* (None: no limit)."""
     accountant: Accountant | None = None
     """Usage aggregates on their way to the store; None with accounting off."""
 
     async def aclose(self) -> None:
         """Write pending usage, then release connections."""
+        self.caches.close()
         await self.compactor.precompute.aclose()
+        if self.compactor.quota is not None:
+            await self.compactor.quota.aclose()
         self.compactor.close()
         if self.compactor.windows is not None:
             await self.compactor.windows.aclose()
@@ -131,6 +146,7 @@ async def build_services(
         secret=secret,
         headers=settings.server.credential_headers,
         shared_anonymous=settings.server.shared_anonymous_tenant,
+        anonymous_hosts=frozenset(settings.server.anonymous_hosts),
     )
     up = settings.upstream
     timeouts = Timeouts(
@@ -154,7 +170,8 @@ async def build_services(
     tokenizers = Tokenizers(None, settings.tokens.cache_size)
     if store is None:
         store = await open_store(settings.store, directory)
-    for warning in await _store_warnings(store):
+    first = await store_warnings(store)
+    for warning in first:
         log.warning("store: %s", warning)
     metrics = Metrics(multiprocess=os.environ.get(MULTIPROC_ENV))
     if isinstance(transport, StaleRetry):
@@ -185,8 +202,12 @@ async def build_services(
             flush_seconds=acc.flush_interval_ms / 1000,
             max_pending=acc.max_pending,
             max_model_chars=acc.max_model_chars,
+            activity_ttl_seconds=settings.store.retention_days * 86400,
         )
         accountant.start()
+    checked = StoreWarnings(store, metrics, first)
+    caches = CacheWatch(compactor.cache_entries, metrics)
+    caches.start()
     return Services(
         settings=settings,
         secret=secret,
@@ -200,6 +221,12 @@ async def build_services(
         policies=policies,
         metrics=metrics,
         compactor=compactor,
+        heavy=HeavyWork(
+            settings.limits.api_work_concurrency, settings.limits.api_work_timeout_ms / 1000
+        ),
+        caches=caches,
+        store_warnings=checked,
+        api_rate=limiter(settings.limits.api_rate_per_minute),
         accountant=accountant,
     )
 
@@ -244,14 +271,3 @@ def _keep_private(directory: Path) -> None:
         return  # nothing kept on disk (a configured secret and a remote store)
     except OSError as exc:
         log.warning("could not make %s private: %s", directory, exc.strerror)
-
-
-async def _store_warnings(store: Store) -> list[str]:
-    check = getattr(store, "check_config", None)
-    if check is None:
-        return []
-    try:
-        warnings: list[str] = await check()
-    except Exception as exc:  # noqa: BLE001 - a warning check must not stop start-up
-        return [f"could not check the store's configuration ({type(exc).__name__})"]
-    return warnings

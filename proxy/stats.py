@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
@@ -23,6 +24,17 @@ UNRECORDED = "unrecorded"
 _REASON = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 _SINCE = re.compile(r"\s*(\d+)\s*([dw])\s*", re.IGNORECASE)
 _MILLION = 1_000_000
+OTHER = "(other)"
+"""The group that adds up every group past `limits.stats_max_groups` (the smallest ones)."""
+
+
+class StatsTimeoutError(Exception):
+    """Savings took longer than their deadline to compute (the answer is a 503)."""
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise StatsTimeoutError
 
 
 class Prices(Protocol):
@@ -207,29 +219,38 @@ def _ranked(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(((k, n) for k, n in counts.items() if n), key=lambda kv: (-kv[1], kv[0])))
 
 
+_ADDED = tuple(
+    f.name
+    for f in dataclasses.fields(StatsRow)
+    if f.name not in ("key", "unpriced_models", "fail_open_reasons")
+)
+
+
 def _merge(key: str, rows: Iterable[StatsRow]) -> StatsRow:
-    total = StatsRow(key=key)
+    """The rows added up, in one pass: linear in the rows (sorting each step was quadratic)."""
+    sums: dict[str, Any] = dict.fromkeys(_ADDED, 0)
+    unpriced: set[str] = set()
+    counts: dict[str, int] = {}
     for row in rows:
-        fields: dict[str, Any] = {}
-        for f in dataclasses.fields(StatsRow):
-            if f.name == "key":
-                continue
-            if f.name == "unpriced_models":
-                merged = sorted({*total.unpriced_models, *row.unpriced_models})
-                fields[f.name] = tuple(merged)
-            elif f.name == "fail_open_reasons":
-                counts = dict(total.fail_open_reasons)
-                for reason, n in row.fail_open_reasons:
-                    counts[reason] = counts.get(reason, 0) + n
-                fields[f.name] = _ranked(counts)
-            else:
-                fields[f.name] = getattr(total, f.name) + getattr(row, f.name)
-        total = StatsRow(key=key, **fields)
-    return total
+        for name in _ADDED:
+            sums[name] += getattr(row, name)
+        unpriced.update(row.unpriced_models)
+        for reason, n in row.fail_open_reasons:
+            counts[reason] = counts.get(reason, 0) + n
+    return StatsRow(
+        key=key,
+        **sums,
+        unpriced_models=tuple(sorted(unpriced)),
+        fail_open_reasons=_ranked(counts),
+    )
 
 
 def compute_stats(
-    rows: Iterable[Mapping[str, Any] | UsageRecord], *, by: GroupBy, model_table: PriceTable
+    rows: Iterable[Mapping[str, Any] | UsageRecord],
+    *,
+    by: GroupBy,
+    model_table: PriceTable,
+    keep: frozenset[str] | None = None,
 ) -> list[StatsRow]:
     """Accounting grouped by tenant, policy, model or API, sorted by key.
 
@@ -251,7 +272,7 @@ def compute_stats(
 
     Where the store gives no `compacted_tokens_after`, it is estimated as compactions times the
     mean tokens_after per request. A model priced 0 (unknown) adds tokens but no money and is
-    listed in `unpriced_models`.
+    listed in `unpriced_models`. With `keep`, groups outside it are added up as one, OTHER.
     """
     if by not in GROUP_BY:
         raise ValueError(f"by must be one of {GROUP_BY}, not {by!r}")
@@ -265,6 +286,8 @@ def compute_stats(
     groups: dict[str, list[StatsRow]] = {}
     for grain, s in sums.items():
         key, model = grain[index], grain[2]
+        if keep is not None and key not in keep:
+            key = OTHER
         groups.setdefault(key, []).append(_priced(key, model, s, model_table.lookup(model)))
     return [_merge(key, parts) for key, parts in sorted(groups.items())]
 
@@ -314,6 +337,25 @@ def stats_json(
     }
 
 
+def period_json(
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    by: GroupBy,
+    since: date,
+    model_table: PriceTable,
+    max_groups: int,
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """`stats_json` of the period, the groups past `max_groups` added up as OTHER."""
+    model_table = _Remembered(model_table)
+    table = compute_stats(rows, by=by, model_table=model_table)
+    _check_deadline(deadline)
+    keep = largest_groups(table, max_groups)
+    if keep is not None:
+        table = compute_stats(rows, by=by, model_table=model_table, keep=keep)
+    return stats_json(table, by=by, since=since)
+
+
 SERIES_METRICS = (
     "requests",
     "compactions",
@@ -329,6 +371,29 @@ SERIES_METRICS = (
 """What `series_json` gives per day for each group (and the total)."""
 
 
+class _Remembered:
+    """A price table that looks each model up once (a lookup of an unknown name is ~70 us:
+    20k made-up names, priced again for every day of a series, took minutes)."""
+
+    def __init__(self, table: PriceTable) -> None:
+        self._table = table
+        self._prices: dict[str, Prices] = {}
+
+    def lookup(self, model: str) -> Prices:
+        found = self._prices.get(model)
+        if found is None:
+            found = self._prices[model] = self._table.lookup(model)
+        return found
+
+
+def largest_groups(table: Sequence[StatsRow], limit: int) -> frozenset[str] | None:
+    """The `limit` groups with the most prompt tokens (then requests), or None if all fit."""
+    if len(table) <= limit:
+        return None
+    ranked = sorted(table, key=lambda r: (-r.tokens_without, -r.requests, r.key))
+    return frozenset(r.key for r in ranked[:limit])
+
+
 def series_json(
     rows: Sequence[Mapping[str, Any]],
     *,
@@ -336,26 +401,36 @@ def series_json(
     since: date,
     model_table: PriceTable,
     today: date | None = None,
+    max_groups: int | None = None,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Savings over time: `stats_json` for the whole period, plus one value per UTC day from
     `since` through today for every metric in SERIES_METRICS, per group and in total.
 
     Each day is priced on its own (its own cache-hit share), so the days' money may differ a
     little from the period's, which prices the period as one; tokens and counts add up exactly.
+    Past `max_groups` groups, the smallest are added up as one, OTHER (the answer's size is
+    groups x days). Past `deadline` (time.monotonic()), StatsTimeoutError.
     """
     today = today or datetime.now(UTC).date()
+    model_table = _Remembered(model_table)
     days = [(since + timedelta(days=i)).isoformat() for i in range((today - since).days + 1)]
     days = sorted({*days, *(str(r.get("day", "")) for r in rows)} - {""})
     per_day: dict[str, list[Mapping[str, Any]]] = {d: [] for d in days}
     for row in rows:
         per_day[str(row.get("day", ""))].append(row)
     table = compute_stats(rows, by=by, model_table=model_table)
+    _check_deadline(deadline)
+    keep = largest_groups(table, max_groups) if max_groups is not None else None
+    if keep is not None:
+        table = compute_stats(rows, by=by, model_table=model_table, keep=keep)
     keys = [r.key for r in table]
     series: dict[str, dict[str, list[float]]] = {
         k: {m: [] for m in SERIES_METRICS} for k in [*keys, "total"]
     }
     for day in days:
-        day_rows = compute_stats(per_day[day], by=by, model_table=model_table)
+        _check_deadline(deadline)
+        day_rows = compute_stats(per_day[day], by=by, model_table=model_table, keep=keep)
         found = {r.key: r for r in day_rows}
         found["total"] = total(day_rows)
         for key, metrics in series.items():

@@ -174,18 +174,29 @@ class Tenancy:
     secret: bytes
     headers: tuple[str, ...] = CREDENTIAL_HEADERS
     shared_anonymous: bool = False
+    anonymous_hosts: frozenset[str] | None = None
+    """The `Host` names the shared anonymous tenant answers to (None: any)."""
 
     def identify(self, headers: Mapping[str, str]) -> Identity:
         """The identity behind a request's headers (lower-case names)."""
         found = credential(headers, self.headers)
         if found is None:
-            tenant = ANONYMOUS if self.shared_anonymous else None
-            return Identity(tenant=tenant, fingerprint=ANONYMOUS, api_key=None)
+            shared = self.shared_anonymous and self._anonymous_host(headers.get("host"))
+            return Identity(
+                tenant=ANONYMOUS if shared else None, fingerprint=ANONYMOUS, api_key=None
+            )
         return Identity(
             tenant=tenant_id(self.secret, found),
             fingerprint=key_fingerprint(self.secret, found),
             api_key=client_key(headers),
         )
+
+    def _anonymous_host(self, host: str | None) -> bool:
+        """Whether a request's `Host` is one the shared anonymous tenant answers to: a page of
+        another name that resolves to 127.0.0.1 (DNS rebinding) must not read it."""
+        if self.anonymous_hosts is None:
+            return True
+        return host_name(host or "") in self.anonymous_hosts
 
     def without_credentials(
         self, headers: Iterable[tuple[bytes, bytes]]
@@ -193,6 +204,14 @@ class Tenancy:
         """Raw headers minus every credential header (upstream-key mode swaps them)."""
         drop = {name.encode() for name in (*self.headers, *CREDENTIAL_HEADERS)}
         return [(k, v) for k, v in headers if k.lower() not in drop]
+
+
+def host_name(host: str) -> str:
+    """A `Host` header's name, lower case, without its port (`[::1]:8787` -> `[::1]`)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.rpartition(":")[0] if ":" in host else host
 
 
 def header_text(raw: bytes) -> str:

@@ -116,6 +116,10 @@ class TokenCounter:
         self.hits = 0
         self.misses = 0
 
+    def entries(self) -> int:
+        """Per-message counts held (at most the cache size)."""
+        return len(self._cache)
+
     def count_text(self, text: str) -> int:
         """Tokens of plain text; special-token strings are counted as ordinary text."""
         if len(text) > _PIECE:
@@ -364,6 +368,11 @@ class Tokenizers:
         for name in preload:
             if name in self._known:
                 self.counter(name)
+
+    def counters(self) -> tuple[TokenCounter, ...]:
+        """The counters made so far (one per encoding and image rule)."""
+        with self._lock:
+            return tuple(self._counters.values())
 
     @property
     def loaded(self) -> tuple[str, ...]:

@@ -31,6 +31,48 @@ def conversation_summary(info: ConversationInfo) -> dict[str, Any]:
     return {name: getattr(info, name) for name in _SUMMARY_FIELDS}
 
 
+_ACTIVITY_FIELDS = ("api", "model", "requests", "compactions", "tokens_before", "tokens_after")
+
+
+def conversation_list(
+    infos: list[ConversationInfo], activity: list[dict[str, Any]], *, every: bool
+) -> list[dict[str, Any]]:
+    """The conversation list: each stored (compacted) conversation with its activity (API,
+    model, requests, tokens before and after, saved) where recorded; with `every`, also the
+    conversations that never compacted (nothing stored: only their activity). Most recently
+    used first."""
+    seen = {(a["tenant"], a["conversation"]): a for a in activity}
+    out = []
+    for info in infos:
+        row = {**conversation_summary(info), "compacted": True}
+        found = seen.pop((info.tenant, info.conversation), None)
+        out.append(_with_activity(row, found))
+    if every:
+        for found in seen.values():
+            row = {
+                "tenant": found["tenant"],
+                "conversation": found["conversation"],
+                "created_at": found["first_seen"],
+                "updated_at": found["last_seen"],
+                "checkpoint_count": 0,
+                "original_count": 0,
+                "size_bytes": 0,
+                "compacted": False,
+            }
+            out.append(_with_activity(row, found))
+    out.sort(key=lambda r: -float(r["updated_at"]))
+    return out
+
+
+def _with_activity(row: dict[str, Any], found: dict[str, Any] | None) -> dict[str, Any]:
+    if found is None:
+        return {**row, **dict.fromkeys(_ACTIVITY_FIELDS), "tokens_saved": None}
+    row.update({k: found[k] for k in _ACTIVITY_FIELDS})
+    row["tokens_saved"] = found["tokens_before"] - found["tokens_after"]
+    row["updated_at"] = max(float(row["updated_at"]), float(found["last_seen"]))
+    return row
+
+
 def conversation_api(info: ConversationInfo) -> str:
     """The API a stored conversation came through, by the items its messages carry."""
     stored = [*info.originals.values(), *(m for cp in info.checkpoints for m in cp.messages)]

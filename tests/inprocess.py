@@ -123,12 +123,20 @@ class Proxy:
         return response
 
     async def uncompress(
-        self, messages: list[dict[str, Any]], key: str = "sk-alpha", *, recursive: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        key: str = "sk-alpha",
+        *,
+        recursive: bool = True,
+        conversation: str | None = None,
     ) -> httpx.Response:
+        """Restore `messages` in `conversation` (by default the last chat's)."""
+        named = conversation or next((c for c in reversed(self.conversations) if c), None)
+        body: dict[str, Any] = {"messages": messages, "recursive": recursive}
+        if named:
+            body["conversation"] = named
         return await self.client.post(
-            "/compactd/v1/uncompress",
-            json={"messages": messages, "recursive": recursive},
-            headers={"authorization": f"Bearer {key}"},
+            "/compactd/v1/uncompress", json=body, headers={"authorization": f"Bearer {key}"}
         )
 
     def metric(self, name: str, **labels: str) -> float:

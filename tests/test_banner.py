@@ -71,6 +71,30 @@ def test_upstream_key_mode_without_allowed_keys_is_a_warning() -> None:
     assert "sk-real" not in render(banner)
 
 
+def test_every_upstream_is_named_and_the_split_case_is_a_warning() -> None:
+    split = {"COMPACTD_UPSTREAM_URL": "http://llm.internal/v1"}
+    banner = describe(load_settings(None, env=split), None, env={})
+    assert banner.upstreams == {
+        "openai": "http://llm.internal/v1",
+        "anthropic": "https://api.anthropic.com",
+    }
+    text = render(banner)
+    assert "  anthropic  https://api.anthropic.com (clients' own keys)\n" in text
+    assert (
+        "upstream.url is http://llm.internal/v1 but Anthropic traffic (/v1/messages, Claude "
+        "Code) still goes to https://api.anthropic.com" in text
+    )
+    both = {**split, "COMPACTD_UPSTREAM_ANTHROPIC_URL": "http://claude.internal"}
+    banner = describe(load_settings(None, env=both), None, env={})
+    assert banner.upstreams["anthropic"] == "http://claude.internal"
+    assert not any("Anthropic traffic" in w for w in banner.warnings)
+    # The defaults for both are not a split: nothing is sent anywhere unexpected.
+    assert not any(
+        "Anthropic traffic" in w
+        for w in describe(load_settings(None, env={}), None, env={}).warnings
+    )
+
+
 def test_a_cap_that_never_applies_is_a_warning() -> None:
     claude = {"name": "claude", "match_apis": ["messages"], "budget_tokens": 50000}
     sized = {"name": "sized", "match_apis": ["messages"]}  # the built-in cap: no warning
@@ -105,7 +129,8 @@ async def test_serve_writes_one_startup_record_with_an_evicting_redis_warning(
     assert record["level"] == "warning"
     assert record["store"] == "redis"
     assert record["store_location"] == server.url
-    assert record["upstreams"] == [url]
+    assert record["upstreams"] == {"openai": url, "anthropic": "https://api.anthropic.com"}
+    assert any("Anthropic traffic" in w for w in record["warnings"])
     assert record["workers"] == 1
     assert record["secret"] == "environment variable COMPACTD_SECRET"
     assert any("allkeys-lru" in w for w in record["warnings"])
@@ -140,6 +165,8 @@ def test_serve_on_a_terminal_prints_the_readable_block(tmp_path: Path) -> None:
     text = shown.getvalue().decode()
     assert f"compactd 0.1.0 on http://127.0.0.1:{port} (1 worker)" in text
     assert "  upstream   http://127.0.0.1:9/v1 (clients' own keys)" in text
+    assert "  anthropic  https://api.anthropic.com (clients' own keys)" in text
+    assert "  warning    upstream.url is http://127.0.0.1:9/v1 but Anthropic traffic" in text
     assert f"  store      sqlite {tmp_path / 'compactd.db'}" in text
     assert "\x1b[" not in text  # neither the block nor the JSON lines carry colour codes
 

@@ -57,7 +57,10 @@ def _one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> st
     err = result.stderr.decode()
     assert result.returncode == code, err
     assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if not line.startswith("warning:")]
+    # Warnings and the line naming the store a command opened are not the error.
+    lines = [
+        line for line in err.splitlines() if not line.startswith(("warning:", "compactd: store "))
+    ]
     assert len(lines) == 1, err
     return lines[0]
 
@@ -149,7 +152,8 @@ def test_compress_shows_progress_on_a_terminal_and_nothing_in_a_pipe(tmp_path: P
     finally:
         os.close(leader)
     assert len(result.stdout.splitlines()) == 3
-    assert b"3 lines, 0 errors" in shown
+    assert b"compress: 3 lines" in shown
+    assert b"0 errors" in shown
 
 
 async def test_key_id_names_the_secret_serve_uses_and_matches_its_tenants(
@@ -193,7 +197,12 @@ async def test_conversations_json_has_no_empty_placeholder_fields(tmp_path: Path
         await store.save_compaction(compaction("t1", "conv-1", short_history(6), 3), 3600)
     finally:
         await store.close()
-    listed = json.loads(run("conversations", "--json", data=tmp_path).stdout)
+    result = run("conversations", "--json", data=tmp_path)
+    # stdout stays JSON; stderr names the store it read, once.
+    assert result.stderr.decode() == (
+        f"compactd: store sqlite {tmp_path / 'compactd.db'} (data dir {tmp_path})\n"
+    )
+    listed = json.loads(result.stdout)
     assert [c["conversation"] for c in listed] == ["conv-1"]
     assert not {"checkpoints", "originals", "refs"} & set(listed[0])  # a listing loads none
     assert listed[0]["tenant"] == "t1"
@@ -217,7 +226,12 @@ async def test_an_empty_key_is_refused_instead_of_meaning_every_tenant(
     for args in (["purge", "conv-1"], ["restore", "conv-1"], ["conversations"], ["stats"]):
         line = _one_line_error(run(*args, "--key", key, data=tmp_path), 2)
         assert line.startswith("compactd: --key:")
-    listed = json.loads(run("conversations", "--json", data=tmp_path).stdout)
+    result = run("conversations", "--json", data=tmp_path)
+    # stdout stays JSON; stderr names the store it read, once.
+    assert result.stderr.decode() == (
+        f"compactd: store sqlite {tmp_path / 'compactd.db'} (data dir {tmp_path})\n"
+    )
+    listed = json.loads(result.stdout)
     assert [c["conversation"] for c in listed] == ["conv-1"]
 
 

@@ -279,3 +279,44 @@ def proxy_models() -> Any:
 )
 def test_fail_open_reasons_are_a_bounded_set(error: str | None, reason: str) -> None:
     assert fail_open_reason(error) == reason
+
+
+async def test_the_conversation_list_carries_api_model_tokens_and_can_show_the_uncompacted(
+    traffic: tuple[Proxy, dict[str, int]],
+) -> None:
+    proxy, made = traffic
+
+    async def listing(key: str, query: str = "") -> list[dict[str, Any]]:
+        response = await proxy.client.get(f"/compactd/v1/conversations{query}", headers=auth(key))
+        assert response.status_code == 200
+        data: list[dict[str, Any]] = response.json()["data"]
+        return data
+
+    compacted = await listing(dd.ADMIN)
+    every = await listing(dd.ADMIN, "?all=true")
+    assert all(c["compacted"] for c in compacted)
+    assert {c["conversation"] for c in compacted} < {c["conversation"] for c in every}
+    never = [c for c in every if not c["compacted"]]
+    # The lab team's one request failed open: its conversation never compacted.
+    assert [c["requests"] for c in never] == [made["lab"]]
+    assert never[0]["checkpoint_count"] == 0
+    # Every request of every conversation is counted once, with what it sent and saved.
+    assert sum(c["requests"] for c in every) == sum(made.values())
+    for c in every:
+        assert c["api"] == "chat.completions"
+        assert c["model"] == "gpt-4o"
+        assert c["tokens_saved"] == c["tokens_before"] - c["tokens_after"] >= 0
+    alpha = tenant_id(dd.SECRET.encode(), dd.ALPHA)
+    (mine,) = [c for c in every if c["tenant"] == alpha]
+    assert mine["requests"] == made["alpha"]
+    assert mine["tokens_saved"] > 0
+    assert mine["compactions"] == mine["checkpoint_count"]
+    # A client sees its own conversations only, with or without the uncompacted ones.
+    beta = tenant_id(dd.SECRET.encode(), dd.BETA)
+    assert {c["tenant"] for c in await listing(dd.BETA, "?all=true")} == {beta}
+    # Purged, a conversation leaves the list, activity and all.
+    gone = await proxy.client.delete(
+        f"/compactd/v1/conversations/{mine['conversation']}", headers=auth(dd.ALPHA)
+    )
+    assert gone.status_code == 200
+    assert alpha not in {c["tenant"] for c in await listing(dd.ADMIN, "?all=true")}

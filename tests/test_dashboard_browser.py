@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -117,6 +118,15 @@ async def _shot(page: Any, tmp_path: Path, name: str, full: bool = True) -> None
         shutil.copy(path, Path(keep) / path.name)
 
 
+async def _watched_page(browser: Any) -> tuple[Any, list[str]]:
+    """The browser's page, and the console errors and page errors it reports as they come."""
+    page = browser.pages[0] if browser.pages else await browser.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    return page, problems
+
+
 async def _sign_in(page: Any, url: str, key: str) -> None:
     await page.goto(f"{url}/compactd/ui/")
     await page.get_by_label("API key").fill(key)
@@ -130,10 +140,7 @@ async def test_an_operator_reads_savings_inspects_a_conversation_and_tenants_sta
     from playwright.async_api import expect
 
     url, made = dashboard
-    page = browser.pages[0] if browser.pages else await browser.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(str(e)))
+    page, problems = await _watched_page(browser)
 
     # --- sign in with the admin key: nothing of it in the URL, the tiles say what the API says
     await _sign_in(page, url, dd.ADMIN)
@@ -245,3 +252,156 @@ async def test_an_operator_reads_savings_inspects_a_conversation_and_tenants_sta
     await expect(page.locator("#inspect")).to_have_count(0)
     assert "ALPHA BUILD" not in (await page.content())
     assert all("404" in p for p in problems), problems  # the browser logs the refused fetch
+
+
+# --- each page after sign-in, and the rough edges a new operator met ----------------------------
+
+SHOTS = os.environ.get("COMPACTD_TEST_SCREENSHOTS", "")
+# A count the page shows with the wrong noun: "1 policies", "1 requests", ...
+SINGULAR_AS_PLURAL = re.compile(
+    r"(?<![\d,.])1 (policies|requests|conversations|messages|items|APIs|models|tenants|events)\b"
+)
+
+_INK = """async (b64) => {
+  const img = new Image();
+  img.src = "data:image/png;base64," + b64;
+  await img.decode();
+  const canvas = document.createElement("canvas");
+  canvas.width = img.naturalWidth; canvas.height = img.naturalHeight;
+  const ctx = canvas.getContext("2d");
+  ctx.drawImage(img, 0, 0);
+  const px = ctx.getImageData(0, 0, canvas.width, canvas.height).data;
+  const colours = new Set();
+  let ink = 0;
+  for (let i = 0; i < px.length; i += 4 * 7) {
+    colours.add((px[i] << 16) | (px[i + 1] << 8) | px[i + 2]);
+    if (px[i] + px[i + 1] + px[i + 2] < 600) ink += 1;
+  }
+  return { colours: colours.size, ink: ink / (px.length / (4 * 7)) };
+}"""
+
+
+async def _checked_shot(page: Any, tmp_path: Path, name: str, problems: list[str]) -> None:
+    """A full-page screenshot that is not blank (several colours, some ink), taken with no
+    console error so far; kept under $COMPACTD_TEST_SCREENSHOTS when set."""
+    import base64
+
+    await page.wait_for_load_state("networkidle")
+    path = tmp_path / f"{name}.png"
+    png = await page.screenshot(path=str(path), full_page=True)
+    seen = await page.evaluate(_INK, base64.b64encode(png).decode())
+    assert seen["colours"] >= 8, (name, seen)
+    assert seen["ink"] > 0.002, (name, seen)
+    assert problems == [], (name, problems)
+    if SHOTS:
+        Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, Path(SHOTS) / path.name)
+
+
+async def _no_plural_slips(page: Any) -> None:
+    text = await page.locator("body").inner_text()
+    assert SINGULAR_AS_PLURAL.search(text) is None, SINGULAR_AS_PLURAL.search(text)
+
+
+async def test_every_page_after_sign_in_is_drawn_cleanly_without_the_old_rough_edges(
+    browser: Any, dashboard: tuple[str, dict[str, int]], tmp_path: Path
+) -> None:
+    from playwright.async_api import expect
+
+    url, _ = dashboard
+    page, problems = await _watched_page(browser)
+
+    # Before sign-in: the sign-in form only; no nav, no "Sign out" (CSS display: flex used to
+    # override the hidden attribute).
+    await page.goto(f"{url}/compactd/ui/")
+    await expect(page.get_by_label("API key")).to_be_visible()
+    await expect(page.locator("#nav")).to_be_hidden()
+    await expect(page.get_by_role("button", name="Sign out")).to_be_hidden()
+    assert await page.locator("#nav").evaluate("n => getComputedStyle(n).display") == "none"
+    await _checked_shot(page, tmp_path, "signin", problems)
+
+    # Savings over 30 days: lines; the events axis is whole numbers, each once.
+    await _sign_in(page, url, dd.ADMIN)
+    await expect(page.locator("#nav")).to_be_visible()
+    await page.get_by_label("Time range").select_option("30d")
+    await expect(page.locator("#range")).to_have_value("30d")
+    events = page.locator("#chart-events .uplot")
+    await expect(events).to_have_attribute("data-shape", "lines")
+    for chart in ("#chart-events .uplot", "#chart-tokens .uplot"):
+        ticks = (await page.locator(chart).get_attribute("data-y-ticks") or "").split()
+        assert ticks, chart
+        values = [int(t.replace(",", "")) for t in ticks]
+        assert values == sorted(set(values)), (chart, ticks)  # never "1 1 1 0"
+    await _no_plural_slips(page)
+    await _checked_shot(page, tmp_path, "savings-30d", problems)
+
+    # Today only: one day of data is one bar per series, not a ramp across the plot.
+    await page.get_by_label("Time range").select_option("0d")
+    await expect(page.locator("#range")).to_have_value("0d")
+    await expect(events).to_have_attribute("data-shape", "bars")
+    await expect(page.locator("#chart-tokens .uplot")).to_have_attribute("data-shape", "bars")
+    ticks = (await events.get_attribute("data-y-ticks") or "").split()
+    assert len(set(ticks)) == len(ticks), ticks
+    await page.get_by_label("Group by").select_option("api")
+    await expect(page.locator("#groups caption")).to_have_text(re.compile(r"^1 API$|^\d+ APIs$"))
+    await _no_plural_slips(page)
+    await _checked_shot(page, tmp_path, "savings-today", problems)
+
+    await page.get_by_role("link", name="Shadow mode").click()
+    await expect(page.locator("#shadow")).to_be_visible()
+    await _no_plural_slips(page)
+    await _checked_shot(page, tmp_path, "shadow", problems)
+
+    await page.get_by_role("link", name="Conversations").click()
+    rows = page.locator("#conversations tbody tr")
+    await expect(rows).to_have_count(3)
+    await expect(page.locator("#conversations caption")).to_have_text(
+        "3 of 3 compacted conversations, most recently used first"
+    )
+    heads = await page.locator("#conversations thead th").all_inner_texts()
+    for column in ("API", "Model", "Requests", "Tokens before", "Tokens after", "Saved"):
+        assert column in heads, heads
+    # Each row says what the API says of its conversation.
+    listed = {c["conversation"]: c for c in (await _api(url, "conversations", dd.ADMIN))["data"]}
+    for i in range(3):
+        row = rows.nth(i)
+        conv = await row.get_attribute("data-conversation")
+        want = listed[conv]
+        cells = await row.locator("td").all_inner_texts()
+        at = {h: cells[k - 1] for k, h in enumerate(heads) if k}
+        assert at["API"] == want["api"] == "chat.completions"
+        assert at["Model"] == want["model"]
+        assert at["Tokens before"] == n(want["tokens_before"])
+        assert at["Tokens after"] == n(want["tokens_after"])
+        assert at["Saved"].startswith(n(want["tokens_before"] - want["tokens_after"]))
+    # A shadow policy's conversation is stored but forwarded as sent; the others saved tokens.
+    assert any(c["tokens_saved"] > 0 for c in listed.values())
+    await _checked_shot(page, tmp_path, "conversations", problems)
+    # Conversations that never compacted: listed on request, not links (nothing to inspect).
+    await page.get_by_label("Show conversations that never compacted").check()
+    every = (await _api(url, "conversations?all=true", dd.ADMIN))["data"]
+    never = [c for c in every if not c["compacted"]]
+    assert never
+    await expect(rows).to_have_count(len(every))
+    plain = page.locator('#conversations tbody tr[data-compacted="false"]')
+    await expect(plain).to_have_count(len(never))
+    await expect(plain.first.locator("a")).to_have_count(0)
+    await expect(plain.first.locator("td").nth(3)).to_have_text(n(never[0]["requests"]))
+    await _no_plural_slips(page)
+    await _checked_shot(page, tmp_path, "conversations-all", problems)
+    await page.get_by_label("Show conversations that never compacted").uncheck()
+    await expect(rows).to_have_count(3)
+    await page.locator("#conversations tbody tr").first.get_by_role("link").click()
+    await expect(page.locator("#inspect")).to_be_visible()
+    await _no_plural_slips(page)
+    await _checked_shot(page, tmp_path, "inspector", problems)
+
+    # A client key with one conversation: the singular.
+    await page.get_by_role("button", name="Sign out").click()
+    await expect(page.locator("#nav")).to_be_hidden()
+    await _sign_in(page, url, dd.BETA)
+    await page.get_by_role("link", name="Conversations").click()
+    await expect(page.locator("#conversations caption")).to_have_text(
+        "1 of 1 compacted conversation, most recently used first"
+    )
+    await _checked_shot(page, tmp_path, "conversations-client", problems)

@@ -502,7 +502,7 @@ def test_a_dot_segment_conversation_id_is_hashed_as_ids_no_path_can_name_are() -
     # "." and ".." are URL dot-segments: /compactd/v1/conversations/.. never reaches such an id,
     # so the API and the dashboard could not find the conversation again.
     for header in (".", "..", " .. "):
-        conversation = decision._conversation(header, [])
+        conversation = decision.conversation_of(header, [], b"")
         assert conversation.startswith("h-"), header
-    assert decision._conversation("...", []) == "..."
-    assert decision._conversation("my.conv", []) == "my.conv"
+    assert decision.conversation_of("...", [], b"") == "..."
+    assert decision.conversation_of("my.conv", [], b"") == "my.conv"

@@ -90,8 +90,12 @@ async def test_restore_into_a_reader_that_has_gone_stops_quietly(tmp_path: Path)
     conversation, _ = await compacted(tmp_path)
     args = ("restore", conversation, "--config", str(config(tmp_path)))
     cli = run_into_a_closed_pipe(*args, data=tmp_path / "data")
-    # `compactd restore … | head`: no BrokenPipeError line, the status of a tool ended by SIGPIPE.
-    assert cli.stderr == b""
+    # `compactd restore … | head`: no BrokenPipeError line, the status of a tool ended by SIGPIPE
+    # (stderr names the store it read, as every store command does, and nothing else).
+    data = tmp_path / "data"
+    assert (
+        cli.stderr.decode() == f"compactd: store sqlite {data / 'compactd.db'} (data dir {data})\n"
+    )
     assert cli.returncode == 141
 
 

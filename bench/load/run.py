@@ -2,15 +2,20 @@
 
     apt-get install -y nginx-light        # the fast upstream (once)
     .venv/bin/python bench/load/run.py [--streams-seconds 60] [--c64-seconds 120] [--cooldown 60]
+                                       [--store sqlite|redis] [--side 1]
 
 One compactd worker (embedded store, accounting on, as shipped) pinned to the first core, an
 nginx upstream serving fixed JSON and SSE bodies, and the load generator on the second core:
 
 1. warm-up, then a baseline sample of the worker's RSS and open descriptors;
 2. 256 concurrent SSE streams for --streams-seconds;
-3. 64 concurrent JSON requests for --c64-seconds, while a side client sends an over-budget,
-   growing conversation every 0.5 s (each must be compacted or replayed, never fail open);
+3. 64 concurrent JSON requests for --c64-seconds, while --side clients each send an
+   over-budget, growing conversation every 0.5 s (each must be compacted or replayed, never
+   fail open);
 4. --cooldown seconds idle.
+
+--store redis runs a private redis-server (AOF off) as the store instead of the embedded
+SQLite file. The report gives the share of over-budget requests that failed open.
 
 RSS and fds are sampled every 10 s throughout. Prints the samples, each phase's req/s and
 errors, and the checks: 0 errors, RSS under load <= 120 % of baseline, RSS after the cooldown
@@ -39,6 +44,9 @@ from bodies import chat_body, completion_response, sse_events  # noqa: E402
 from loadgen import Result, Scenario, run_scenario  # noqa: E402
 from procs import PinnedServer, cores, free_port  # noqa: E402
 from upstream import NginxUpstream  # noqa: E402
+
+sys.path.insert(0, str(HERE.parent.parent))
+from tests.store.redis_server import RedisServer  # noqa: E402
 
 SAMPLE_SECONDS = 10.0
 CONFIG = """
@@ -109,9 +117,10 @@ def conversation(turn: int) -> bytes:
     return orjson.dumps({"model": "gpt-4o-mini", "messages": [system, *history, last]})
 
 
-async def over_budget(url: str, stop: asyncio.Event, seen: dict[str, int]) -> None:
+async def over_budget(url: str, stop: asyncio.Event, seen: dict[str, int], side: int = 0) -> None:
     """One growing conversation, a turn every 0.5 s, counting the actions it gets."""
-    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench-load-side"}
+    key = f"sk-bench-load-side-{side}"
+    headers = {"content-type": "application/json", "authorization": f"Bearer {key}"}
     async with aiohttp.ClientSession() as session:
         turn = 0
         while not stop.is_set():
@@ -153,6 +162,17 @@ async def store_latency(metrics_url: str) -> dict[str, str]:
     }
 
 
+async def cache_entries(metrics_url: str) -> dict[str, int]:
+    """What each in-memory cache holds (`compactd_cache_entries`) after the cooldown."""
+    async with aiohttp.ClientSession() as session, session.get(metrics_url) as resp:
+        text = await resp.text()
+    return {
+        line.split('cache="', 1)[1].split('"', 1)[0]: int(float(line.rpartition(" ")[2]))
+        for line in text.splitlines()
+        if line.startswith("compactd_cache_entries{")
+    }
+
+
 async def main_async(args: argparse.Namespace) -> int:
     """Run the phases and print the report."""
     proxy_core, load_core = cores()
@@ -164,6 +184,11 @@ async def main_async(args: argparse.Namespace) -> int:
     ):
         config = Path(data) / "compactd.toml"
         config.write_text(CONFIG)
+        redis = None
+        if args.store == "redis":
+            redis = RedisServer(Path(data) / "redis")
+            redis.directory.mkdir()
+            redis.start()
         port = free_port()
         exe = Path(sys.executable).parent / "compactd"
         argv = [
@@ -182,6 +207,7 @@ async def main_async(args: argparse.Namespace) -> int:
             "COMPACTD_UPSTREAM_URL": up.base_url,
             "COMPACTD_DATA_DIR": str(Path(data) / "state"),
             "COMPACTD_SERVER_LOG_LEVEL": os.environ.get("BENCH_LOG_LEVEL", "warning"),
+            **({"COMPACTD_STORE_URL": redis.url} if redis is not None else {}),
         }
         with PinnedServer("compactd-load", argv, port, proxy_core, env=env) as server:
             url = f"{server.url}/v1/chat/completions"
@@ -210,18 +236,21 @@ async def main_async(args: argparse.Namespace) -> int:
 
             stop = asyncio.Event()
             seen: dict[str, int] = {}
-            side = asyncio.ensure_future(over_budget(url, stop, seen))
+            sides = asyncio.gather(*(over_budget(url, stop, seen, n) for n in range(args.side)))
             c64 = Scenario("c64", chat_body(), concurrency=64, seconds=args.c64_seconds)
             work = asyncio.ensure_future(run_scenario(url, c64, expected, ref))
             await sampler.during("c=64", work)
             res_c64 = work.result()
             stop.set()
-            await side
+            await sides
             store_ops = await store_latency(f"{server.url}/metrics")
 
             idle = asyncio.ensure_future(asyncio.sleep(args.cooldown))
             await sampler.during("cooldown", idle)
             after = sampler.samples[-1]
+            caches = await cache_entries(f"{server.url}/metrics")
+        if redis is not None:
+            redis.stop()
     under_load = max(s.rss_mb for s in sampler.samples if s.phase in ("256 SSE", "c=64"))
     fds = max(s.fds for s in sampler.samples)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
@@ -240,7 +269,12 @@ async def main_async(args: argparse.Namespace) -> int:
         f"{after.rss_mb:.1f} MB ({100 * after.rss_mb / baseline.rss_mb:.0f} %); "
         f"fds baseline {baseline.fds}, peak {fds}, after {after.fds}."
     )
-    print(f"Over-budget side requests during c=64: {seen}")
+    print(f"Over-budget side requests during c=64 ({args.store} store): {seen}")
+    over = sum(seen.values())
+    failed = sum(n for action, n in seen.items() if action.startswith("error"))
+    share = 100 * failed / over if over else 0.0
+    print(f"Failed open: {failed} of {over} over-budget requests ({share:.2f} %).")
+    print(f"Cache entries after the cooldown: {caches}")
     print(f"Store operations after c=64 (count, mean, over 100 ms): {store_ops}")
     print(f"Load average at the end (1, 5, 15 min): {load} on {os.cpu_count()} cores.\n")
     errors = res_streams.errors + res_c64.errors + res_c64.mismatched_bodies
@@ -248,6 +282,7 @@ async def main_async(args: argparse.Namespace) -> int:
         ("0 errors", errors == 0),
         ("RSS under load <= 120 % of baseline", under_load <= 1.2 * baseline.rss_mb),
         ("RSS after the cooldown <= 110 % of baseline", after.rss_mb <= 1.1 * baseline.rss_mb),
+        ("<= 0.5 % of over-budget requests failed open", share <= 0.5),
         (
             "every over-budget request compacted or replayed",
             bool(seen) and set(seen) <= {"compacted", "replayed"},
@@ -264,6 +299,8 @@ def main() -> int:
     parser.add_argument("--streams-seconds", type=float, default=60.0)
     parser.add_argument("--c64-seconds", type=float, default=120.0)
     parser.add_argument("--cooldown", type=float, default=60.0)
+    parser.add_argument("--store", choices=("sqlite", "redis"), default="sqlite")
+    parser.add_argument("--side", type=int, default=1, help="over-budget conversations at once")
     return uvloop.run(main_async(parser.parse_args()))
 
 

@@ -10,7 +10,11 @@ Each Anthropic message becomes the chat messages compaction knows:
   images, documents, search results), in the order the client sent them;
 - a `system`-role message, a tool result answering no `tool_use` right before it, a `tool_use`
   whose result is not in the next message, and a role this adapter does not know are projected
-  as `system` messages: kept verbatim, never dropped.
+  as `system` messages: kept verbatim, never dropped;
+- the assistant message holding the last `compaction` block (the upstream's own summary, sent
+  back with its signature) is kept verbatim with the tool results answering it, and everything
+  before it is `superseded`: the API drops those blocks, so they are kept as they are and count
+  nothing (`context_management` itself is outside `messages`, never touched).
 
 `system` and `tools` are outside `messages`: never touched, counted as the fixed cost. The
 assistant turn that a pending tool result continues (the last user message answers its
@@ -48,6 +52,8 @@ from proxy.toolschema import dump
 
 NAME = "messages"
 MARK = "cache_control"
+SUPERSEDED = "superseded"
+"""The kind of a piece before the last compaction block: the upstream drops it."""
 _UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -203,7 +209,32 @@ def _pieces(messages: Sequence[Any]) -> list[_Piece] | None:
         else:
             pieces.append(_Piece("pinned", role, content, True))
     _pin_unpaired(pieces)
+    _pin_compacted(pieces)
     return pieces
+
+
+def _pin_compacted(pieces: list[_Piece]) -> None:
+    """The last compaction block's message, and the results of its tool calls, stay as they
+    are; what precedes it, which the API drops, is superseded (never touched, never counted)."""
+    last = None
+    for i, piece in enumerate(pieces):
+        if piece.kind in ("assistant", "pinned") and _has_compaction(piece.content):
+            last = i
+    if last is None:
+        return
+    for piece in pieces[:last]:
+        piece.kind = SUPERSEDED
+    pieces[last].kind = "pinned"
+    j = last + 1
+    while j < len(pieces) and pieces[j].kind == "tool":
+        pieces[j].kind = "pinned"
+        j += 1
+
+
+def _has_compaction(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(b, Mapping) and b.get("type") == "compaction" for b in content
+    )
 
 
 def _tool_uses(piece: _Piece) -> set[str]:
@@ -276,6 +307,8 @@ def _cost(counter: TokenCounter, nat: Any) -> int:
     if not isinstance(nat, Mapping):
         return 0
     content = nat.get("content")
+    if nat.get("kind") == SUPERSEDED:
+        return 0
     if nat.get("kind") == "pinned":
         return opaque_tokens(counter, content, _image_of)
     if not isinstance(content, list):

@@ -30,7 +30,7 @@ import orjson
 from proxy.digest import canonical_message, message_digest
 from proxy.media import image_part_tokens
 from proxy.providers.base import CompactionResult
-from proxy.providers.markers import is_stand_in
+from proxy.providers.markers import is_written_stand_in
 from proxy.providers.units import final_unit_start, message_text
 from proxy.providers.validate import align
 from proxy.tokens import REPLY_PRIMING, TokenCounter
@@ -112,6 +112,10 @@ class NativeCounter:
         self._cache: OrderedDict[int, int] = OrderedDict()
         self._size = cache_size
         self._lock = threading.Lock()
+
+    def entries(self) -> int:
+        """Per-message counts held."""
+        return len(self._cache)
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one projected message."""
@@ -336,13 +340,19 @@ def repair_result(
             continue
         if start == pending:
             messages[pos] = original[start]
-        elif not is_stand_in(message_text(messages[pos])) and native(messages[pos]) != native(
-            original[start]
-        ):
+        elif not _stands_in(messages[pos], refs, original[start]) and native(
+            messages[pos]
+        ) != native(original[start]):
             messages[pos] = {**messages[pos], NATIVE: original[start][NATIVE]}
     if messages == result.messages:
         return result
     return dataclasses.replace(result, messages=messages)
+
+
+def _stands_in(new: Message, refs: Sequence[str], old: Message) -> bool:
+    """Whether `new` carries a "dropped" marker its provider wrote for `old` (a marker quoted
+    from the client's own text does not make a rewrite a stand-in)."""
+    return is_written_stand_in(message_text(new), refs, message_text(old))
 
 
 def native_problems(
@@ -367,7 +377,7 @@ def native_problems(
         if not refs or end - start != 1:
             continue
         new = result[pos]
-        if is_stand_in(message_text(new)):
+        if _stands_in(new, refs, original[start]):
             continue
         if native(new) != native(original[start]):
             problems.append(f"result message {pos} rewrote message {start} without its items")

@@ -10,12 +10,14 @@ Items are grouped into the units compaction knows:
   always travels with the item it precedes, and a unit is reasoning + call + the call's output;
 - each output (`function_call_output` …) answering that run is one `tool` message.
 
-Everything compaction must never touch or cannot pair — `compaction` items, item references
-(and the run right after a reference to a reasoning item), configuration updates, types this
-adapter does not know, an output whose call is not right before it, a call whose output is not
-right after it — is projected as a `system` message: the chat rules keep those verbatim and
-never drop them. `instructions` and `tools` are outside the
-input and never touched; they are counted as the request's fixed cost.
+Everything compaction must never touch or cannot pair is projected as a `system` message (the
+chat rules keep those verbatim and never drop them): `compaction` items (the upstream's encrypted
+summaries, resent verbatim), Codex's `compaction_trigger` (the final input item, asking the
+upstream for one compaction item: it stays last, exactly once), item references (and the run
+right after a reference to a reasoning item), configuration updates, types this adapter does not
+know, an output whose call is not right before it, a call whose output is not right after it.
+`instructions`, `tools` and `context_management` are outside the input and never touched; the
+first two are counted as the request's fixed cost.
 
 A request that continues server-side history (`previous_response_id`, `conversation`) is
 forwarded as it is: only the part of the history it carries is visible, so it is counted, never

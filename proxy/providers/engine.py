@@ -71,7 +71,7 @@ class EngineOptions:
         doc="share of the target the newest pieces of the last recency_turns turns may fill first",
     )
     relevance: float = option(
-        1.0, minimum=0.0, doc="weight of relevance to the tail beside specificity"
+        0.25, minimum=0.0, doc="weight of relevance to the tail beside specificity"
     )
 
 

@@ -19,6 +19,7 @@ one-for-one replacement promises the original's role, tool identity and content 
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 
 REF_ID = r"[0-9a-f]{6,32}"
 """What a reference id looks like: lowercase hex (providers use 10 characters)."""
@@ -64,3 +65,15 @@ def refs_in_text(text: str) -> list[str]:
 def is_stand_in(text: str) -> bool:
     """Whether a text carries a marker saying it stands in for whole dropped messages."""
     return DROPPED_PATTERN.search(text) is not None
+
+
+def is_written_stand_in(text: str, refs: Collection[str], replaced: str) -> bool:
+    """Whether a rewrite's text carries a "dropped" marker its provider wrote: one naming a ref
+    of this very replacement (`refs`) that the text it replaces (`replaced`) did not already
+    hold. A client's text can quote a marker; it cannot name the ref of its own content (a
+    digest of it), so a forged one never waives the shape check of a one-for-one rewrite."""
+    for found in DROPPED_PATTERN.finditer(text):
+        ref = REF_PATTERN.match(found.group())
+        if ref is not None and ref.group(1) in refs and found.group() not in replaced:
+            return True
+    return False

@@ -43,6 +43,7 @@ class Layout:
     _stays: list[bool] = field(default_factory=list)
     costs: list[int] = field(default_factory=list)
     """Tokens of each original message (the counts the request was priced with)."""
+    _refs: dict[tuple[int, int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
@@ -50,6 +51,13 @@ class Layout:
             unit.kind == "system" or not self.fixed.isdisjoint(unit.indices())
             for unit in self.units
         ]
+
+    def ref_of(self, start: int, end: int) -> str:
+        """The ref id of messages[start:end] (a run is folded again on every round of a fit)."""
+        key = (start, end)
+        if key not in self._refs:
+            self._refs[key] = canonical.ref_id(self.messages[start:end])
+        return self._refs[key]
 
     def rewritable(self) -> list[int]:
         """Messages a compaction may rewrite, in order."""
@@ -159,7 +167,7 @@ def _fold(
     that would cost as much."""
     run = [layout.messages[i] for i in indices]
     tokens = sum(layout.costs[i] for i in indices)
-    ref, stand_in = placeholder(run, tokens)
+    ref, stand_in = placeholder(run, tokens, ref=layout.ref_of(indices[0], indices[-1] + 1))
     role = stand_in["role"]
     lines = [dropped_marker(ref) if short else message_text(stand_in)]
     for text in texts:

@@ -7,9 +7,10 @@ Two things make a line or sentence worth its tokens, and one makes it worthless:
   weighted by its form (anything with a digit, a path, URL or identifier: 1; a name or an
   acronym: 0.6; plain words: nothing) times its rarity in the conversation (inverse document
   frequency over all pieces).
-- **Relevance.** What the conversation is about now: BM25 of the piece against the tail (the
-  newest exchanges, and the last user message counted twice), so the file an agent is still
-  editing and the earlier answer the last question is about outrank what nobody mentions.
+- **Relevance.** What the conversation is about now: BM25 of the piece against what the tail
+  names (the files, functions, ids, numbers and names of the newest exchanges, those of the
+  last user message counted twice), so the file an agent is still editing and the earlier
+  answer the last question is about outrank what nobody mentions.
 - **Redundancy.** A piece said again later (the same line in a newer view of a file, the same
   error template, a repeated banner) is worth nothing where it stands first: the later copy
   carries it, in its newer surroundings.
@@ -67,6 +68,11 @@ def form(term: str) -> float:
     return NAMED if len(term) > 1 and term.isupper() else 0.0
 
 
+def _named(term: str) -> bool:
+    """Whether a term of the tail names something: specific by its form, or capitalized."""
+    return bool(form(term)) or term[:1].isupper()
+
+
 def edges(text: str, reach: int) -> tuple[bool, bool]:
     """Whether something that may be a fact (a digit, an identifier, a name) lies within
     `reach` characters of the text's start, and of its end (white space at either end aside):
@@ -85,9 +91,11 @@ class Scorer:
     those terms alone."""
 
     def __init__(self, pieces: Sequence[str], query: str, focus: str) -> None:
-        # The last user message says what is asked now: its terms count twice the tail's.
-        self._query = dict.fromkeys(terms(query.lower()), 1.0)
-        self._query.update(dict.fromkeys(terms(focus.lower()), 2.0))
+        # The working set is what the tail names (its files, functions, ids, numbers, names):
+        # plain words match too much to say what a piece is about. The last user message says
+        # what is asked now: its names count twice the tail's.
+        self._query = {t.lower(): 1.0 for t in terms(query) if _named(t)}
+        self._query.update({t.lower(): 2.0 for t in terms(focus) if _named(t)})
         asked = set(self._query)
         forms: dict[str, float] = {}
         df: Counter[str] = Counter()

@@ -220,10 +220,12 @@ def refs_in(message: Message) -> list[str]:
     return refs_in_text(message_text(message))
 
 
-def placeholder(run: Sequence[Message], tokens: int, note: str = "") -> tuple[str, Message]:
+def placeholder(
+    run: Sequence[Message], tokens: int, note: str = "", ref: str | None = None
+) -> tuple[str, Message]:
     """(ref id, the one message standing for a dropped run of whole units, with an optional note
-    after its marker)."""
-    ref = canonical.ref_id(run)
+    after its marker; `ref`: the run's ref id when the caller knows it already)."""
+    ref = canonical.ref_id(run) if ref is None else ref
     # The run's first role (user or assistant): the placeholder relates to what precedes it
     # exactly as the run did, so turn order stays as valid as the client's own. Never `tool`
     # (it would need a call) nor `system` (it would read as an instruction).

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from proxy.providers.base import CompactionResult, CompressionConfig, Message
-from proxy.providers.markers import is_stand_in
+from proxy.providers.markers import is_written_stand_in
 from proxy.providers.units import (
     final_tool_results,
     hard_protected,
@@ -29,6 +29,7 @@ class _Replacement:
     position: int
     start: int
     end: int
+    refs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def check_result(
     replacements: list[_Replacement] = []
     for pos, ((start, end), refs) in enumerate(zip(alignment.spans, alignment.refs, strict=True)):
         if refs:
-            replacements.append(_Replacement(pos, start, end))
+            replacements.append(_Replacement(pos, start, end, tuple(refs)))
         else:
             kept[start] = True
     # A final tool result may be cut as the last resort (issue 10), one for one, never dropped.
@@ -175,8 +176,15 @@ def _final_results_dropped(
         f"final tool result {rep.start} was folded into result message {rep.position}"
         for rep in replacements
         if any(i in last for i in range(rep.start, rep.end))
-        and (rep.end - rep.start != 1 or is_stand_in(message_text(out[rep.position])))
+        and (rep.end - rep.start != 1 or _stands_in(original, out, rep))
     ]
+
+
+def _stands_in(original: Sequence[Message], out: Sequence[Message], rep: _Replacement) -> bool:
+    """Whether the replacement carries a "dropped" marker its provider wrote (not one quoted
+    from the client's own text)."""
+    replaced = "\n".join(message_text(original[k]) for k in range(rep.start, rep.end))
+    return is_written_stand_in(message_text(out[rep.position]), rep.refs, replaced)
 
 
 def _check_replacement(
@@ -194,7 +202,7 @@ def _check_replacement(
         problems.append(f"{where} grew from {before} to {after} tokens")
     # A replacement whose marker says "dropped" stands in for whole messages: nothing of them
     # is kept in place, so only its own validity matters, not their shape.
-    stand_in = is_stand_in(message_text(new))
+    stand_in = _stands_in(original, out, rep)
     if rep.end - rep.start == 1 and not stand_in:
         problems.extend(_same_shape(original[rep.start], new, where))
     elif new.get("role") not in ("user", "assistant") or new.get("tool_calls"):

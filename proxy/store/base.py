@@ -155,6 +155,26 @@ class UsageDelta:
     counters: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class ActivityDelta:
+    """What one worker saw of one conversation since its last flush (every request the upstream
+    accepted, compacted or not): the API and model it last used, and counters to add."""
+
+    tenant: str
+    conversation: str
+    api: str
+    model: str
+    seen_at: float
+    """Epoch seconds of the latest request."""
+    counters: Mapping[str, int]
+    """`ACTIVITY_FIELDS` to add (a missing one adds 0)."""
+
+
+ACTIVITY_FIELDS = ("requests", "compactions", "tokens_before", "tokens_after")
+"""Requests; those that compacted (a new checkpoint); tokens as the clients sent them and as
+compactd forwarded them in their place: added up per conversation."""
+
+
 class Store(Protocol):
     """Async store interface. Every method is scoped to a tenant; `tenant=None` means admin."""
 
@@ -187,6 +207,9 @@ class Store(Protocol):
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns (others omitted)."""
 
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the live conversations of this tenant that store it."""
+
     async def get_conversation(
         self, tenant: str | None, conversation: str
     ) -> ConversationInfo | None:
@@ -218,6 +241,14 @@ class Store(Protocol):
         tenant, policy, model, day, requests, actions ({action: count}), tokens_before,
         tokens_after, prompt_tokens, cached_tokens, completion_tokens (chat completions'), and
         where recorded fail_opens ({reason: count}) and apis ({api: the same counters})."""
+
+    async def add_activity(self, deltas: Sequence[ActivityDelta], ttl_seconds: int) -> None:
+        """Add a batch of conversations' activity; each is kept `ttl_seconds` after its last
+        request (every conversation, compacted or not: what the listing shows)."""
+
+    async def activity(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        """The `limit` most recently active conversations of a tenant (admin: of all), newest
+        first: tenant, conversation, api, model, first_seen, last_seen and the counters."""
 
     async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:
         """Record a context window learned from an upstream (scope) for a model, expiring after

@@ -31,6 +31,7 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
         return await RedisStore.open(
             url,
             timeout_ms=settings.timeout_ms,
+            over_budget_timeout_ms=settings.over_budget_timeout_ms,
             pool_size=settings.pool_size,
             min_replicas_ack=settings.min_replicas_ack,
         )
@@ -39,4 +40,8 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
     # Imported here too: sqlite3 and its library (~1 MB) are a Redis-backed worker's dead weight.
     from proxy.store.sqlite import SqliteStore  # noqa: PLC0415
 
-    return await SqliteStore.open(sqlite_path(url, data_dir), timeout_ms=settings.timeout_ms)
+    return await SqliteStore.open(
+        sqlite_path(url, data_dir),
+        timeout_ms=settings.timeout_ms,
+        over_budget_timeout_ms=settings.over_budget_timeout_ms,
+    )

@@ -15,9 +15,17 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.store import codec, redis_find, redis_save, redis_usage, windows_ops
+from proxy.store import (
+    codec,
+    redis_activity,
+    redis_find,
+    redis_save,
+    redis_usage,
+    windows_ops,
+)
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
+    ActivityDelta,
     Checkpoint,
     Compaction,
     ConversationInfo,
@@ -35,6 +43,7 @@ from proxy.store.redis_ops import (
     fetch_conversation,
     list_pairs,
     purge,
+    ref_candidates,
     resolve_refs,
 )
 
@@ -83,6 +92,7 @@ class RedisStore:
         # main pool gives up at the store timeout (200 ms), whatever the call may take.
         self._slow_client = slow_client or client
         self._timeout = timeout
+        self._over_budget_timeout = timeout
         self._keys = keys
         self._min_acks = min_replicas_ack
         self._find_script = client.register_script(redis_find.FIND_SCRIPT)
@@ -96,6 +106,7 @@ class RedisStore:
         url: str,
         *,
         timeout_ms: int = 200,
+        over_budget_timeout_ms: int = 0,
         pool_size: int = 50,
         prefix: str = "compactd:",
         min_replicas_ack: int = 0,
@@ -119,6 +130,7 @@ class RedisStore:
             usage_client=usage_client,
             slow_client=slow_client,
         )
+        store._over_budget_timeout = max(over_budget_timeout_ms / 1000, timeout)
         warm = [store.ping() for _ in range(min(pool_size, 4))]
         await asyncio.gather(*warm, return_exceptions=True)
         return store
@@ -129,12 +141,27 @@ class RedisStore:
         return isinstance(self._client, RedisCluster)
 
     async def _io(
-        self, op: Callable[[Client], Awaitable[T]], *, slow: bool = False, usage: bool = False
+        self,
+        op: Callable[[Client], Awaitable[T]],
+        *,
+        slow: bool = False,
+        usage: bool = False,
+        over_budget: bool = False,
     ) -> T:
         """Run `op` shielded from cancellation, bounded by the timeout (`slow`: the inspection
-        timeout; `usage`: on the accounting pool), errors as StoreError."""
+        timeout; `usage`: on the accounting pool; `over_budget`: a request over its trigger's
+        lookup or save, within over_budget_timeout_ms on the pool whose sockets wait that long),
+        errors as StoreError."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
-        client = self._usage_client if usage else self._slow_client if slow else self._client
+        if over_budget:
+            timeout = self._over_budget_timeout
+        client = (
+            self._usage_client
+            if usage
+            else self._slow_client
+            if slow or over_budget
+            else self._client
+        )
         task: asyncio.Task[T] = asyncio.ensure_future(op(client))
         self._inflight.add(task)
         task.add_done_callback(self._settle)
@@ -177,7 +204,7 @@ class RedisStore:
                 )
             return body
 
-        raw = await self._io(op)
+        raw = await self._io(op, over_budget=True)  # only requests over their trigger look
         return None if raw is None else self._decoded.load(raw, tenant)
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
@@ -195,7 +222,8 @@ class RedisStore:
                 ttl_seconds,
                 min_acks=self._min_acks,
                 wait_ms=wait_ms,
-            )
+            ),
+            over_budget=True,
         )
         return self._decoded.load(stored, tenant)
 
@@ -221,7 +249,8 @@ class RedisStore:
                 ttl=ttl_seconds,
                 min_acks=self._min_acks,
                 wait_ms=wait_ms,
-            )
+            ),
+            over_budget=True,
         )
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
@@ -231,6 +260,25 @@ class RedisStore:
         return await self._io(
             lambda r: resolve_refs(r, self._keys, tenant, list(ref_ids)), slow=True
         )
+
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the conversations of this tenant whose refs hold it (still live)."""
+        if not ref_ids:
+            return {}
+
+        async def op(r: Client) -> dict[str, list[str]]:
+            candidates = await ref_candidates(r, self._keys, tenant, list(ref_ids))
+            async with r.pipeline(transaction=False) as p:
+                for ref, conv in candidates:
+                    p.hexists(self._keys.conversation(tenant, conv).refs, ref)
+                live = await p.execute()
+            out: dict[str, list[str]] = {}
+            for (ref, conv), present in zip(candidates, live, strict=True):
+                if present and conv not in out.get(ref, []):
+                    out.setdefault(ref, []).append(conv)
+            return out
+
+        return await self._io(op, slow=True)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str
@@ -256,7 +304,11 @@ class RedisStore:
         """Delete the conversation's keys and its index entries."""
         check_ids(tenant, conversation)
 
-        return await self._io(lambda r: purge(r, self._keys, tenant, conversation), slow=True)
+        gone = await self._io(lambda r: purge(r, self._keys, tenant, conversation), slow=True)
+        await self._io(
+            lambda r: redis_activity.purge(r, self._keys, tenant, conversation), slow=True
+        )
+        return gone
 
     async def get_summary(self, tenant: str, digest: str) -> str | None:
         """A cached summary by source digest."""
@@ -283,6 +335,21 @@ class RedisStore:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
         return await self._io(
             lambda r: redis_usage.usage(r, self._keys, tenant, since_day), slow=True, usage=True
+        )
+
+    async def add_activity(self, deltas: Sequence[ActivityDelta], ttl_seconds: int) -> None:
+        """A batch of conversations' activity, on the accounting pool."""
+        if deltas:
+            await self._io(
+                lambda r: redis_activity.add(r, self._keys, deltas, ttl_seconds),
+                slow=True,
+                usage=True,
+            )
+
+    async def activity(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        """The most recently active conversations, newest first."""
+        return await self._io(
+            lambda r: redis_activity.recent(r, self._keys, tenant, limit), slow=True, usage=True
         )
 
     async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:

@@ -185,12 +185,11 @@ async def purge(r: Client, keys: KeyLayout, tenant: str | None, conversation: st
     return existed
 
 
-async def resolve_refs(
+async def ref_candidates(
     r: Client, keys: KeyLayout, tenant: str, ref_ids: list[str]
-) -> dict[str, list[Message]]:
-    """Reference id -> originals, in three round trips: the ref index (every conversation that
-    stores the id), those conversations' refs, then their originals. The first conversation
-    that still holds every original of a ref answers; entries pointing at nothing are skipped."""
+) -> list[tuple[str, str]]:
+    """(ref, conversation) for every conversation the tenant's ref index lists for the ids (in
+    one round trip; an entry may point at a conversation that has expired since)."""
     index = keys.tenant_refs(tenant)
     async with r.pipeline(transaction=False) as p:
         for ref in ref_ids:
@@ -207,6 +206,16 @@ async def resolve_refs(
     candidates += [
         (ref, text(conv)) for ref, conv in zip(ref_ids, legacy, strict=True) if conv is not None
     ]
+    return candidates
+
+
+async def resolve_refs(
+    r: Client, keys: KeyLayout, tenant: str, ref_ids: list[str]
+) -> dict[str, list[Message]]:
+    """Reference id -> originals, in three round trips: the ref index (every conversation that
+    stores the id), those conversations' refs, then their originals. The first conversation
+    that still holds every original of a ref answers; entries pointing at nothing are skipped."""
+    candidates = await ref_candidates(r, keys, tenant, ref_ids)
     if not candidates:
         return {}
     async with r.pipeline(transaction=False) as p:

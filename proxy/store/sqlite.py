@@ -29,9 +29,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.allocator import release_thread_cache
-from proxy.store import codec, sqlite_expiry, sqlite_ops, sqlite_usage, windows_ops
+from proxy.store import (
+    codec,
+    sqlite_activity,
+    sqlite_expiry,
+    sqlite_ops,
+    sqlite_usage,
+    windows_ops,
+)
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
+    ActivityDelta,
     Checkpoint,
     Compaction,
     ConversationInfo,
@@ -69,6 +77,7 @@ class SqliteStore:
         self._slow = slow
         self._usage = usage
         self._timeout = timeout
+        self._over_budget_timeout = timeout
         self._decoded = DecodedCheckpoints()
         self._expiry = sqlite_expiry.Expiry(self._expire_batch, purge_every)
 
@@ -78,6 +87,7 @@ class SqliteStore:
         path: Path,
         *,
         timeout_ms: int = 200,
+        over_budget_timeout_ms: int = 0,
         purge_every: float = sqlite_expiry.PURGE_EVERY_SECONDS,
     ) -> SqliteStore:
         """Open (creating the file, its directory and schema if needed) the database at `path`,
@@ -96,6 +106,7 @@ class SqliteStore:
         usage = await _Lane.open(side, slow_ms, inspect_ms, "u", adopt)
         timeout = timeout_ms / 1000
         store = cls(writer, reader, slow, usage, timeout, purge_every=purge_every)
+        store._over_budget_timeout = max(over_budget_timeout_ms / 1000, timeout)
         store._expiry.start()
         return store
 
@@ -106,10 +117,15 @@ class SqliteStore:
         write: bool = True,
         slow: bool = False,
         lane: _Lane | None = None,
+        over_budget: bool = False,
     ) -> T:
         """Run `fn(connection, *args)` on the writer's, reader's (or `lane`'s) thread, within
-        the timeout (`slow`: the inspection timeout, on the lane whose locks wait as long)."""
+        the timeout (`slow`: the inspection timeout, on the lane whose locks wait as long;
+        `over_budget`: a request over its trigger's lookup or save, within
+        over_budget_timeout_ms)."""
         timeout = max(self._timeout, INSPECTION_TIMEOUT_SECONDS) if slow else self._timeout
+        if over_budget:
+            timeout = self._over_budget_timeout
         lane = lane or (self._slow if slow else self._writer if write else self._reader)
         future = lane.call(fn, lane.con, *args)
         # A caller that timed out no longer awaits the statement: retrieve its outcome here, so
@@ -137,16 +153,21 @@ class SqliteStore:
             prefix_digests,
             self._decoded.load,
             write=False,
+            over_budget=True,  # only requests over their trigger look
         )
         if refresh_to:
-            await self._run(sqlite_ops.refresh, tenant, conversation, refresh_to)
+            await self._run(sqlite_ops.refresh, tenant, conversation, refresh_to, over_budget=True)
         return found
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """One BEGIN IMMEDIATE transaction; first writer of a source digest wins."""
         check_ids(compaction.checkpoint.tenant, compaction.checkpoint.conversation)
         return await self._run(
-            sqlite_ops.save_compaction, compaction, ttl_seconds, self._decoded.load
+            sqlite_ops.save_compaction,
+            compaction,
+            ttl_seconds,
+            self._decoded.load,
+            over_budget=True,
         )
 
     async def save_originals(
@@ -160,13 +181,19 @@ class SqliteStore:
         """One BEGIN IMMEDIATE transaction: the conversation row, originals and refs."""
         check_ids(tenant, conversation)
         save = partial(sqlite_ops.save_originals, originals=originals, refs=refs, ttl=ttl_seconds)
-        await self._run(save, tenant, conversation)
+        await self._run(save, tenant, conversation, over_budget=True)
 
     async def resolve_refs(self, tenant: str, ref_ids: list[str]) -> dict[str, list[Message]]:
         """Reference id -> original messages, for the ids this tenant owns."""
         if not ref_ids:
             return {}
         return await self._run(sqlite_ops.resolve_refs, tenant, ref_ids, slow=True)
+
+    async def ref_conversations(self, tenant: str, ref_ids: list[str]) -> dict[str, list[str]]:
+        """Reference id -> the live conversations of this tenant that store it."""
+        if not ref_ids:
+            return {}
+        return await self._run(sqlite_ops.ref_conversations, tenant, ref_ids, slow=True)
 
     async def get_conversation(
         self, tenant: str | None, conversation: str
@@ -194,7 +221,9 @@ class SqliteStore:
             gone = [sqlite_ops.delete_conversation(con, t, conversation) for (t,) in owners]
             return any(gone)
 
-        return await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)), slow=True)
+        gone = await self._run(lambda con: sqlite_ops.run_write(con, partial(op, con)), slow=True)
+        await self._run(sqlite_activity.purge, tenant, conversation, slow=True, lane=self._usage)
+        return gone
 
     async def purge_expired(self) -> int:
         """One pass of the background deletion, now: rows whose retention has passed."""
@@ -243,6 +272,17 @@ class SqliteStore:
     async def usage(self, tenant: str | None, since_day: str) -> list[dict[str, Any]]:
         """Aggregates per (tenant, policy, model, day) from `since_day` on."""
         return await self._run(sqlite_usage.usage, tenant, since_day, slow=True, lane=self._usage)
+
+    async def add_activity(self, deltas: Sequence[ActivityDelta], ttl_seconds: int) -> None:
+        """One transaction in the usage file, on its own thread (never the writer's)."""
+        if deltas:
+            await self._run(
+                sqlite_activity.add, deltas, float(ttl_seconds), slow=True, lane=self._usage
+            )
+
+    async def activity(self, tenant: str | None, limit: int) -> list[dict[str, Any]]:
+        """The most recently active conversations, newest first."""
+        return await self._run(sqlite_activity.recent, tenant, limit, slow=True, lane=self._usage)
 
     async def put_window(self, scope: str, model: str, window: int, ttl_seconds: int) -> None:
         """Record a learned context window (rare: only after a validated overflow)."""

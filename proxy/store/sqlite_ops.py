@@ -300,6 +300,23 @@ def resolve_refs(
     return out
 
 
+def ref_conversations(
+    con: sqlite3.Connection, tenant: str, ref_ids: Sequence[str]
+) -> dict[str, list[str]]:
+    """Reference id -> the live conversations of this tenant that store it."""
+    out: dict[str, list[str]] = {}
+    with transaction(con, "DEFERRED"):
+        for ids in _batches(ref_ids):
+            for ref, conv in con.execute(
+                "SELECT r.ref_id, r.conversation FROM refs r JOIN conversations c"  # noqa: S608
+                " ON c.tenant = r.tenant AND c.conversation = r.conversation"
+                f" WHERE r.tenant = ? AND r.ref_id IN ({_marks(ids)}) AND c.expires_at > ?",
+                (tenant, *ids, time.time()),
+            ).fetchall():
+                out.setdefault(ref, []).append(conv)
+    return out
+
+
 def get_conversation(
     con: sqlite3.Connection, tenant: str | None, conv: str
 ) -> ConversationInfo | None:

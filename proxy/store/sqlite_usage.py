@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from proxy.store import codec
+from proxy.store import codec, sqlite_activity
 from proxy.store.base import UsageDelta
 from proxy.store.sqlite_ops import set_wal, transaction
 
@@ -44,6 +44,7 @@ def connect(path: str, busy_ms: int, main_path: str = "") -> sqlite3.Connection:
     con.execute("PRAGMA synchronous = NORMAL")
     with transaction(con):
         con.execute(SCHEMA)
+        sqlite_activity.create(con)
     if main_path:
         _adopt_old_rows(con, main_path)
     return con

@@ -88,10 +88,17 @@ async def _to_index(request: Request) -> Response:
     return RedirectResponse(PREFIX + "/", status_code=308)
 
 
+async def _to_dashboard(request: Request) -> Response:
+    """The server's own address, opened in a browser, leads to the dashboard."""
+    del request
+    return RedirectResponse(PREFIX + "/", status_code=307)
+
+
 def routes() -> list[Route]:
     """The dashboard's routes (its data comes from /compactd/v1, see `proxy.insight`)."""
     assets = Assets()
     return [
+        Route("/", _to_dashboard, methods=["GET", "HEAD"]),
         Route(PREFIX, _to_index, methods=["GET", "HEAD"]),
         Route(PREFIX + "/", assets.serve, methods=["GET", "HEAD"]),
         Route(PREFIX + "/{name}", assets.serve, methods=["GET", "HEAD"]),

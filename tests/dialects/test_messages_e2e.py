@@ -174,7 +174,9 @@ async def test_an_input_and_max_tokens_over_the_window_400_is_retried_compacted(
         assert response.headers["x-compactd-action"] == "compacted"
 
 
-async def test_count_tokens_and_other_anthropic_paths_are_forwarded_unchanged(tmp_path) -> None:
+async def test_count_tokens_under_budget_and_other_anthropic_paths_are_forwarded_unchanged(
+    tmp_path,
+) -> None:
     async with harness(tmp_path) as h:
         raw = json.dumps(
             {"model": "claude-sonnet-5", "messages": [{"role": "user", "content": "hi"}]}
@@ -187,7 +189,8 @@ async def test_count_tokens_and_other_anthropic_paths_are_forwarded_unchanged(tm
         assert response.status_code == 200
         assert response.json()["input_tokens"] > 0
         assert h.messages.last.body == raw
-        assert "x-compactd-action" not in response.headers
+        # Counted as compactd would forward it (tests/dialects/test_protocol_items.py): as is.
+        assert response.headers["x-compactd-action"] == "passthrough"
         models = await h.client.get(
             "/v1/models", headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}
         )

@@ -193,6 +193,21 @@ async def test_refs_resolve_to_their_originals_in_order(backend: Backend) -> Non
     assert resolved == {"0005abcdef": msgs[:6]}
 
 
+async def test_a_ref_names_the_tenants_live_conversations_that_store_it(
+    backend: Backend,
+) -> None:
+    msgs = history(10)
+    await backend.store.save_compaction(compaction(A, "c1", msgs, 5), TTL)
+    await backend.store.save_compaction(compaction(A, "c2", msgs, 5), TTL)
+    await backend.store.save_compaction(compaction(A, "c3", msgs, 3), TTL)
+
+    owners = await backend.store.ref_conversations(A, ["0005abcdef", "0123456789"])
+
+    assert {ref: sorted(convs) for ref, convs in owners.items()} == {"0005abcdef": ["c1", "c2"]}
+    assert await backend.store.ref_conversations(B, ["0005abcdef"]) == {}
+    assert await backend.store.ref_conversations(A, []) == {}
+
+
 async def test_originals_saved_without_a_checkpoint_resolve_for_their_tenant_only(
     backend: Backend,
 ) -> None:

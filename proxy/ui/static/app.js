@@ -28,6 +28,16 @@
     time: (epoch) => (epoch ? new Date(epoch * 1000).toISOString().slice(0, 16).replace("T", " ") + " UTC" : "–"),
   };
 
+  // "1 policy", "2 policies", "1,024 requests": the count formatted, the noun agreeing with it.
+  function plural(n, one, many) {
+    return `${fmt.int(n)} ${Math.round(n || 0) === 1 ? one : many || `${one}s`}`;
+  }
+
+  // Tick steps a count axis may use: whole numbers only (never 0.2, shown rounded as "0, 0, 1").
+  const WHOLE = [1, 2, 5];
+  const INCRS = [];
+  for (let mag = 1; mag <= 1e12; mag *= 10) for (const m of WHOLE) INCRS.push(m * mag);
+
   // ---- DOM helpers ----
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -191,15 +201,30 @@
   }
 
   function lineChart(target, title, days, series, formatter) {
-    const data = [dayStamps(days), ...series.map((s) => s.values)];
+    // One day is one bar per series, centred between empty neighbours: a line needs two
+    // points, and uPlot stretches a lone point's fill across the plot (a ramp not in the data).
+    const single = days.length === 1;
+    const stamps = dayStamps(days);
+    const data = single
+      ? [[stamps[0] - 86400, stamps[0], stamps[0] + 86400], ...series.map((s) => [null, s.values[0], null])]
+      : [stamps, ...series.map((s) => s.values)];
+    const latest = single ? 1 : days.length - 1;
     const options = {
       title: undefined,
       width: Math.max(320, target.clientWidth || 900),
       height: 260,
-      scales: { x: { time: true } },
+      scales: {
+        x: { time: true },
+        // Counts start at zero, and an axis of zeros still reads 0 and 1, not 0, 0.2, ...
+        y: { range: (u, min, max) => [0, Math.max(1, max || 0)] },
+      },
       axes: [
-        { stroke: getComputedStyle(document.body).color },
-        { stroke: getComputedStyle(document.body).color, size: 70, values: (u, ticks) => ticks.map((v) => formatter(v)) },
+        { stroke: getComputedStyle(document.body).color, incrs: single ? [86400] : undefined },
+        { stroke: getComputedStyle(document.body).color, size: 70, incrs: INCRS, values: (u, ticks) => {
+          const labels = ticks.map((v) => formatter(v));
+          u.root.dataset.yTicks = labels.join(" ");  // the axis is canvas: its labels, readable
+          return labels;
+        } },
       ],
       series: [
         { label: "Day", value: (u, v) => (v == null ? "–" : new Date(v * 1000).toISOString().slice(0, 10)) },
@@ -209,21 +234,22 @@
           width: 2,
           points: { show: true, size: 6 },
           value: (u, v) => (v == null ? "–" : formatter(v)),
-          paths: s.bars ? uPlot.paths.bars({ size: [0.5, 40] }) : undefined,
-          fill: s.bars ? s.color : s.fill,
+          paths: s.bars || single ? uPlot.paths.bars({ size: [0.5, 40] }) : undefined,
+          fill: s.bars || single ? s.color : s.fill,
         })),
       ],
       legend: { live: true },
       cursor: { focus: { prox: 30 } },
       // The legend shows the latest day's values until the pointer moves over the chart.
       hooks: {
-        ready: [(u) => u.setLegend({ idx: days.length - 1 }, false)],
-        setLegend: [(u) => { if (u.legend.idx == null) u.setLegend({ idx: days.length - 1 }, false); }],
+        ready: [(u) => u.setLegend({ idx: latest }, false)],
+        setLegend: [(u) => { if (u.legend.idx == null) u.setLegend({ idx: latest }, false); }],
       },
     };
     const chart = new uPlot(options, data, target);
     chart.root.setAttribute("aria-label", `${title}: ${series.map((s) => s.label).join(", ")}, per day (the table below has the figures)`);
     chart.root.setAttribute("role", "img");
+    chart.root.dataset.shape = single ? "bars" : "lines";
     charts.push(chart);
     return chart;
   }
@@ -247,7 +273,7 @@
       el("dl", { class: "tiles", id: "tiles" },
         tile("tile-without", "Tokens without compactd", fmt.int(t.tokens_without)),
         tile("tile-sent", "Tokens sent", fmt.int(t.tokens_sent), `${fmt.pct(t.saved_share)} removed`),
-        tile("tile-events", "Compaction events", fmt.int(t.compactions), `${fmt.int(t.requests)} requests`),
+        tile("tile-events", "Compaction events", fmt.int(t.compactions), plural(t.requests, "request")),
         tile("tile-cache", "Cache-hit share", fmt.pct(t.cache_hit_share), `${fmt.int(t.cached_tokens)} of ${fmt.int(t.prompt_tokens)} prompt tokens`),
         tile("tile-saved", "Saved (net of cache)", fmt.usd(t.saved_usd), `gross ${fmt.usd(t.gross_saved_usd)}, cache loss ${fmt.usd(t.cache_loss_usd)}`),
         tile("tile-failopens", "Fail-opens", fmt.int(t.fail_opens), reasonsText(t.fail_open_reasons))),
@@ -255,9 +281,10 @@
     const tokensBox = el("div", { class: "chart", id: "chart-tokens" });
     const eventsBox = el("div", { class: "chart", id: "chart-events" });
     const tableBox = el("div");
-    const groupName = GROUPS.find(([v]) => v === by)[1].toLowerCase();
+    const label = GROUPS.find(([v]) => v === by)[1];
+    const groupName = by === "api" ? label : label.toLowerCase();
     const which = el("select", { id: "series" },
-      el("option", { value: "total" }, `All ${by === "policy" ? "policies" : groupName + "s"} together`),
+      el("option", { value: "total" }, `All ${by === "policy" ? "policies" : by === "api" ? "APIs" : groupName + "s"} together`),
       data.rows.map((r) => el("option", { value: r.key }, `${groupName} ${r.key}`)));
     view.append(
       el("div", { class: "controls" }, el("label", {}, "Charts and daily table show", which)),
@@ -311,7 +338,7 @@
     const heads = ["Requests", "Events", "Tokens without", "Tokens sent", "Removed", "Cache-hit share", "Cost", "Saved (net)", "Cache loss", "Shadow would save", "Fail-opens"];
     const rows = [...data.rows, { ...data.total, key: "Total" }];
     return el("div", { class: "scroll" }, el("table", { id: "groups" },
-      el("caption", {}, data.rows.length ? `${data.rows.length} ${by === "policy" ? "policies" : by + "s"}` : "No requests in this range"),
+      el("caption", {}, data.rows.length ? plural(data.rows.length, by === "api" ? "API" : by, by === "policy" ? "policies" : by === "api" ? "APIs" : null) : "No requests in this range"),
       el("thead", {}, el("tr", {}, el("th", { scope: "col" }, GROUPS.find(([v]) => v === by)[1]), heads.map((h) => el("th", { scope: "col", class: "num" }, h)))),
       el("tbody", {}, rows.map((r) => el("tr", { "data-key": r.key },
         el("th", { scope: "row" }, r.key),
@@ -363,34 +390,57 @@
 
   // ---- conversations ----
   async function renderConversations(params) {
-    const data = await api("conversations");
-    const list = data.data;
+    // A page at a time (limits.list_page_size): the first ten pages, most recently used first.
+    const every = params.get("all") === "1";
+    const base = `conversations${every ? "?all=true&" : "?"}`;
+    let data = await api(base.slice(0, -1));
+    const list = [...data.data];
+    for (let page = 1; data.has_more && page < 10; page++) {
+      data = await api(`${base}after=${encodeURIComponent(data.next)}`);
+      list.push(...data.data);
+    }
+    const more = data.has_more ? "+" : "";
     const view = $("view");
     const query = params.get("q") || "";
-    const search = el("input", { id: "q", type: "search", value: query, placeholder: "conversation or tenant id", "aria-controls": "conversations" });
+    const search = el("input", { id: "q", type: "search", value: query, placeholder: "conversation, tenant, API or model", "aria-controls": "conversations" });
+    const all = el("input", { id: "all", type: "checkbox", checked: every, onchange: (e) => setQuery("conversations", e.target.checked ? { all: "1" } : {}) });
     const body = el("tbody");
     const caption = el("caption");
-    const heads = ["Conversation", me.admin ? "Tenant" : null, "Compaction events", "Originals kept", "Size", "Last used", "Expires"].filter(Boolean);
+    const cell = (value, format) => el("td", { class: "num" }, value === null || value === undefined ? "–" : format(value));
+    const heads = [
+      ["Conversation"], me.admin ? ["Tenant"] : null, ["API"], ["Model"], ["Requests", true], ["Tokens before", true],
+      ["Tokens after", true], ["Saved", true], ["Compaction events", true], ["Size", true], ["Last used"],
+    ].filter(Boolean);
+    const link = (c) => (c.compacted
+      ? el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}${me.admin ? `?tenant=${encodeURIComponent(c.tenant)}` : ""}`, class: "mono" }, c.conversation)
+      : el("span", { class: "mono", title: "Never compacted: nothing is stored to inspect" }, c.conversation));
     const fill = () => {
       const q = search.value.trim().toLowerCase();
-      const shown = list.filter((c) => !q || c.conversation.toLowerCase().includes(q) || c.tenant.toLowerCase().includes(q));
-      caption.textContent = `${shown.length} of ${list.length} conversations, most recently used first`;
-      body.replaceChildren(...shown.map((c) => el("tr", { "data-conversation": c.conversation },
-        el("th", { scope: "row" }, el("a", { href: `#/conversations/${encodeURIComponent(c.conversation)}${me.admin ? `?tenant=${encodeURIComponent(c.tenant)}` : ""}`, class: "mono" }, c.conversation)),
+      const shown = list.filter((c) => !q || [c.conversation, c.tenant, c.api || "", c.model || ""].some((v) => v.toLowerCase().includes(q)));
+      caption.textContent = `${fmt.int(shown.length)} of ${plural(list.length, every ? "conversation" : "compacted conversation")}${more}, most recently used first`;
+      body.replaceChildren(...shown.map((c) => el("tr", { "data-conversation": c.conversation, "data-compacted": String(c.compacted) },
+        el("th", { scope: "row" }, link(c)),
         me.admin ? el("td", { class: "mono" }, c.tenant) : null,
-        el("td", { class: "num" }, fmt.int(c.checkpoint_count)),
-        el("td", { class: "num" }, fmt.int(c.original_count)),
+        el("td", {}, c.api || "–"),
+        el("td", {}, c.model || "–"),
+        cell(c.requests, fmt.int),
+        cell(c.tokens_before, fmt.int),
+        cell(c.tokens_after, fmt.int),
+        cell(c.tokens_saved, (v) => (c.tokens_before ? `${fmt.int(v)} (${fmt.pct(v / c.tokens_before)})` : fmt.int(v))),
+        el("td", { class: "num" }, c.compacted ? fmt.int(c.checkpoint_count) : "none"),
         el("td", { class: "num" }, fmt.bytes(c.size_bytes)),
-        el("td", {}, fmt.time(c.updated_at)),
-        el("td", {}, fmt.time(c.expires_at)))));
+        el("td", {}, fmt.time(c.updated_at)))));
     };
     search.addEventListener("input", fill);
     view.append(
       el("h1", {}, "Conversations"),
-      el("p", { class: "note" }, "Conversations with stored originals (one compaction event or more). Open one to see each checkpoint beside the messages it replaced."),
-      el("div", { class: "search" }, el("label", { for: "q" }, "Search"), search),
+      el("p", { class: "note" }, every
+        ? "Every conversation with a request in the retention period. Compacted ones keep their originals: open one to see each checkpoint beside the messages it replaced."
+        : "Conversations with stored originals (one compaction event or more). Open one to see each checkpoint beside the messages it replaced."),
+      el("div", { class: "search" }, el("label", { for: "q" }, "Search"), search,
+        el("label", { class: "check" }, all, "Show conversations that never compacted")),
       el("div", { class: "scroll" }, el("table", { id: "conversations" }, caption,
-        el("thead", {}, el("tr", {}, heads.map((h, i) => el("th", { scope: "col", class: i >= (me.admin ? 2 : 1) && i <= (me.admin ? 4 : 3) ? "num" : null }, h)))),
+        el("thead", {}, el("tr", {}, heads.map(([h, num]) => el("th", { scope: "col", class: num ? "num" : null }, h)))),
         body)),
     );
     fill();
@@ -521,7 +571,7 @@
     link.click();
     link.remove();
     setTimeout(() => URL.revokeObjectURL(url), 1000);
-    status(`Downloaded ${fmt.int(items.length)} original ${body.input ? "items" : "messages"} of checkpoint #${cp.number}.`);
+    status(`Downloaded ${plural(items.length, body.input ? "original item" : "original message")} of checkpoint #${cp.number}.`);
   }
 
   function checkpointTable(data, cp) {
@@ -531,13 +581,13 @@
     const linkFor = (ref) => anchors.get(ref) || null;
     const replaced = cp.rows.filter((r) => r.refs.length).length;
     return el("div", { class: "scroll" }, el("table", { class: "inspect", id: "inspect" },
-      el("caption", {}, `Checkpoint #${cp.number}: original messages 0–${cp.covered_through} as the client sent them, beside the ${fmt.int(cp.rows.length)} messages forwarded in their place (${fmt.int(replaced)} rewritten). Every later turn replays these forwarded bytes.`),
+      el("caption", {}, `Checkpoint #${cp.number}: original messages 0–${cp.covered_through} as the client sent them, beside the ${plural(cp.rows.length, "message")} forwarded in their place (${fmt.int(replaced)} rewritten). Every later turn replays these forwarded bytes.`),
       el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "Original messages"), el("th", { scope: "col" }, "Forwarded"))),
       el("tbody", {}, cp.rows.map((row) => el("tr", {},
         el("td", {}, row.refs.length ? null : el("p", { class: "kept" }, `Message ${row.first}: forwarded unchanged`),
           row.stands_for.map((group) => el("section", { id: `orig-${cp.number}-${group.ref}`, tabindex: "-1", "data-ref": group.ref },
             el("details", { open: group.digests.length <= 3 },
-              el("summary", {}, `${fmt.int(group.digests.length)} original message${group.digests.length === 1 ? "" : "s"} behind ref ${group.ref}`),
+              el("summary", {}, `${plural(group.digests.length, "original message")} behind ref ${group.ref}`),
               group.digests.map((digest, j) => messageBlock(data.originals[digest].message, data.originals[digest].tokens,
                 `original ${row.first + offsetIn(row, group) + j}`, { "data-digest": digest }, null))))),
           row.refs.filter((ref) => !row.stands_for.some((g) => g.ref === ref)).map((ref) => el("p", { class: "missing" }, `ref ${ref}: original not stored`))),
