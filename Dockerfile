@@ -11,13 +11,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY config ./config
 COPY proxy ./proxy
-# A C compiler for the native fact scan (hatch_build.py); only this stage has it. Without one the
-# wheel is pure Python and the engine several times slower at finding facts.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
-COPY hatch_build.py ./
 RUN pip install --prefix=/install .
 
 # --- runtime -------------------------------------------------------------------------------

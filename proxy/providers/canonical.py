@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from proxy.providers.base import Message, canonical_json
-from proxy.providers.facts import native
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
@@ -37,14 +36,9 @@ def _plain(value: Any) -> bool:
     return False
 
 
-# `_plain` at C speed (every message of a history is tested once a compaction), where built.
-_NATIVE_PLAIN = native("plain")
-_is_plain = _plain if _NATIVE_PLAIN is None else _NATIVE_PLAIN
-
-
 def canonical_bytes(value: Any) -> bytes:
     """`canonical_json(value)`."""
-    if _is_plain(value):
+    if _plain(value):
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     return canonical_json(value)
 

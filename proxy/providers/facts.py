@@ -1,23 +1,20 @@
-"""Facts: what a paraphrase would lose (ids, paths, names, quoted code, dates, amounts, errors).
+"""Facts: what a paraphrase would lose (ids, paths, names, quoted code, dates, amounts).
 
-Standard library only. Facts are found with one cheap pattern, ranked by how much they tell per
-character, and packed into a character budget; JSON documents give their scalar leaves grouped
-by key instead.
+Standard library only. Facts are found with one cheap pattern (and names and quoted phrases
+with a few more); long texts are scanned a piece at a time (`scan_spans`, `bounded`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import cached_property, partial
-from operator import itemgetter
 from typing import Any
 
 # A fact is what a paraphrase would lose: inline `code`, or a token holding a digit, an
 # underscore, a slash or an @, a dot inside a word (`utils.py`, `aider.repo`) or a lower-to-upper
-# hump (`warmCache`). One cheap pattern anchored at token starts finds them; ranking is per match.
+# hump (`warmCache`). One cheap pattern anchored at token starts finds them.
 # Not right after `<`: a closing markup tag (`</output>`) is structure, not a path.
 _FACT = re.compile(
     r"`[^`\s]{2,60}`"
@@ -25,69 +22,6 @@ _FACT = re.compile(
     r"(?:[\d_/@]|\w\.\w|[a-z][A-Z]|[A-Z]{2}[a-z]|[A-Z]-[A-Za-z]|[a-z]-[A-Z]|\w\+[A-Z]|[A-Za-z]#)"
     r"[\w./@$€£~:%+?=&#-]*"
 )
-# The same matches at C speed (proxy/providers/_factscan.c, built when a compiler is there),
-# used only while its pattern is this one: a changed `_FACT` runs `python_scan` (and fails
-# tests/providers/test_factscan.py) until the C scan is changed with it.
-try:
-    from proxy.providers import _factscan
-except ImportError:  # built without a compiler: the pure-Python scan
-    _factscan = None  # type: ignore[assignment]
-
-
-def native(name: str, *specs: tuple[str, str]) -> Any:
-    """The native version of a function of this module (`_factscan.<name>`, same results), or
-    None when it is not built or implements other patterns than these (`specs`: the pattern or
-    characters this module uses, and the name of the constant the C file keeps for it)."""
-    if _factscan is None or not all(getattr(_factscan, c, None) == p for p, c in specs):
-        return None
-    return getattr(_factscan, name, None)
-
-
-NATIVE_SCAN: Callable[[str], list[str]] | None = native("fact_matches", (_FACT.pattern, "PATTERN"))
-
-
-# `needle in text` for many needles at C speed: the text indexed once by its character pairs
-# (tests/providers/test_factscan.py: the same answers as `in`, for any str kinds).
-NATIVE_TEXT_INDEX = native("text_index")
-NATIVE_OCCURS = native("occurs")
-
-
-def unshown(
-    found: list[tuple[int, str]], shown: dict[str, bool], occurs: Callable[[str], bool]
-) -> list[tuple[int, str]]:
-    """The (rank, fact) pairs of `found` whose fact `occurs` says is not in the text every rung
-    keeps (a stub lists them), each fact's answer remembered in `shown` (facts repeat from
-    message to message; a long history has tens of thousands of candidates: at C speed)."""
-    if NATIVE_UNSHOWN is not None:
-        kept: list[tuple[int, str]] = NATIVE_UNSHOWN(found, shown, occurs)
-        return kept
-    return python_unshown(found, shown, occurs)
-
-
-NATIVE_UNSHOWN = native("unshown")
-
-
-def python_unshown(
-    found: list[tuple[int, str]], shown: dict[str, bool], occurs: Callable[[str], bool]
-) -> list[tuple[int, str]]:
-    """`unshown` in Python (the reference of the native one)."""
-    kept = []
-    for c in found:
-        hit = shown.get(c[1])
-        if hit is None:
-            hit = shown[c[1]] = occurs(c[1])
-        if not hit:
-            kept.append(c)
-    return kept
-
-
-def occurs_in(text: str) -> Callable[[str], bool]:
-    """Whether a str occurs in text (`text.__contains__`, its Python reference), for asking
-    of many strs: a stub's hundreds of candidate facts, against the text every rung keeps."""
-    if NATIVE_TEXT_INDEX is None or NATIVE_OCCURS is None:
-        return text.__contains__
-    found: Callable[[str], bool] = partial(NATIVE_OCCURS, NATIVE_TEXT_INDEX(text))
-    return found
 
 
 _PUNCT_EDGES = ".:,-+%~"
@@ -97,71 +31,30 @@ _PUNCT_EDGES = ".:,-+%~"
 _WORD_EDGES = ".,;:!?()\"'"
 # Characters a single regex call scans at most (when lines allow): ~5 ms of holding the GIL.
 SCAN_CHARS = 32_768
-_ERROR_LINE = re.compile(
-    r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
-    r"|(?-i:[a-z](?:Error|Exception))\b",
-    re.I,
-)
 # For lowered text (case-sensitive patterns run much faster than re.I ones).
 ERROR_WORDS = re.compile(
     r"\b(?:error|exception|traceback|failed|failure|fatal|denied|refused|not found|invalid)\b"
     r"|[a-z](?:error|exception)\b"
 )
-# Every match of ERROR_WORDS / _ERROR_LINE contains one of these (lowered): a text without any
+# Every match of ERROR_WORDS contains one of these (lowered): a text without any
 # skips the patterns.
 ERROR_HINTS = (
     "error", "exception", "traceback", "fail", "fatal", "denied", "refused", "not found", "invalid",
 )  # fmt: skip
-_ID_SHAPE = re.compile(r"[\w.@-]+")
-_THREE_DIGITS = re.compile(r"\d\D*\d\D*\d")
-_CODE = re.compile(r"[A-Z0-9]{5,8}")
 _MIN_FACT_LEN = 2
-_DIGIT = re.compile(r"\d")
-_PATHLIKE = re.compile(r"^[\w.-]*/[\w./-]*\w$|^[\w-]+\.[a-z]{1,4}$")
 _LETTER = re.compile(r"[^\W\d_]")
-# Ranks and distinct facts at C speed (tests/providers/test_factscan.py: same results).
-NATIVE_RANKED = native(
-    "ranked",
-    (_PATHLIKE.pattern, "PATHLIKE"),
-    (_DIGIT.pattern, "DIGIT"),
-    (_LETTER.pattern, "LETTER"),
-    (str(_MIN_FACT_LEN), "MIN_FACT_LEN"),
-)
-NATIVE_QUOTE_INTO = native("quote_into", (_PUNCT_EDGES, "PUNCT_EDGES"))
 
 
-def _rank(value: str, quoted: bool = False) -> int:
-    """0: what the author quoted as `code`, paths and ids (letters and digits); 1: other names,
-    URLs and dates; 2: amounts; 3: other numbers."""
-    if quoted:
-        return 0
-    return python_rank(value)
-
-
-def python_rank(value: str) -> int:
-    """`_rank` of a fact not quoted as code, in Python (the reference of the native rank)."""
-    if _PATHLIKE.search(value):
-        return 0
-    digits = _DIGIT.search(value) is not None
-    letters = _LETTER.search(value) is not None
-    if digits and letters:
-        return 0 if "://" not in value else 1
-    if letters or value.count("-") == 2:
-        return 1
-    return 2 if value[0] in "$€£" or len(value) >= 3 else 3
-
-
-def scan_spans(
-    text: str, size: int, boundaries: str, start: int = 0, stop: int | None = None
-) -> Iterator[tuple[int, int]]:
-    """(start, end) pieces of text[start:stop] of about `size` characters, each ending just
-    after one of the `boundaries` characters, or at 2 * size when none comes before (a text
-    without them is still cut: no piece is ever longer)."""
-    n = len(text) if stop is None else stop
-    if n - start <= size:  # one piece (most texts): what the loop below yields, without its finds
-        if start < n:
-            yield start, n
+def scan_spans(text: str, size: int, boundaries: str) -> Iterator[tuple[int, int]]:
+    """(start, end) pieces of text of about `size` characters, each ending just after one of
+    the `boundaries` characters, or at 2 * size when none comes before (a text without them is
+    still cut: no piece is ever longer)."""
+    n = len(text)
+    if n <= size:  # one piece (most texts): what the loop below yields, without its finds
+        if n:
+            yield 0, n
         return
+    start = 0
     while start < n:
         limit = min(n, start + 2 * size)
         cuts = [c for c in (text.find(b, start + size, limit) for b in boundaries) if c >= 0]
@@ -256,21 +149,9 @@ _NAME = re.compile(
 _GROUPED = re.compile(r"(?<![\w.,])[$€£]?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?!\w|[.,]\d)")
 
 
-# At C speed where built (see _factscan.c; tests/providers/test_factscan.py checks that they
-# find the same and that they are in use).
-NATIVE_GROUPED = native("grouped_amounts", (_GROUPED.pattern, "GROUPED"))
-NATIVE_QUOTED = native("quoted_spans", (_QUOTED_PHRASE.pattern, "QUOTED"))
-_grouped_amounts = NATIVE_GROUPED or _GROUPED.findall
-NATIVE_NAMES = native("names", (_NAME.pattern, "NAME"))
-_names = NATIVE_NAMES or _NAME.findall
-
-
-def python_quoted_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """Where `_QUOTED_PHRASE` matches in text[start:end] (the reference of the native one)."""
+def _quoted_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Where `_QUOTED_PHRASE` matches in text[start:end]."""
     return [match.span() for match in _QUOTED_PHRASE.finditer(text, start, end)]
-
-
-_quoted_spans = NATIVE_QUOTED or python_quoted_spans
 
 
 def _quoted_word(text: str, at: int, end: int) -> bool:
@@ -299,18 +180,17 @@ def name_matches(text: str) -> list[str]:
                 if (" " in phrase and _LETTER.search(phrase)) or _quoted_word(text, at, stop):
                     found.append(phrase)
         if commas:
-            found += _grouped_amounts(text, start, end)
+            found += _GROUPED.findall(text, start, end)
         found += _name_facts(text, start, end, _NOT_NAMES)
     return found
 
 
-def python_name_facts(text: str, start: int, end: int, not_names: frozenset[str]) -> list[str]:
-    """The names of text[start:end] a fact list keeps (the reference of the native one)."""
+def _name_facts(text: str, start: int, end: int, not_names: frozenset[str]) -> list[str]:
+    """The names of text[start:end] a fact list keeps."""
     found: list[str] = []
-    for match in _names(text, start, end):
-        # A possessive stays as written (`Jay Chou's`: it holds the name too; a list that has
-        # both keeps the possessive, see `_without_contained`). Most names are one word (only
-        # blanks and tabs separate a name's words): no split for those.
+    for match in _NAME.findall(text, start, end):
+        # A possessive stays as written (`Jay Chou's`: it holds the name too). Most names are one
+        # word (only blanks and tabs separate a name's words): no split for those.
         if " " not in match and "\t" not in match:
             if match not in not_names:
                 found.append(match)
@@ -323,11 +203,6 @@ def python_name_facts(text: str, start: int, end: int, not_names: frozenset[str]
     return found
 
 
-# The names loop at C speed, where the native name pattern is in use.
-NATIVE_NAME_FACTS = native("name_facts", (_NAME.pattern, "NAME"))
-_name_facts = NATIVE_NAME_FACTS or python_name_facts
-
-
 _NO_FACTS: list[str] = []
 # Distinct tokens whose matches a compaction remembers (a log of unique ids would otherwise fill
 # a dict that takes long to free).
@@ -336,15 +211,7 @@ _TOKEN_MEMO = 50_000
 
 def _scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
     """The fact pattern's matches, token by token; `tokens` remembers each distinct token's
-    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids). The
-    native scan, where there is one, finds the same at C speed."""
-    if NATIVE_SCAN is not None:
-        return NATIVE_SCAN(text)
-    return python_scan(text, tokens)
-
-
-def python_scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
-    """`_scan` in Python (the reference the native scan is tested against)."""
+    matches (agent conversations repeat most of their tokens: `self.x`, `return`, ids)."""
     found: list[str] = []
     findall = _FACT.findall
     seen: dict[str, list[str]] = {} if tokens is None else tokens
@@ -366,36 +233,22 @@ def python_scan(text: str, tokens: dict[str, list[str]] | None = None) -> list[s
 
 def _quoted(matches: Iterable[str]) -> dict[str, bool]:
     """Each distinct fact of the matches, in order, and whether the author quoted it as code."""
+    # Backticked code as True, the rest stripped of `_PUNCT_EDGES` as False unless there already.
     quoted: dict[str, bool] = {}
-    _quote_into(quoted, matches)
-    return quoted
-
-
-def _quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
-    """Each match's fact into `quoted`: backticked code as True, the rest stripped of
-    `_PUNCT_EDGES` as False unless there already."""
-    if NATIVE_QUOTE_INTO is not None and type(matches) is list:
-        NATIVE_QUOTE_INTO(quoted, matches)
-    else:
-        python_quote_into(quoted, matches)
-
-
-def python_quote_into(quoted: dict[str, bool], matches: Iterable[str]) -> None:
-    """`_quote_into` in Python (the reference of the native one)."""
     for v in matches:
         if v[0] == "`":
             quoted[v[1:-1]] = True
         else:
             quoted.setdefault(v.strip(_PUNCT_EDGES), False)
+    return quoted
 
 
 @dataclass
 class FactMemo:
-    """Fact matches per piece of text (a line, a sentence) and ranks per fact, shared by the
-    analyses of one compaction: agent conversations repeat lines, ids and paths."""
+    """Fact matches per piece of text (a line, a sentence) and per token, shared by the
+    summaries of one compaction: agent conversations repeat lines, ids and paths."""
 
     pieces: dict[str, list[str]] = field(default_factory=dict)
-    ranks: dict[str, int] = field(default_factory=dict)
     tokens: dict[str, list[str]] = field(default_factory=dict)
 
     def piece(self, piece: str) -> list[str]:
@@ -405,459 +258,17 @@ class FactMemo:
             found = self.pieces[piece] = all_matches(piece, self.tokens)
         return found
 
-    def matches(self, text: str) -> list[str]:
-        """`all_matches(text)`, with the fact matches of each distinct token found once (a
-        whole text is scanned at once: per-line calls cost more than repeated lines save)."""
-        return all_matches(text, self.tokens)
-
-    def rank(self, value: str, quoted: bool) -> int:
-        """`_rank(value, quoted)`, computed once per fact (quoted facts always rank 0)."""
-        if quoted:
-            return 0
-        found = self.ranks.get(value)
-        if found is None:
-            found = self.ranks[value] = _rank(value)
-        return found
-
 
 def all_matches(text: str, tokens: dict[str, list[str]] | None = None) -> list[str]:
     """The fact pattern's matches, then the quoted phrases and names (see `name_matches`)."""
     return _fact_matches(text, tokens) + name_matches(text)
 
 
-def _ranked_facts(text: str, memo: FactMemo | None = None) -> list[tuple[int, int, str]]:
-    """(rank, position, fact) for each distinct fact of `text`, in order of appearance."""
-    distinct = _distinct(text, memo)
-    if NATIVE_RANKED is not None:
-        return NATIVE_RANKED(distinct)  # type: ignore[no-any-return]
-    return python_ranked(distinct, memo)
-
-
-def python_ranked(
-    distinct: dict[str, bool], memo: FactMemo | None = None
-) -> list[tuple[int, int, str]]:
-    """(rank, position, fact) for each fact of at least `_MIN_FACT_LEN` characters of a
-    `_distinct` dict, in its order (the reference of the native ranking)."""
-    if memo is None:
-        return [
-            (_rank(value, q), pos, value)
-            for pos, (value, q) in enumerate(distinct.items())
-            if len(value) >= _MIN_FACT_LEN
-        ]
-    # `memo.rank` inlined: a long output has thousands of distinct facts.
-    ranks = memo.ranks
-    get = ranks.get
-    out: list[tuple[int, int, str]] = []
-    add = out.append
-    for pos, (value, quoted) in enumerate(distinct.items()):
-        if len(value) < _MIN_FACT_LEN:
-            continue
-        if quoted:
-            add((0, pos, value))
-            continue
-        found = get(value)
-        if found is None:
-            found = ranks[value] = _rank(value)
-        add((found, pos, value))
-    return out
-
-
-def _distinct(text: str, memo: FactMemo | None) -> dict[str, bool]:
-    """`_quoted(all_matches(text))`. A long text is scanned a piece at a time and only its
-    distinct facts are kept: the list of every match of a multi-megabyte text would hold the GIL
-    for tens of milliseconds just to be freed."""
-    tokens = None if memo is None else memo.tokens
-    if len(text) <= SCAN_CHARS:
-        return _quoted(all_matches(text, tokens))
-    quoted: dict[str, bool] = {}
-    spans = list(scan_spans(text, SCAN_CHARS, " \n"))
-    for start, end in spans:
-        _quote_into(quoted, _scan(text[start:end], tokens))
-    for start, end in spans:
-        _quote_into(quoted, name_matches(text[start:end]))
-    return quoted
-
-
-def fact_items(text: str) -> list[str]:
-    """Identifiers, paths, URLs, ids, dates, numbers and names in `text`, unique, in order."""
-    return facts_of_matches(all_matches(text))
-
-
 def facts_of_matches(matches: Iterable[str]) -> list[str]:
-    """`fact_items` of a text from its raw matches (a summary memoizes them per sentence; no match
-    spans a space, so the matches of sentences joined by spaces are theirs in order)."""
-    # Ranking is skipped: only the values are wanted, and ranking costs more than the scan.
+    """Identifiers, paths, URLs, ids, dates, numbers and names of a text, unique, in order, from
+    its raw matches (a summary memoizes them per sentence; no match spans a space, so the
+    matches of sentences joined by spaces are theirs in order)."""
     return [value for value in _quoted(matches) if len(value) >= _MIN_FACT_LEN]
-
-
-def pack_ranked(items: Iterable[tuple[int, int, str]], max_chars: int, sep: str) -> list[str]:
-    """The best-ranked items that fit in max_chars, back in their original order."""
-    # Items arrive (nearly) in position order and ranks are few: bucketing by rank and sorting
-    # each bucket (linear on sorted input) beats sorting thousands of tuples; nothing fits once
-    # less than one separator is left, so the scan stops there.
-    buckets: dict[int, list[tuple[int, int, str]]] = {}
-    for item in items:
-        bucket = buckets.get(item[0])
-        if bucket is None:
-            buckets[item[0]] = [item]
-        else:
-            bucket.append(item)
-    chosen: list[tuple[int, int, str]] = []
-    used = 0
-    floor = max_chars - len(sep)
-    for rank in sorted(buckets):
-        if used > floor:
-            break
-        bucket = buckets[rank]
-        bucket.sort()
-        for item in bucket:
-            if used > floor:
-                break
-            cost = len(item[2]) + len(sep)
-            if used + cost > max_chars:
-                continue
-            chosen.append(item)
-            used += cost
-    chosen.sort(key=lambda t: t[1])
-    return [value for _, _, value in chosen]
-
-
-def error_lines(text: str, limit: int = 2, width: int = 120) -> list[str]:
-    """The last `limit` lines that report an error (the final one is usually the cause). A long
-    text is searched a piece at a time (cut at line breaks) from its end, until enough lines
-    are found."""
-    if len(text) <= SCAN_CHARS:
-        return _error_lines(text, limit, width)
-    found: list[str] = []
-    for start, end in reversed(list(scan_spans(text, SCAN_CHARS, "\n"))):
-        earlier = [ln for ln in _error_lines(text[start:end], limit, width) if ln not in found]
-        found = earlier + found
-        if len(found) >= limit:
-            break
-    return found[-limit:]
-
-
-def _error_lines(text: str, limit: int, width: int) -> list[str]:
-    low = text.lower()
-    # Case-sensitive matching of the lowered text is several times faster than re.I; lower()
-    # keeps positions unless some character changes length (rare: then search the original).
-    if len(low) != len(text):
-        starts: Iterable[int] = (m.start() for m in _ERROR_LINE.finditer(text))
-    else:
-        starts = _error_starts(low)
-    lines: dict[str, None] = {}
-    line_end = -1
-    for at in starts:
-        if at < line_end:
-            continue  # this line is in already
-        start = text.rfind("\n", 0, at) + 1
-        end = text.find("\n", at)
-        line_end = end if end >= 0 else len(text)
-        lines[text[start:line_end].strip()] = None
-    return [ln[:width] for ln in list(lines)[-limit:]]
-
-
-def _error_starts(low: str) -> list[int]:
-    """Positions in lowered text where ERROR_WORDS matches, ascending (one per match at least).
-
-    Every match starts at an occurrence of a hint word or one letter before one (`keyerror`), so
-    the pattern is tried only there: a search from every position of a long text costs ~60 ns
-    a character, finding the hints a few."""
-    found: set[int] = set()
-    for word in ERROR_HINTS:
-        at = low.find(word)
-        while at >= 0:
-            for start in (at, at - 1):
-                if start >= 0 and ERROR_WORDS.match(low, start):
-                    found.add(start)
-                    break
-            at = low.find(word, at + 1)
-    return sorted(found)
-
-
-def _id_like(value: str) -> bool:
-    return bool(_ID_SHAPE.fullmatch(value)) and bool(
-        _THREE_DIGITS.search(value) or _CODE.fullmatch(value)
-    )
-
-
-def _json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
-    """(key, scalar) -> (rank, position) for every leaf of a JSON value; id-like keys count too
-    (at C speed where built: a long agent run's JSON outputs have thousands of leaves)."""
-    if NATIVE_JSON_ITEMS is not None:
-        items: dict[tuple[str, str], tuple[int, int]] = NATIVE_JSON_ITEMS(value, _id_like)
-        return items
-    return python_json_items(value)
-
-
-def python_json_items(value: Any) -> dict[tuple[str, str], tuple[int, int]]:
-    """`_json_items` in Python (the reference of the native one)."""
-    items: dict[tuple[str, str], tuple[int, int]] = {}
-    # Keys and values repeat through a document (`flight_number` in every element): each
-    # distinct string is tested once.
-    like: dict[str, bool] = {}
-
-    def walk(node: Any, key: str, depth: int) -> None:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                name = str(k)
-                found = like.get(name)
-                if found is None:
-                    found = like[name] = _id_like(name)
-                if found:
-                    items.setdefault((key, name), (0, len(items)))
-                walk(v, name, depth + 1)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v, key, depth + 1)
-        elif node not in (None, "", False) and not isinstance(node, bool):
-            text = str(node)
-            found = like.get(text)
-            if found is None:
-                found = like[text] = _id_like(text)
-            rank = 0 if found else (1 if isinstance(node, int | float) else 2 + min(depth, 3))
-            items.setdefault((key, text), (rank, len(items)))
-
-    walk(value, "", 0)
-    return items
-
-
-def _json_facts(items: dict[tuple[str, str], tuple[int, int]], max_chars: int) -> str | None:
-    """Scalar leaves grouped by key (`flight_number: HAT069, HAT083; price: 121`), ids first."""
-    chosen: list[tuple[int, str, str]] = []
-    keys_used: set[str] = set()
-    used = 0
-    for (key, text), (_rank, pos) in sorted(items.items(), key=itemgetter(1)):
-        cost = len(text) + 2 + (0 if key in keys_used else len(key) + 4)
-        if used + cost > max_chars:
-            continue
-        keys_used.add(key)
-        chosen.append((pos, key, text))
-        used += cost
-    if not chosen:
-        return None
-    groups: dict[str, list[str]] = {}
-    for _pos, key, text in sorted(chosen):
-        groups.setdefault(key, []).append(text)
-    return "; ".join(f"{k}: {', '.join(v)}" if k else ", ".join(v) for k, v in groups.items())
-
-
-# `_json_items` at C speed, with `_id_like` of an ASCII string decided there, where built.
-NATIVE_JSON_ITEMS = native(
-    "json_items",
-    (_ID_SHAPE.pattern, "ID_SHAPE"),
-    (_THREE_DIGITS.pattern, "THREE_DIGITS"),
-    (_CODE.pattern, "CODE"),
-)
-
-
-@dataclass(frozen=True)
-class TextFacts:
-    """What fact extraction finds in one text, computed once and packed at any budget."""
-
-    json: Any | None
-    """The parsed value when the whole text is a JSON document."""
-    ranked: list[tuple[int, int, str]]
-    text: str
-    """The text analysed (a JSON document's is not kept: its error lines are none)."""
-    leaves: dict[tuple[str, str], tuple[int, int]]
-    """A JSON document's (key, scalar) -> (rank, position)."""
-
-    @cached_property
-    def errors(self) -> list[str]:
-        """The text's error lines, found when first wanted: a stub reads only the ranked facts
-        of most of the texts it is analysed for."""
-        return error_lines(self.text) if self.text else []
-
-
-def analyze(text: str, memo: FactMemo | None = None) -> TextFacts:
-    """The facts of `text` (its JSON leaves, or its ranked facts and error lines); `memo` shares
-    work between the analyses of one compaction (same result)."""
-    value = parse_json(text)
-    if value is not None:
-        return TextFacts(value, [], "", _json_items(value))
-    return TextFacts(None, _ranked_facts(text, memo), text, {})
-
-
-def candidates_of(found: TextFacts) -> list[tuple[int, str]]:
-    """(rank, fact) pairs of an analysed text in order of appearance; lower ranks matter more."""
-    if found.json is not None:
-        # In order of position already: each leaf's is how many were found before it.
-        return [(rank, fact) for (_key, fact), (rank, _pos) in found.leaves.items()]
-    return [(rank, fact) for rank, _pos, fact in found.ranked]
-
-
-def fact_candidates(text: str) -> list[tuple[int, str]]:
-    """(rank, fact) pairs of a text in order of appearance; lower ranks matter more."""
-    return candidates_of(analyze(text))
-
-
-def pack_facts(candidates: Iterable[tuple[int, str]], max_chars: int) -> str:
-    """The best-ranked unique facts that fit in max_chars, comma-separated, in original order."""
-    unique: dict[str, tuple[int, int, str]] = {}
-    for pos, (rank, fact) in enumerate(candidates):
-        if fact not in unique:
-            unique[fact] = (rank, pos, fact)
-    return ", ".join(pack_ranked(unique.values(), max_chars, ", "))
-
-
-_DIGIT_RUN = re.compile(r"\d+")
-# A shape of digit runs (`0`) and number punctuation only: never a tag (see `structural_shapes`).
-_NUMERIC_SHAPE = re.compile(r"[0.,/%$€£+-]+")
-_ASCII_DIGITS = frozenset("0123456789")
-# Structural tags rank after everything else.
-_STRUCTURAL_RANK = 9
-_STRUCTURAL_KEEP = 2
-# Mentions in how many messages set the order within a rank: 3 or more, 2, 1.
-_MENTION_TIERS = 3
-
-
-def fact_shape(fact: str) -> str:
-    """What near-identical facts share: digit runs as 0, letters lowered (`D1:12` -> `d0:0`)."""
-    return _DIGIT_RUN.sub("0", fact.lower())
-
-
-def shape_counts(
-    group: Sequence[tuple[int, str]], shapes: dict[str, str] | None = None
-) -> dict[str, set[str]]:
-    """One message's facts that hold a digit (only those can be tags), grouped by shape;
-    `shapes` memoizes `fact_shape`."""
-    memo: dict[str, str] = {} if shapes is None else shapes
-    if NATIVE_SHAPE_COUNTS is not None:
-        found: dict[str, set[str]] = NATIVE_SHAPE_COUNTS(group, memo, fact_shape)
-        return found
-    return python_shape_counts(group, memo)
-
-
-# `python_shape_counts` at C speed (every message a stub reads), where built.
-NATIVE_SHAPE_COUNTS = native("shape_counts", (_DIGIT_RUN.pattern, "DIGIT_RUN"))
-
-
-def python_shape_counts(
-    group: Sequence[tuple[int, str]], memo: dict[str, str]
-) -> dict[str, set[str]]:
-    """`shape_counts` in Python (the reference of the native one)."""
-    out: dict[str, set[str]] = {}
-    for _rank, fact in group:
-        shape = memo.get(fact)
-        if shape is None:
-            # An ASCII fact without a digit is its own shape, lowered (no regex call).
-            if fact.isascii() and _ASCII_DIGITS.isdisjoint(fact):
-                shape = memo[fact] = fact.lower()
-            else:
-                shape = memo[fact] = fact_shape(fact)
-        if "0" in shape:
-            out.setdefault(shape, set()).add(fact)
-    return out
-
-
-# A structural tag is on at least this many messages (and 2/5 of them): fewer messages have none.
-TAG_MESSAGES = 5
-
-
-def structural_shapes(counts: Sequence[dict[str, set[str]]]) -> frozenset[str]:
-    """The shapes of facts that tag messages rather than say something, from each message's
-    `shape_counts`: many distinct values (at least 5), one or two per message, on at least 2/5
-    of the messages (and 5), and a shape with a letter or a colon: turn ids `D1:1`, `D1:2` …,
-    a timestamp per message. A shape of digits and `.,/-` alone is a number, an amount, a
-    fraction or a date (`89.3`, `91.1`, `93.5`: a metric told session after session), content
-    however regularly it comes."""
-    shape_in: dict[str, int] = {}
-    shape_most: dict[str, int] = {}
-    shape_values: dict[str, set[str]] = {}
-    for group in counts:
-        for shape, values in group.items():
-            shape_in[shape] = shape_in.get(shape, 0) + 1
-            shape_most[shape] = max(shape_most.get(shape, 0), len(values))
-            shape_values.setdefault(shape, set()).update(values)
-    least = max(TAG_MESSAGES, -(-len(counts) * 2 // 5))  # 2/5 rounded up: 5 of 14 are not
-    return frozenset(
-        shape
-        for shape, k in shape_in.items()
-        if k >= least
-        and shape_most[shape] <= 2
-        and len(shape_values[shape]) >= 5
-        and not _NUMERIC_SHAPE.fullmatch(shape)
-    )
-
-
-def pack_salient(
-    groups: Sequence[Sequence[tuple[int, str]]],
-    max_chars: int,
-    structural: frozenset[str] | None = None,
-    shapes: dict[str, str] | None = None,
-) -> str:
-    """`pack_facts` over the candidates of several messages, preferring what is specific.
-
-    Facts of a `structural` shape (by default those of these groups, see `structural_shapes`)
-    rank last and at most two of them are listed. Facts contained in an already chosen one are
-    left out. A fact that several of the messages mention goes first within its rank: it is
-    often what they are about, and when they are all folded it is kept nowhere else."""
-    memo: dict[str, str] = {} if shapes is None else shapes
-    if structural is None:
-        structural = structural_shapes([shape_counts(group, memo) for group in groups])
-    if NATIVE_SALIENT is not None:
-        found: str = NATIVE_SALIENT(groups, max_chars, structural, memo, fact_shape)
-        return found
-    return python_salient(groups, max_chars, structural, memo)
-
-
-# `python_salient` at C speed (a stub packs hundreds of candidates), where built.
-NATIVE_SALIENT = native(
-    "salient", (f"{_STRUCTURAL_RANK},{_STRUCTURAL_KEEP},{_MENTION_TIERS}", "SALIENT")
-)
-
-
-def python_salient(
-    groups: Sequence[Sequence[tuple[int, str]]],
-    max_chars: int,
-    structural: frozenset[str],
-    memo: dict[str, str],
-) -> str:
-    """`pack_salient` once `structural` is known, in Python (the reference of the native one);
-    `memo` memoizes `fact_shape`."""
-    unique: dict[str, tuple[int, int, str]] = {}
-    kept_structural: dict[str, int] = {}
-    mentions: dict[str, int] = {}
-    pos = 0
-    for group in groups:
-        for base, fact in group:
-            pos += 1
-            if fact in unique:
-                mentions[fact] += 1
-                continue
-            mentions[fact] = 1
-            rank = base
-            if structural:
-                shape = memo.get(fact)
-                if shape is None:
-                    shape = memo[fact] = fact_shape(fact)
-                if shape in structural:
-                    if kept_structural.get(shape, 0) >= _STRUCTURAL_KEEP:
-                        continue
-                    kept_structural[shape] = kept_structural.get(shape, 0) + 1
-                    rank = _STRUCTURAL_RANK
-            unique[fact] = (rank, pos, fact)
-    # Within a rank, what several of the messages mention (the file they work on, the person
-    # they talk about) goes before what one of them lists once.
-    ranked = [
-        (rank * _MENTION_TIERS + _MENTION_TIERS - min(mentions[fact], _MENTION_TIERS), pos, fact)
-        for rank, pos, fact in unique.values()
-    ]
-    chosen = pack_ranked(ranked, max_chars, ", ")
-    return ", ".join(_without_contained(chosen))
-
-
-def _without_contained(facts: list[str]) -> list[str]:
-    """The facts that no longer chosen fact contains (`Prejudice` beside `Pride and Prejudice`,
-    `000` beside `300,000`, `Maria` beside `Maria's`, `GPU` beside `GPUs`: a plural holds its
-    singular; `TensorRT` beside `TensorRT?`)."""
-    longer = [f for f in facts if " " in f or "," in f]
-    owners = {f[:-2] for f in facts if f.endswith(("'s", "es"))}
-    owners.update(f[:-1] for f in facts if f.endswith(("s", "?")) and len(f) > 2)
-    if not longer and not owners:
-        return facts
-    return [f for f in facts if f not in owners and not any(f != g and f in g for g in longer)]
 
 
 def parse_json(text: str) -> Any | None:
@@ -869,20 +280,3 @@ def parse_json(text: str) -> Any | None:
         return json.loads(stripped)
     except ValueError:
         return None
-
-
-def facts_within(found: TextFacts, max_chars: int) -> str:
-    """An analysed text's facts (error lines first, then ids, paths, numbers), at most max_chars."""
-    if found.json is not None:
-        return _json_facts(found.leaves, max_chars) or ""
-    parts = [ln for ln in found.errors if len(ln) < max_chars // 2]
-    budget = max_chars - sum(len(p) + 3 for p in parts)
-    facts = pack_ranked(found.ranked, budget, ", ")
-    if facts:
-        parts.append(", ".join(facts))
-    return " | ".join(parts)[:max_chars]
-
-
-def extract_facts(text: str, max_chars: int) -> str:
-    """Only the facts of `text` (error lines first, then ids, paths, numbers), at most max_chars."""
-    return facts_within(analyze(text), max_chars)

@@ -300,7 +300,7 @@ def summarize_text(
         elif b in chosen:
             out.append(" ".join(chosen[b]))
     body = "\n\n".join(out)
-    # The facts of the dropped sentences joined by spaces (`fact_items`), from cached matches.
+    # The facts of the dropped sentences joined by spaces (`facts_of_matches`), from cached matches.
     facts = _missing(
         facts_of_matches(m for d in dropped for m in memo.facts.piece(d)), body, facts_chars
     )

@@ -125,7 +125,7 @@ def test_no_regex_sees_more_than_a_piece_of_a_huge_message(
 TEXT_OPERATIONS: dict[str, Callable[[str], object]] = {
     "summary": lambda text: summary.summarize_text(text, 0.4),
     "condense": lambda text: prose.condense(text, 0.5),
-    "facts": facts.analyze,
+    "facts": facts.all_matches,
     "names": facts.name_matches,
     "fact tokens": prose.fact_tokens,
     "paths": prose.paths_in,

@@ -52,27 +52,6 @@ def test_fact_scan_of_a_long_text_in_pieces_is_the_whole_scan() -> None:
     assert facts._fact_matches(text) == facts._FACT.findall(text)
 
 
-def _error_lines_reference(text: str, limit: int = 2) -> list[str]:
-    # One pattern run over the whole (lowered) text, as error_lines did before it looked only
-    # where a hint word occurs.
-    low = text.lower()
-    pattern, subject = (
-        (facts.ERROR_WORDS, low) if len(low) == len(text) else (facts._ERROR_LINE, text)
-    )
-    lines: dict[str, None] = {}
-    for match in pattern.finditer(subject):
-        start = text.rfind("\n", 0, match.start()) + 1
-        end = text.find("\n", match.end())
-        lines[text[start : end if end >= 0 else len(text)].strip()] = None
-    return [ln[:120] for ln in list(lines)[-limit:]]
-
-
-@settings(max_examples=2000, deadline=None)
-@given(_texts(_ERROR_PIECES), st.integers(min_value=1, max_value=5))
-def test_error_lines_are_the_lines_the_error_pattern_matches(text: str, limit: int) -> None:
-    assert facts.error_lines(text, limit) == _error_lines_reference(text, limit)
-
-
 @settings(max_examples=1000, deadline=None)
 @given(_texts(_PATH_PIECES, max_size=400))
 def test_paths_in_pieces_are_the_paths_of_the_whole_text(text: str) -> None:

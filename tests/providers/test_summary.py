@@ -1,19 +1,10 @@
-"""The deterministic extractive summarizer and fact extractor keep hard content, drop filler."""
+"""The deterministic extractive summarizer keeps hard content and drops filler."""
 
 from __future__ import annotations
 
 import json
 
-from proxy.providers import facts
-from proxy.providers.facts import (
-    FactMemo,
-    analyze,
-    error_lines,
-    extract_facts,
-    fact_candidates,
-    fact_items,
-    pack_facts,
-)
+from proxy.providers.facts import FactMemo, all_matches, facts_of_matches
 from proxy.providers.summary import SentenceCache, summarize_text
 
 PROSE = (
@@ -61,31 +52,9 @@ def test_traceback_paragraph_is_kept_as_hard_content() -> None:
     assert tb in out
 
 
-def test_json_facts_group_values_by_key_with_ids_first() -> None:
-    doc = json.dumps(
-        [
-            {"flight_number": "HAT069", "status": "available", "price": 121},
-            {"flight_number": "HAT083", "status": "available", "price": 100},
-        ]
-    )
-    out = extract_facts(doc, 60)
-    assert out.startswith("flight_number: HAT069, HAT083")
-    assert len(out) <= 60
-
-
-def test_facts_never_exceed_max_chars() -> None:
-    text = " ".join(f"item_{i} costs ${i}.50" for i in range(200))
-    assert len(extract_facts(text, 120)) <= 120
-
-
-def test_error_lines_keep_the_last_errors() -> None:
-    log = "ok\nERROR: first failure\nfine\nValueError: bad input\nall good"
-    assert error_lines(log) == ["ERROR: first failure", "ValueError: bad input"]
-
-
 def test_fact_items_find_paths_ids_urls_amounts_and_names() -> None:
     text = "See https://x.org/a?b=1 and src/app.py; mia_li_3668 paid $250 for HAT136 via warmCache."
-    assert fact_items(text) == [
+    assert facts_of_matches(all_matches(text)) == [
         "https://x.org/a?b=1",
         "src/app.py",
         "mia_li_3668",
@@ -95,15 +64,9 @@ def test_fact_items_find_paths_ids_urls_amounts_and_names() -> None:
     ]
 
 
-def test_pack_facts_prefers_ids_over_plain_numbers() -> None:
-    packed = pack_facts(fact_candidates("costs 12345 and 67890 for booking ABC123"), 8)
-    assert packed == "ABC123"
-
-
 def test_summaries_are_deterministic() -> None:
     text = PROSE * 4 + "\n\n```sh\nmake test\n```"
     assert summarize_text(text) == summarize_text(text)
-    assert extract_facts(text, 100) == extract_facts(text, 100)
 
 
 def test_a_shared_sentence_cache_changes_no_summary() -> None:
@@ -118,7 +81,7 @@ def test_a_shared_sentence_cache_changes_no_summary() -> None:
     assert cache.facts.pieces
 
 
-def test_a_shared_fact_memo_changes_no_analysis() -> None:
+def test_a_shared_fact_memo_changes_no_matches() -> None:
     code = "\n".join(
         f"def handler_{k}(request):\n    return lookup(request, 'user_1')" for k in range(5)
     )
@@ -130,6 +93,6 @@ def test_a_shared_fact_memo_changes_no_analysis() -> None:
         '{"id": "A1B2C"}',
     ]
     memo = FactMemo()
-    assert [analyze(t, memo) for t in texts] == [analyze(t) for t in texts]
-    assert memo.ranks or facts.NATIVE_RANKED is not None  # the native ranking needs no memo
-    assert memo.tokens or facts.NATIVE_SCAN is not None  # the native scan needs no token memo
+    assert [memo.piece(t) for t in texts + texts] == [all_matches(t) for t in texts + texts]
+    assert memo.pieces
+    assert memo.tokens

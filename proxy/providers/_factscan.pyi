@@ -1,3 +1,0 @@
-PATTERN: str
-
-def fact_matches(text: str, /) -> list[str]: ...
