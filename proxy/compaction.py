@@ -341,7 +341,10 @@ class Compactor:
         budget = compute_budget(info, request.body, policy, margin, request.dialect.name)
         base = self.tokenizers.for_model(info)
         counter = self._counter(request.dialect, base)
-        fixed = request.dialect.fixed_tokens(base, request.body)
+        body, dialect = request.body, request.dialect
+        # The tools' count, once per session: the fields around the messages rarely change.
+        key = ("fixed", dialect.name, base)
+        fixed = self.bodies.memo(request.messages, key, lambda: dialect.fixed_tokens(base, body))
         in_thread = len(request.raw) > COUNT_IN_THREAD_BYTES
         raw = budget
         if self.calibration is not None:
