@@ -104,8 +104,11 @@ class BodyCache:
         if len(raw) < MIN_BYTES or self._max_bytes <= 0:
             return orjson.loads(raw)
         key = raw[:KEY_BYTES]
-        for seen in self._seen.get(key, ()):
-            found = _extend(seen, raw)
+        entries = self._seen.get(key, [])
+        # One whose fields are the same bytes first (agents sharing a prompt, other tools).
+        for found in itertools.chain(
+            (_same_fields(e, raw) for e in entries), (_scanned(e, raw) for e in entries)
+        ):
             if found is not None:
                 self.hits += 1
                 # What was parsed: the new messages, and the fields only if their bytes changed.
@@ -214,8 +217,9 @@ class BodyCache:
 
     def _remember(self, key: bytes, seen: _Seen) -> None:
         old = self._seen.pop(key, [])
-        # The new body supersedes those it extends (the same conversation, turns earlier).
-        kept = [e for e in old if not seen.raw.startswith(memoryview(e.raw)[: e.cut])]
+        # The new body supersedes those it extends with the same fields around the messages
+        # (the same conversation, turns earlier); one with other fields (tools) stays.
+        kept = [e for e in old if not _superseded(e, seen)]
         kept = kept[: PER_KEY - 1]
         self._forget([e for e in old if e not in kept])
         self._bytes += len(seen.raw)
@@ -232,8 +236,14 @@ class BodyCache:
                 del self._by_messages[id(e.body[e.array])]
 
 
-def _size(entries: list[_Seen]) -> int:
-    return sum(len(e.raw) for e in entries)
+def _superseded(old: _Seen, new: _Seen) -> bool:
+    """Whether `new` is `old` with messages added and the same bytes around them."""
+    tail = memoryview(old.raw)[old.end + 1 :]
+    return (
+        len(new.raw) - new.end == len(tail) + 1
+        and new.raw.startswith(memoryview(old.raw)[: old.cut])
+        and new.raw.endswith(tail)
+    )
 
 
 def _before_space(raw: bytes, end: int, floor: int) -> int:
@@ -267,20 +277,33 @@ def _locate(raw: bytes, body: dict[str, Any], name: str) -> _Seen | None:
     return _Seen(raw, name, start, _before_space(raw, end, start), end, body)
 
 
-def _extend(seen: _Seen, raw: bytes) -> _Seen | None:
-    """`raw` parsed by extending `seen`, if `raw` is `seen`'s bytes plus new messages."""
-    cut = seen.cut
-    # bytes.startswith/endswith compare with memcmp (a memoryview == goes item by item).
-    if len(raw) <= cut or not raw.startswith(memoryview(seen.raw)[:cut]):
+def _extends(seen: _Seen, raw: bytes) -> bool:
+    """Whether `raw` begins with `seen`'s bytes up to its last message."""
+    # bytes.startswith compares with memcmp (a memoryview == goes item by item).
+    return len(raw) > seen.cut and raw.startswith(memoryview(seen.raw)[: seen.cut])
+
+
+def _same_fields(seen: _Seen, raw: bytes) -> _Seen | None:
+    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
+    the same bytes after them."""
+    if not _extends(seen, raw):
         return None
     tail = memoryview(seen.raw)[seen.end + 1 :]
     end = len(raw) - len(tail) - 1
-    if end >= cut and raw[end] == ord("]") and raw.endswith(tail):
-        found = _with_new(seen, raw, end, seen.body, same_tail=True)  # the same bytes around it
-        if found is not None:
-            found.memo = seen.memo
-        return found
-    # The bytes after the array changed: the scan from the last known element finds its end.
+    if end < seen.cut or raw[end] != ord("]") or not raw.endswith(tail):
+        return None
+    found = _with_new(seen, raw, end, seen.body, same_tail=True)
+    if found is not None:
+        found.memo = seen.memo
+    return found
+
+
+def _scanned(seen: _Seen, raw: bytes) -> _Seen | None:
+    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
+    other bytes after them: the scan from the last known message finds the array's end."""
+    if not _extends(seen, raw):
+        return None
+    cut = seen.cut
     end = close(raw, cut)
     fields = None if end < 0 else _fields(raw, seen.array, seen.start, end)
     if fields is None:

@@ -24,7 +24,8 @@ class ConversationKeys:
     """The keys of one conversation, all in one hash slot."""
 
     meta: str
-    """hash: tenant, conversation, created_at, updated_at, ttl"""
+    """hash: tenant, conversation, created_at, updated_at, ttl, and `v:<source digest>` ->
+    the version of each checkpoint (redis_find)"""
     index: str
     """hash: checkpoint source digest -> covered_through (what find_checkpoint reads first)"""
     checkpoints: str
@@ -33,6 +34,8 @@ class ConversationKeys:
     """hash: message digest -> verbatim original (content-addressed: stored once)"""
     refs: str
     """hash: reference id -> original digests"""
+    tenant: str = ""
+    conversation: str = ""
 
     def data(self) -> tuple[str, str, str, str, str]:
         """Every key, originals first: a refresh cut short leaves originals living longest."""
@@ -55,6 +58,8 @@ class KeyLayout:
             checkpoints=f"{tag}:cp",
             originals=f"{tag}:orig",
             refs=f"{tag}:refs",
+            tenant=tenant,
+            conversation=conversation,
         )
 
     def tenant_conversations(self, tenant: str) -> str:
