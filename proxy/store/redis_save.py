@@ -141,7 +141,7 @@ def queue_pointers(
         now - CLOCK_SKEW_SECONDS,
         *members,
     )
-    admin = keys.all_conversations()
+    admin = keys.all_conversations(conversation)
     p.zadd(admin, {f"{conversation}\t{tenant}": 0})
     expire_at_least(p, admin, ttl)
 
