@@ -68,11 +68,16 @@ async def _child(args: argparse.Namespace) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     counters = redis.Redis.from_url(args.redis) if args.store == "redis" else None
 
-    def net() -> int:
+    def net() -> tuple[int, int]:
+        """(bytes in + out, commands) the server has handled so far."""
         if counters is None:
-            return 0
+            return 0, 0
         stats = counters.info("stats")
-        return int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
+        moved = int(stats["total_net_input_bytes"]) + int(stats["total_net_output_bytes"])
+        return moved, int(stats["total_commands_processed"])
+
+    if counters is not None:
+        counters.config_resetstat()
 
     for shape in args.shapes.split(","):
         for tools in [int(t) for t in args.tools.split(",")]:
@@ -90,12 +95,12 @@ async def _child(args: argparse.Namespace) -> list[dict[str, Any]]:
                 })  # fmt: skip
                 app = create_app(settings, transport=httpx.MockTransport(reply()))
                 async with lifespan(app):
-                    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+                    transport = httpx.ASGITransport(app=app)
                     async with httpx.AsyncClient(transport=transport, base_url="http://c") as c:
                         for turn in range(FIRST_TURN, FIRST_TURN + 2 * args.turns, 2):
                             raw = body_shapes.body(shape, _session(turn), tools)
                             base = net()
-                            info_cost = net() - base
+                            probe = net()  # what one INFO itself adds
                             before, cpu = net(), time.process_time()
                             r = await c.post(body_shapes.path(shape), content=raw, headers={
                                 "authorization": "Bearer sk-bench", "x-api-key": "sk-bench",
@@ -103,13 +108,23 @@ async def _child(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 "x-compactd-conversation-id": conversation,
                             })  # fmt: skip
                             cpu = time.process_time() - cpu
-                            moved = net() - before - info_cost
+                            after = net()
+                            moved, cmds = (
+                                a - b - (p - q)
+                                for a, b, p, q in zip(after, before, probe, base, strict=True)
+                            )
                             out.append({
                                 "shape": shape, "tools": tools,
                                 "action": r.headers.get("x-compactd-action", "?"),
                                 "overhead_ms": float(r.headers["x-compactd-overhead-ms"]),
-                                "store_bytes": moved, "cpu_ms": cpu * 1000,
+                                "store_bytes": moved, "store_cmds": cmds, "cpu_ms": cpu * 1000,
                             })  # fmt: skip
+    if counters is not None:
+        stats = counters.info("commandstats")
+        scripts = {
+            k: v for k, v in stats.items() if k.startswith(("cmdstat_evalsha", "cmdstat_eval"))
+        }
+        out.append({"shape": "_redis", "commandstats": scripts})
     return out
 
 
@@ -126,7 +141,7 @@ def _report(rows: dict[str, list[dict[str, Any]]]) -> str:
         "store B/replayed | B/compacted | B/passthrough |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    keys = sorted({(r["shape"], r["tools"]) for rs in rows.values() for r in rs})
+    keys = sorted({(r["shape"], r["tools"]) for rs in rows.values() for r in rs if "tools" in r})
     for shape, tools in keys:
         for tree, rs in rows.items():
             mine = [r for r in rs if (r["shape"], r["tools"]) == (shape, tools)]
@@ -142,6 +157,34 @@ def _report(rows: dict[str, list[dict[str, Any]]]) -> str:
                 f"{_pct(rep, 0.99):.2f} | {_pct(cpu, 0.5):.2f} | {mean_bytes('replayed')} | "
                 f"{mean_bytes('compacted')} | {mean_bytes('passthrough')} |"
             )
+    return "\n".join([*lines, "", _per_action(rows)])
+
+
+def _per_action(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """Per tree and action, over every shape and tool count: what one request costs."""
+    lines = [
+        "| tree | action | requests | CPU ms p50 | overhead ms p50 | store commands | "
+        "store bytes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for tree, rs in rows.items():
+        for action in ("passthrough", "replayed", "compacted"):
+            mine = [r for r in rs if r.get("action") == action]
+            if not mine:
+                continue
+            cmds = statistics.mean(r["store_cmds"] for r in mine)
+            moved = statistics.mean(r["store_bytes"] for r in mine)
+            cpu = _pct([r["cpu_ms"] for r in mine], 0.5)
+            overhead = _pct([r["overhead_ms"] for r in mine], 0.5)
+            lines.append(
+                f"| {tree} | {action} | {len(mine)} | {cpu:.2f} | {overhead:.2f} | {cmds:.1f} | "
+                f"{moved:,.0f} |"
+            )
+    for tree, rs in rows.items():
+        for r in rs:
+            if r.get("shape") == "_redis":
+                for name, stat in sorted(r["commandstats"].items()):
+                    lines.append(f"\n{tree} redis {name}: {stat}")
     return "\n".join(lines)
 
 
