@@ -144,7 +144,7 @@ def _report(rows: dict[str, list[dict[str, Any]]]) -> str:
     keys = sorted({(r["shape"], r["tools"]) for rs in rows.values() for r in rs if "tools" in r})
     for shape, tools in keys:
         for tree, rs in rows.items():
-            mine = [r for r in rs if (r["shape"], r["tools"]) == (shape, tools)]
+            mine = [r for r in rs if (r["shape"], r.get("tools")) == (shape, tools)]
             rep = [r["overhead_ms"] for r in mine if r["action"] == "replayed"]
             cpu = [r["cpu_ms"] for r in mine if r["action"] == "replayed"]
 
@@ -199,6 +199,7 @@ def main() -> None:
     p.add_argument("--store", choices=["redis", "sqlite"], default="redis")
     p.add_argument("--redis", default="")
     p.add_argument("--child", default="")
+    p.add_argument("--save", default="", help="also write the raw rows (JSON) to this file")
     args = p.parse_args()
     if args.child:
         print(json.dumps(asyncio.run(_child(args))))
@@ -226,6 +227,8 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows))
     print(_report(rows))
 
 

@@ -12,5 +12,8 @@ async def test_a_short_session_is_compacted_then_replayed_and_reported() -> None
     rows = await replay._child(args)
 
     assert [r["action"] for r in rows] == ["compacted", "replayed", "replayed"] * 2
-    table = replay._report({"after": rows})
+    redis = {"shape": "_redis", "commandstats": {"cmdstat_evalsha": {"calls": 2}}}
+    table = replay._report({"after": [*rows, redis]})
     assert "| after | openai-python | 14 | 2 |" in table
+    assert "| after | replayed | 4 |" in table
+    assert "after redis cmdstat_evalsha: {'calls': 2}" in table
