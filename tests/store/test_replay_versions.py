@@ -233,3 +233,23 @@ def test_versions_name_the_bytes_and_their_length() -> None:
     assert v == "a9993e364706816aba3e25717850c26c9cd0d89d:3"
     assert version_length(v) == 3
     assert version_length("") == -1
+
+
+async def test_a_checkpoint_stored_without_a_version_is_looked_up_in_full_and_still_found(
+    redis_backend: Any,
+) -> None:
+    """As a build before versions stored it: no `v:<digest>` in the metadata."""
+    store, keys, raw = redis_backend.store, redis_backend.keys, redis_backend.raw
+    msgs = history(12)
+    saved = await store.save_compaction(compaction(A, "old", msgs, 5), TTL)
+    await raw.hdel(keys.conversation(A, "old").meta, f"v:{saved.source_digest}")
+    async with redis_backend.another() as other:
+        found = [await other.find_checkpoint(A, "old", prefixes(msgs[:n])) for n in (8, 9, 10)]
+        # A save of the same prefix (first writer wins) records the version it lacked.
+        await other.save_compaction(compaction(A, "old", msgs, 5, "second"), TTL)
+        again = await other.find_checkpoint(A, "old", prefixes(msgs))
+
+    assert all(f is not None and f.messages == saved.messages for f in found)
+    assert again is not None
+    assert again.messages == saved.messages
+    assert await raw.hget(keys.conversation(A, "old").meta, f"v:{saved.source_digest}")
