@@ -359,6 +359,7 @@ SUMMARY_COLUMNS = (
     ("cacheable share of forwarded bytes", "cached_bytes"),
     ("tokens forwarded / without compactd", "tokens"),
     ("store p50 / p99 per request (ms)", "store_ms"),
+    ("all turns: added ms p50 / p99", "turn_ms"),
     ("trigger turns: added ms p50 / p95 / max", "event_ms"),
     ("tokens-after header ≠ forwarded", "miscounted"),
     ("errors", "errors"),

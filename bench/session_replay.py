@@ -157,6 +157,8 @@ class TurnLog:
     """Turns whose x-compactd-tokens-after differs from a count of the forwarded body."""
     event_ms: list[float] = field(default_factory=list)
     """x-compactd-overhead-ms of the turns with a compaction event (the trigger turns)."""
+    turn_ms: list[float] = field(default_factory=list)
+    """x-compactd-overhead-ms of every turn."""
 
     def add(
         self,
@@ -180,6 +182,7 @@ class TurnLog:
         self.actions[action] = self.actions.get(action, 0) + 1
         if action == "compacted":
             self.event_ms.append(overhead_ms / 1000)
+        self.turn_ms.append(overhead_ms / 1000)
         self.errors += status != 200 or action == "error"
         self.before += before
         self.after += after
@@ -248,6 +251,7 @@ def summarize(corpus: str, store: str, log: TurnLog) -> dict[str, Any]:
         "tokens": f"{log.after:,} / {log.before:,} ({_pct(log.after, log.before)})",
         "store_ms": f"{_ms(log.store_seconds, 0.5)} / {_ms(log.store_seconds, 0.99)}"
         f" (n={len(log.store_seconds)})",
+        "turn_ms": f"{_ms(log.turn_ms, 0.5)} / {_ms(log.turn_ms, 0.99)}",
         "event_ms": f"{_ms(log.event_ms, 0.5)} / {_ms(log.event_ms, 0.95)} / "
         f"{max(log.event_ms, default=0) * 1000:.2f}",
         "errors": log.errors,

@@ -8,10 +8,16 @@ are parsed (orjson over a few KB instead of the whole body), and the earlier mes
 same objects as last time. Everything per-message that is cached by content (token counts)
 then finds its strings' hashes already computed: the turn costs its new messages, end to end.
 
+The array is found by a string-aware scan (`proxy.jsonspan`), whatever keys come before or
+after it and however many brackets they hold (an agent's tool schemas); it is `messages` (chat
+completions, Anthropic messages) or `input` (the Responses API). When the bytes around the array
+are those of the body extended, what was derived from them (`memo`) is kept too: a replayed
+turn's work does not grow with the number of tools it sends.
+
 Soundness: the reused prefix is byte-identical and ends at an element boundary of the array;
 the new part is accepted only if `[` + new + `]` parses as an array and the rest of the object
-(everything around the array) parses with a `messages` of `[]` in it; otherwise, or for any
-other shape, the body is parsed whole, as before. Shared message objects are read, never
+(everything around the array) parses with that key holding `[]`; otherwise, or for any other
+shape, the body is parsed whole, as before. Shared message objects are read, never
 mutated (the request path treats messages as immutable values).
 
 Memory is bounded by the bytes of the bodies kept (`max_bytes`, least recently used first out).
@@ -22,15 +28,18 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from proxy.digest import Message, RollingPrefixes, message_digest, prefix_digests
 from proxy.exactjson import holds_wide_int, may_hold_wide_int
+from proxy.jsonspan import array_span, close
 from proxy.tokens import REPLY_PRIMING, TokenCounter
+
+T = TypeVar("T")
 
 MIN_BYTES = 64 * 1024
 """Smaller bodies are parsed whole: orjson is faster than any bookkeeping for them."""
@@ -41,7 +50,8 @@ PER_KEY = 4
 _WS = b" \t\r\n"
 _WIDE_OVERLAP = 20
 """Bytes before the new ones looked at again: a run of digits may begin in them."""
-_TAIL_ATTEMPTS = 16
+FIELDS = ("messages", "input")
+"""The arrays a conversation grows in: chat completions' and Anthropic's, the Responses API's."""
 
 
 @dataclass(eq=False)  # identity: entries hold whole bodies
@@ -49,6 +59,8 @@ class _Seen:
     """A body parsed before, and where its messages array lies in its bytes."""
 
     raw: bytes
+    array: str
+    """The key of the array (one of FIELDS)."""
     start: int
     """Index just after the array's `[`."""
     cut: int
@@ -63,8 +75,13 @@ class _Seen:
     counts: dict[str, list[int]] = field(default_factory=dict)
     """Encoding -> running token totals of the first messages: [i] is what messages [0, i)
     cost, without the reply priming (so one more item than messages counted)."""
+    parsed: int = 0
+    """Bytes handed to orjson to build this entry from the one it extends."""
     narrow: int = 0
     """The first `narrow` bytes of `raw` hold no integer beyond 64 bits (`holds_wide_int`)."""
+    memo: dict[Any, Any] = field(default_factory=dict)
+    """What callers derived from the bytes around the array (`BodyCache.memo`): kept while
+    they stay the same."""
 
 
 class BodyCache:
@@ -78,6 +95,8 @@ class BodyCache:
         """Entries by the id of their messages list (which they keep alive)."""
         self.hits = 0
         self.misses = 0
+        self.parsed_bytes = 0
+        """Bytes handed to orjson, in all: the measure of what a turn costs to read."""
 
     def entries(self) -> int:
         """Bodies held (their bytes, at most the configured size, are `held_bytes`)."""
@@ -90,22 +109,41 @@ class BodyCache:
 
     def parse(self, raw: bytes) -> Any:
         """The parsed body (raises orjson.JSONDecodeError as orjson.loads would)."""
+        self.parsed_bytes += len(raw)
         if len(raw) < MIN_BYTES or self._max_bytes <= 0:
             return orjson.loads(raw)
         key = raw[:KEY_BYTES]
-        for seen in self._seen.get(key, ()):
-            found = _extend(seen, raw)
+        entries = self._seen.get(key, [])
+        # One whose fields are the same bytes first (agents sharing a prompt, other tools).
+        for found in itertools.chain(
+            (_same_fields(e, raw) for e in entries), (_scanned(e, raw) for e in entries)
+        ):
             if found is not None:
                 self.hits += 1
+                # What was parsed: the new messages, and the fields only if their bytes changed.
+                self.parsed_bytes += found.parsed - len(raw)
                 self._remember(key, found)
                 return found.body
         self.misses += 1
         body = orjson.loads(raw)
-        if isinstance(body, dict) and isinstance(body.get("messages"), list):
-            located = _locate(raw, body)
+        if isinstance(body, dict):
+            name = next((f for f in FIELDS if isinstance(body.get(f), list)), None)
+            located = None if name is None else _locate(raw, body, name)
             if located is not None:
                 self._remember(key, located)
         return body
+
+    def memo(self, items: Sequence[Any], key: Any, make: Callable[[], T]) -> T:
+        """`make()`, remembered with the body `items` (its array, from `parse`) came from for as
+        long as the bytes around its array stay the same (the tools, the model, the options):
+        only for values that depend on nothing else."""
+        seen = self._entry(items)
+        if seen is None:
+            return make()
+        if key not in seen.memo:
+            seen.memo[key] = make()
+        value: T = seen.memo[key]
+        return value
 
     def digests(self, messages: Sequence[Message]) -> list[str]:
         """`[message_digest(m) for m in messages]`, computing only those of messages new since
@@ -184,17 +222,18 @@ class BodyCache:
     def _entry(self, messages: Sequence[Message]) -> _Seen | None:
         """The entry whose body's messages list is `messages` itself."""
         seen = self._by_messages.get(id(messages))
-        return seen if seen is not None and seen.body["messages"] is messages else None
+        return seen if seen is not None and seen.body[seen.array] is messages else None
 
     def _remember(self, key: bytes, seen: _Seen) -> None:
         old = self._seen.pop(key, [])
-        # The new body supersedes those it extends (the same conversation, turns earlier).
-        kept = [e for e in old if not seen.raw.startswith(memoryview(e.raw)[: e.cut])]
+        # The new body supersedes those it extends with the same fields around the messages
+        # (the same conversation, turns earlier); one with other fields (tools) stays.
+        kept = [e for e in old if not _superseded(e, seen)]
         kept = kept[: PER_KEY - 1]
         self._forget([e for e in old if e not in kept])
         self._bytes += len(seen.raw)
         self._seen[key] = [seen, *kept]
-        self._by_messages[id(seen.body["messages"])] = seen
+        self._by_messages[id(seen.body[seen.array])] = seen
         while self._bytes > self._max_bytes and self._seen:
             _, dropped = self._seen.popitem(last=False)
             self._forget(dropped)
@@ -202,12 +241,18 @@ class BodyCache:
     def _forget(self, entries: list[_Seen]) -> None:
         for e in entries:
             self._bytes -= len(e.raw)
-            if self._by_messages.get(id(e.body["messages"])) is e:
-                del self._by_messages[id(e.body["messages"])]
+            if self._by_messages.get(id(e.body[e.array])) is e:
+                del self._by_messages[id(e.body[e.array])]
 
 
-def _size(entries: list[_Seen]) -> int:
-    return sum(len(e.raw) for e in entries)
+def _superseded(old: _Seen, new: _Seen) -> bool:
+    """Whether `new` is `old` with messages added and the same bytes around them."""
+    tail = memoryview(old.raw)[old.end + 1 :]
+    return (
+        len(new.raw) - new.end == len(tail) + 1
+        and new.raw.startswith(memoryview(old.raw)[: old.cut])
+        and new.raw.endswith(tail)
+    )
 
 
 def _before_space(raw: bytes, end: int, floor: int) -> int:
@@ -217,71 +262,70 @@ def _before_space(raw: bytes, end: int, floor: int) -> int:
     return end
 
 
-def _fields(raw: bytes, start: int, end: int) -> dict[str, Any] | None:
-    """The object around the array (its `messages` emptied), if those bytes parse as one."""
+def _fields(raw: bytes, name: str, start: int, end: int) -> dict[str, Any] | None:
+    """The object around the array (its `name` emptied), if those bytes parse as one."""
     try:
         rest = orjson.loads(raw[:start] + b"]" + raw[end + 1 :])
     except orjson.JSONDecodeError:
         return None
-    return rest if isinstance(rest, dict) and rest.get("messages") == [] else None
+    return rest if isinstance(rest, dict) and rest.get(name) == [] else None
 
 
-def _ends(raw: bytes, start: int, floor: int) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Candidates for the messages array's closing `]`, from the right (above `floor`), each
-    with the fields around it; the caller checks which is the one."""
-    end = len(raw)
-    for _ in range(_TAIL_ATTEMPTS):
-        end = raw.rfind(b"]", floor, end)
-        if end < 0:
-            return
-        fields = _fields(raw, start, end)
-        if fields is not None:
-            yield end, fields
-
-
-def _locate(raw: bytes, body: dict[str, Any]) -> _Seen | None:
-    """Where the messages array of `raw` (parsed whole as `body`) lies, verified."""
-    if not body["messages"]:
+def _locate(raw: bytes, body: dict[str, Any], name: str) -> _Seen | None:
+    """Where the `name` array of `raw` (parsed whole as `body`) lies, verified."""
+    if not body[name]:
         return None
-    at = raw.find(b'"messages"')
-    if at < 0:
+    span = array_span(raw, name)
+    if span is None:
         return None
-    i = at + len(b'"messages"')
-    while raw[i : i + 1] in (b" ", b"\t", b"\r", b"\n"):
-        i += 1
-    if raw[i : i + 1] != b":":
+    start, end = span
+    fields = _fields(raw, name, start, end)
+    expected = {k: v for k, v in body.items() if k != name}
+    if fields is None or {k: v for k, v in fields.items() if k != name} != expected:
         return None
-    i += 1
-    while raw[i : i + 1] in (b" ", b"\t", b"\r", b"\n"):
-        i += 1
-    if raw[i : i + 1] != b"[":
-        return None
-    start = i + 1
-    expected = {k: v for k, v in body.items() if k != "messages"}
-    for end, fields in _ends(raw, start, start):
-        if {k: v for k, v in fields.items() if k != "messages"} == expected:
-            return _Seen(raw, start, _before_space(raw, end, start), end, body)
-    return None
+    return _Seen(raw, name, start, _before_space(raw, end, start), end, body)
 
 
-def _extend(seen: _Seen, raw: bytes) -> _Seen | None:
-    """`raw` parsed by extending `seen`, if `raw` is `seen`'s bytes plus new messages."""
-    cut = seen.cut
-    # bytes.startswith/endswith compare with memcmp (a memoryview == goes item by item).
-    if len(raw) <= cut or not raw.startswith(memoryview(seen.raw)[:cut]):
+def _extends(seen: _Seen, raw: bytes) -> bool:
+    """Whether `raw` begins with `seen`'s bytes up to its last message."""
+    # bytes.startswith compares with memcmp (a memoryview == goes item by item).
+    return len(raw) > seen.cut and raw.startswith(memoryview(seen.raw)[: seen.cut])
+
+
+def _same_fields(seen: _Seen, raw: bytes) -> _Seen | None:
+    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
+    the same bytes after them."""
+    if not _extends(seen, raw):
         return None
     tail = memoryview(seen.raw)[seen.end + 1 :]
     end = len(raw) - len(tail) - 1
-    if end >= cut and raw[end] == ord("]") and raw.endswith(tail):
-        return _with_new(seen, raw, end, seen.body)  # the same bytes around the array
-    for end, fields in _ends(raw, seen.start, cut):
-        found = _with_new(seen, raw, end, fields)
-        if found is not None:
-            return found
-    return None
+    if end < seen.cut or raw[end] != ord("]") or not raw.endswith(tail):
+        return None
+    found = _with_new(seen, raw, end, seen.body, same_tail=True)
+    if found is not None:
+        found.memo = seen.memo
+    return found
 
 
-def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _Seen | None:
+def _scanned(seen: _Seen, raw: bytes) -> _Seen | None:
+    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
+    other bytes after them: the scan from the last known message finds the array's end."""
+    if not _extends(seen, raw):
+        return None
+    cut = seen.cut
+    end = close(raw, cut)
+    fields = None if end < 0 else _fields(raw, seen.array, seen.start, end)
+    if fields is None:
+        return None
+    found = _with_new(seen, raw, end, fields)
+    if found is not None:
+        found.parsed += len(raw) - (end - seen.start)
+    return found
+
+
+def _with_new(
+    seen: _Seen, raw: bytes, end: int, fields: dict[str, Any], *, same_tail: bool = False
+) -> _Seen | None:
     """The body of `raw`: `seen`'s messages, those between its cut and `end`, and `fields`."""
     middle = raw[seen.cut : end].strip(_WS)
     new: Any = []
@@ -294,14 +338,22 @@ def _with_new(seen: _Seen, raw: bytes, end: int, fields: dict[str, Any]) -> _See
             return None
         if not isinstance(new, list) or not new:
             return None
-    messages = seen.body["messages"] + new if new else list(seen.body["messages"])
-    body = {k: messages if k == "messages" else v for k, v in fields.items()}
+    old = seen.body[seen.array]
+    messages = old + new if new else list(old)
+    body = {k: messages if k == seen.array else v for k, v in fields.items()}
     cut = _before_space(raw, end, seen.cut)
     digests, prefixes, counts = list(seen.digests), seen.prefixes.copy(), dict(seen.counts)
     # Bytes up to the old cut are the same, so what was found of them holds (the array's end
     # and the fields after it may have changed); the new ones are looked at now, while the
     # entry is this request's (a concurrent turn may supersede it before its decision).
     narrow = min(seen.narrow, seen.cut)
-    if narrow and not may_hold_wide_int(raw[max(0, narrow - _WIDE_OVERLAP) :]):
+    # A tail the whole old body vouched for needs no second look (no run of digits crosses
+    # the array's `]`): the bytes looked at are the new messages', however long the tools are.
+    stop = end if same_tail and seen.narrow >= len(seen.raw) else len(raw)
+    if narrow and not may_hold_wide_int(raw[max(0, narrow - _WIDE_OVERLAP) : stop]):
         narrow = len(raw)
-    return _Seen(raw, seen.start, cut, end, body, digests, prefixes, counts, narrow)
+    found = _Seen(
+        raw, seen.array, seen.start, cut, end, body, digests, prefixes, counts, narrow=narrow
+    )
+    found.parsed = len(middle) + 2 if middle else 0
+    return found

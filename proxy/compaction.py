@@ -71,6 +71,7 @@ from proxy.providers.bound import bound_chain
 from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
 from proxy.quota import Quota, QuotaExceededError
 from proxy.replay import ReplayChecks
+from proxy.splice import Splicer
 from proxy.store.base import (
     Checkpoint,
     Compaction,
@@ -153,6 +154,8 @@ class _Plan:
     """The covered_through of the checkpoint it replays (-1: none)."""
     tokens: int | None = None
     """What `messages` count, the request's fixed tokens included, where already counted."""
+    checkpoint: Checkpoint | None = None
+    """The stored checkpoint it replays, whose messages begin `messages`."""
 
 
 class Compactor:
@@ -184,6 +187,7 @@ class Compactor:
         self.windows = windows
         self.request_stream_usage = settings.accounting.request_stream_usage
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
+        self.splicer = Splicer(self.bodies, settings.tokens.prefix_cache_mb << 20, metrics)
         # Threads are started when a sync provider first runs (none at construction).
         self._providers_pool = ThreadPoolExecutor(PROVIDER_THREADS, "compactd-provider")
         self.calibration = calibration
@@ -350,7 +354,10 @@ class Compactor:
         budget = compute_budget(info, request.body, policy, margin, request.dialect.name)
         base = self.tokenizers.for_model(info)
         counter = self._counter(request.dialect, base)
-        fixed = request.dialect.fixed_tokens(base, request.body)
+        body, dialect = request.body, request.dialect
+        # The tools' count, once per session: the fields around the messages rarely change.
+        key = ("fixed", dialect.name, base)
+        fixed = self.bodies.memo(request.messages, key, lambda: dialect.fixed_tokens(base, body))
         in_thread = len(request.raw) > COUNT_IN_THREAD_BYTES
         raw = budget
         if self.calibration is not None:
@@ -484,7 +491,7 @@ class Compactor:
         if shadow:
             return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
         if request.dialect is CHAT:  # orjson's: it holds the GIL in a thread too
-            content = request.dialect.with_messages(request.body, sent)
+            content = self.splicer.chat_body(request.body, request.messages, sent, plan.checkpoint)
         else:  # matched to the request's items and rebuilt in Python, message by message
             history = request.messages or sent
             content = await _per_message(history, request.dialect.with_messages, request.body, sent)
@@ -670,6 +677,7 @@ class Compactor:
             ),
             generation=base.covered_through if base is not None else -1,
             tokens=cand_tokens,
+            checkpoint=base,
         )
         if cand_tokens <= counted.budget.trigger:
             return replay

@@ -204,6 +204,7 @@ class TokenSettings:
     safety_margin: int = 64
     cache_size: int = 100_000
     body_cache_mb: int = 16
+    prefix_cache_mb: int = 16
     min_learned_window: int = 8192
     learned_window_seconds: int = 86_400
     count_tokens_band: float = 0.0
@@ -217,6 +218,7 @@ class TokenSettings:
         _check(self.learned_window_seconds >= 60, f"{p}.learned_window_seconds", "must be >= 60")
         _check(self.cache_size >= 0, f"{p}.cache_size", "must be >= 0")
         _check(self.body_cache_mb >= 0, f"{p}.body_cache_mb", "must be >= 0 (0 = off)")
+        _check(self.prefix_cache_mb >= 0, f"{p}.prefix_cache_mb", "must be >= 0 (0 = off)")
 
 
 @dataclass(frozen=True)

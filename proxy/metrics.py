@@ -193,6 +193,12 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self._replay_prefix = Counter(
+            "compactd_replay_prefix",
+            "Replayed checkpoints' serialized messages: kept (hit), serialized (miss), evicted.",
+            ["result"],
+            registry=r,
+        )
         self._fail_open = Counter(
             "compactd_fail_open",
             "Requests forwarded unchanged because something failed.",
@@ -387,6 +393,12 @@ class Metrics:
     def checkpoint_discarded(self, reason: str) -> None:
         """A stored checkpoint was treated as absent (`unreadable`, `other_tenant`, `invalid`)."""
         self._checkpoints_discarded.labels(reason).inc()
+
+    def replay_prefix(self, *, kept: bool, evicted: int) -> None:
+        """A replayed body was spliced around a checkpoint's bytes, kept or serialized now."""
+        self._child(self._replay_prefix, "hit" if kept else "miss").inc()
+        if evicted:
+            self._child(self._replay_prefix, "evicted").inc(evicted)
 
     def fail_open(self, reason: str) -> None:
         """A request was forwarded unchanged because of a failure (`count`, `store`, ...)."""

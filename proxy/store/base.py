@@ -47,6 +47,19 @@ def check_ids(tenant: str | None, conversation: str) -> None:
         raise ValueError(f"invalid conversation id {conversation[:40]!r}")
 
 
+def version_of(stored: bytes) -> str:
+    """The version of a stored checkpoint: `<SHA-1 of its bytes>:<their length>` (Redis's
+    `sha1hex`; the length lets a store check it against the stored value's in O(1), so a
+    value overwritten behind compactd's back at another length is read again)."""
+    return f"{hashlib.sha1(stored, usedforsecurity=False).hexdigest()}:{len(stored)}"
+
+
+def version_length(version: str) -> int:
+    """The stored length a version names (-1 if it names none)."""
+    _, _, length = version.partition(":")
+    return int(length) if length.isdigit() else -1
+
+
 DEFAULT_API = "chat.completions"
 """The API of usage counters stored without an API prefix (all of them, before APIs were told
 apart)."""
@@ -84,6 +97,9 @@ class Checkpoint:
     Empty for a checkpoint written before this was recorded (replayed, never built upon)."""
     parts: list[list[str]] = field(default_factory=list)
     """Per message: the reference ids it stands for, in order; [] for an original kept as is."""
+    version: str = field(default="", compare=False)
+    """Which stored bytes it was read from (`version_of` them; "" if not read from a store):
+    a store answers "the same checkpoint, this version" instead of sending it again."""
 
 
 @dataclass(frozen=True)

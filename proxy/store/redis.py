@@ -9,6 +9,7 @@ pooled connection got out of step and leaked chats across users in 2023 (CVE-202
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -37,7 +38,7 @@ from proxy.store.base import (
 )
 from proxy.store.decoded import DecodedCheckpoints
 from proxy.store.redis_client import Client, open_client
-from proxy.store.redis_keys import KeyLayout
+from proxy.store.redis_keys import ConversationKeys, KeyLayout
 from proxy.store.redis_ops import (
     admin_tenants,
     fetch_conversation,
@@ -52,6 +53,8 @@ T = TypeVar("T")
 # Accounting's own connections (per node on a cluster): usage batches never take one that a
 # compaction write waits for.
 USAGE_POOL_SIZE = 2
+MAX_UNVERSIONED = 4096
+"""Checkpoints known to be stored without a version (written before versions were)."""
 
 
 def raised_in_client(exc: BaseException) -> bool:
@@ -97,6 +100,7 @@ class RedisStore:
         self._min_acks = min_replicas_ack
         self._find_script = client.register_script(redis_find.FIND_SCRIPT)
         self._decoded = DecodedCheckpoints()
+        self._unversioned: OrderedDict[tuple[str, str, str], None] = OrderedDict()
         # Strong references to shielded calls still running after their caller gave up.
         self._inflight: set[asyncio.Task[Any]] = set()
 
@@ -185,27 +189,51 @@ class RedisStore:
     async def find_checkpoint(
         self, tenant: str, conversation: str, prefix_digests: list[str]
     ) -> Checkpoint | None:
-        """Longest matching checkpoint in one round trip (a script); refreshes retention when used
-        (at most about once a minute per conversation: two more round trips, indexes first)."""
+        """Longest matching checkpoint in one round trip (a script): when this instance holds
+        it, only "still stored, same version" comes back (see redis_find). Refreshes retention
+        when used (at most about once a minute per conversation: two more round trips)."""
         k = self._keys.conversation(tenant, conversation)
         if not prefix_digests:
             return None
+        held = self._decoded.known(tenant, conversation, prefix_digests)
+        if held is not None and (tenant, conversation, held.source_digest) not in self._unversioned:
+            found = await self._io(
+                lambda r: self._find(r, k, prefix_digests, held), over_budget=True
+            )
+            n = len(prefix_digests)
+            if found.held and not any(p < n and prefix_digests[p] == d for p, d in found.longer):
+                return held
+        # Only requests over their trigger look.
+        found = await self._io(lambda r: self._find(r, k, prefix_digests, None), over_budget=True)
+        if found.body is None:
+            return None
+        cp = self._decoded.load(found.body, tenant)
+        # One written before versions were: looked up in full until a save records its version.
+        ident = (tenant, conversation, cp.source_digest)
+        if found.version:
+            self._unversioned.pop(ident, None)
+        else:
+            self._unversioned[ident] = None
+            while len(self._unversioned) > MAX_UNVERSIONED:
+                self._unversioned.popitem(last=False)
+        return cp
 
-        async def op(r: Client) -> bytes | None:
-            body, due_ttl, refs = await redis_find.find(r, self._find_script, k, prefix_digests)
-            if due_ttl:
-                await redis_save.refresh(
-                    r,
-                    self._keys,
-                    tenant=tenant,
-                    conversation=conversation,
-                    ref_ids=refs,
-                    ttl=due_ttl,
-                )
-            return body
-
-        raw = await self._io(op, over_budget=True)  # only requests over their trigger look
-        return None if raw is None else self._decoded.load(raw, tenant)
+    async def _find(
+        self, r: Client, k: ConversationKeys, prefix_digests: list[str], held: Checkpoint | None
+    ) -> redis_find.Found:
+        """One lookup (held: asking whether that checkpoint stands), then the due refresh."""
+        ask = None if held is None else (held.source_digest, held.version, held.covered_through)
+        found = await redis_find.find(r, self._find_script, k, prefix_digests, ask)
+        if found.due_ttl:
+            await redis_save.refresh(
+                r,
+                self._keys,
+                tenant=k.tenant,
+                conversation=k.conversation,
+                ref_ids=found.refs,
+                ttl=found.due_ttl,
+            )
+        return found
 
     async def save_compaction(self, compaction: Compaction, ttl_seconds: int) -> Checkpoint:
         """The indexes, then originals, refs and checkpoint in one script (see redis_save);

@@ -7,13 +7,30 @@ listing and its ref index: one slot, one node per tenant) or the admin's: they a
 finding things, never the data itself, and are written before the data they point at and kept
 at least as long (see redis_save), so nothing acknowledged is ever unreachable through them.
 Tenant-wide reads (listing, usage, refs) follow these indexes: no SCAN on any path.
+
+What every tenant writes is sharded so that no key takes all instances' writes: the admin's
+listing by conversation (`{admin:<n>}`) and the daily accounting by tenant (`{u:<day>:<n>}`),
+SHARDS ways each, whose hash tags fall on different cluster masters; readers merge the shards.
+The keys builds before the shards wrote (`{admin}:convs`, `{u:<day>}`) are read too, until they
+expire, and never written (docs/replay-cost.md, "Store layout").
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from proxy.store.base import check_ids
+
+SHARDS = 16
+"""Shards of the admin listing and of each day's accounting. Part of the stored layout: a
+change moves every key (readers would then miss the old shards)."""
+
+
+def shard_of(name: str) -> int:
+    """The shard of a conversation id or tenant (CRC-32: stable across processes)."""
+    return zlib.crc32(name.encode()) % SHARDS
+
 
 SUMMARY_KEY_CHARS = 10
 """The length of a ref id (`proxy.providers.canonical.ref_id`: a digest's first characters)."""
@@ -24,7 +41,8 @@ class ConversationKeys:
     """The keys of one conversation, all in one hash slot."""
 
     meta: str
-    """hash: tenant, conversation, created_at, updated_at, ttl"""
+    """hash: tenant, conversation, created_at, updated_at, ttl, and `v:<source digest>` ->
+    the version of each checkpoint (redis_find)"""
     index: str
     """hash: checkpoint source digest -> covered_through (what find_checkpoint reads first)"""
     checkpoints: str
@@ -33,6 +51,8 @@ class ConversationKeys:
     """hash: message digest -> verbatim original (content-addressed: stored once)"""
     refs: str
     """hash: reference id -> original digests"""
+    tenant: str = ""
+    conversation: str = ""
 
     def data(self) -> tuple[str, str, str, str, str]:
         """Every key, originals first: a refresh cut short leaves originals living longest."""
@@ -55,6 +75,8 @@ class KeyLayout:
             checkpoints=f"{tag}:cp",
             originals=f"{tag}:orig",
             refs=f"{tag}:refs",
+            tenant=tenant,
+            conversation=conversation,
         )
 
     def tenant_conversations(self, tenant: str) -> str:
@@ -81,16 +103,33 @@ class KeyLayout:
         finds the summaries of a conversation's spans by its ref ids, with no SCAN."""
         return f"{self.prefix}{{t:{tenant}}}:sum:{digest[:SUMMARY_KEY_CHARS]}"
 
-    def all_conversations(self) -> str:
-        """zset (all scores 0, lexicographic): `<conversation>\\t<tenant>` for the admin."""
+    def all_conversations(self, conversation: str) -> str:
+        """zset (all scores 0, lexicographic): `<conversation>\\t<tenant>` for the admin, the
+        shard of this conversation id."""
+        return f"{self.prefix}{{admin:{shard_of(conversation)}}}:convs"
+
+    def all_conversation_shards(self) -> list[str]:
+        """Every shard of the admin listing, and the unsharded key builds before wrote."""
+        return [*(f"{self.prefix}{{admin:{n}}}:convs" for n in range(SHARDS)), self.legacy_all()]
+
+    def legacy_all(self) -> str:
+        """zset: the admin listing as one key, as builds before the shards wrote it (read only)."""
         return f"{self.prefix}{{admin}}:convs"
 
     def usage(self, day: str, tenant: str) -> str:
-        """hash: JSON [policy, model, counter] -> count."""
+        """hash: JSON [policy, model, counter] -> count (the day's shard of the tenant)."""
+        return f"{self.prefix}{{u:{day}:{shard_of(tenant)}}}:t:{tenant}"
+
+    def usage_tenants(self, day: str, shard: int) -> str:
+        """set: tenants of this shard with usage on that day."""
+        return f"{self.prefix}{{u:{day}:{shard}}}:tenants"
+
+    def legacy_usage(self, day: str, tenant: str) -> str:
+        """hash: a tenant's day as builds before the shards wrote it (read only)."""
         return f"{self.prefix}{{u:{day}}}:t:{tenant}"
 
-    def usage_tenants(self, day: str) -> str:
-        """set: tenants with usage on that day."""
+    def legacy_usage_tenants(self, day: str) -> str:
+        """set: the day's tenants as builds before the shards wrote it (read only)."""
         return f"{self.prefix}{{u:{day}}}:tenants"
 
     def windows(self, scope: str) -> str:

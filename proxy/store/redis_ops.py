@@ -85,18 +85,26 @@ async def fetch_conversation(
 
 
 async def admin_tenants(r: Client, keys: KeyLayout, conversation: str) -> list[str]:
-    """Tenants that have a conversation with this id (the admin index is ordered by id)."""
+    """Tenants that have a conversation with this id (the admin index is ordered by id): in
+    its shard, and in the unsharded key of builds before."""
     low = b"[" + conversation.encode() + b"\t"
-    members = await r.zrangebylex(keys.all_conversations(), low, low + b"\xff")
-    return [text(m).split("\t", 1)[1] for m in members]
+    async with r.pipeline(transaction=False) as p:
+        for key in (keys.all_conversations(conversation), keys.legacy_all()):
+            p.zrangebylex(key, low, low + b"\xff")
+        found = await p.execute()
+    return list(dict.fromkeys(text(m).split("\t", 1)[1] for ms in found for m in ms))
 
 
 async def _pairs(r: Client, keys: KeyLayout, tenant: str | None) -> list[tuple[str, str]]:
     if tenant is not None:
         convs = await r.zrevrange(keys.tenant_conversations(tenant), 0, -1)
         return [(tenant, text(c)) for c in convs]  # type: ignore[arg-type]
-    members = await r.zrange(keys.all_conversations(), 0, -1)
-    return [(t, c) for c, t in (text(m).split("\t", 1) for m in members)]  # type: ignore[arg-type]
+    async with r.pipeline(transaction=False) as p:
+        for key in keys.all_conversation_shards():
+            p.zrange(key, 0, -1)
+        shards = await p.execute()
+    members = dict.fromkeys(text(m) for ms in shards for m in ms)
+    return [(t, c) for c, t in (m.split("\t", 1) for m in members)]
 
 
 async def list_pairs(r: Client, keys: KeyLayout, tenant: str | None) -> list[ConversationInfo]:
@@ -151,7 +159,8 @@ async def _forget(r: Client, keys: KeyLayout, gone: list[tuple[str, str]]) -> No
     async with r.pipeline(transaction=False) as p:
         for t, c in old:
             p.zrem(keys.tenant_conversations(t), c)
-            p.zrem(keys.all_conversations(), f"{c}\t{t}")
+            p.zrem(keys.all_conversations(c), f"{c}\t{t}")
+            p.zrem(keys.legacy_all(), f"{c}\t{t}")
         await p.execute()
 
 
@@ -173,7 +182,8 @@ async def purge(r: Client, keys: KeyLayout, tenant: str | None, conversation: st
             await p.execute()
         async with r.pipeline(transaction=False) as p:
             p.zrem(keys.tenant_conversations(t), conversation)
-            p.zrem(keys.all_conversations(), f"{conversation}\t{t}")
+            p.zrem(keys.all_conversations(conversation), f"{conversation}\t{t}")
+            p.zrem(keys.legacy_all(), f"{conversation}\t{t}")
             if refs:
                 members = [f"{text(ref)}\t{conversation}" for ref in refs]
                 p.zrem(keys.tenant_refs(t), *members)

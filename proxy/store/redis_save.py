@@ -51,11 +51,16 @@ for k = 1, 5 do redis.call('EXPIRE', KEYS[k], ttl) end
 # KEYS: originals, refs, checkpoints, index, meta (ConversationKeys.data()).
 # ARGV: ttl, now, source digest, covered_through, checkpoint, tenant, conversation, the number
 # of originals, then digest/original pairs, then ref/digests pairs. Returns the stored
-# checkpoint (the first writer's). `#!lua`: Redis refuses it up front when out of memory, so it
-# never stops half-way through its writes.
+# checkpoint (the first writer's), whose version (redis_find) it records in the metadata.
+# `#!lua`: Redis refuses it up front when out of memory, so it never stops half-way through
+# its writes.
 SAVE_SCRIPT = f"""#!lua
 local ttl, now, d = ARGV[1], ARGV[2], ARGV[3]
 redis.call('HSETNX', KEYS[3], d, ARGV[5])
+if redis.call('HEXISTS', KEYS[5], 'v:' .. d) == 0 then
+  local stored = redis.call('HGET', KEYS[3], d)
+  redis.call('HSET', KEYS[5], 'v:' .. d, redis.sha1hex(stored) .. ':' .. #stored)
+end
 redis.call('HSET', KEYS[4], d, ARGV[4], '~ttl', ttl)
 {_write_lua(9, 6)}return redis.call('HGET', KEYS[3], d)
 """
@@ -136,7 +141,7 @@ def queue_pointers(
         now - CLOCK_SKEW_SECONDS,
         *members,
     )
-    admin = keys.all_conversations()
+    admin = keys.all_conversations(conversation)
     p.zadd(admin, {f"{conversation}\t{tenant}": 0})
     expire_at_least(p, admin, ttl)
 

@@ -146,8 +146,9 @@ class SqliteStore:
         check_ids(tenant, conversation)
         if not prefix_digests:
             return None
+        find = partial(sqlite_ops.find_checkpoint, held=self._decoded.get)
         found, refresh_to = await self._run(
-            sqlite_ops.find_checkpoint,
+            find,
             tenant,
             conversation,
             prefix_digests,

@@ -17,7 +17,14 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from proxy.store import codec
-from proxy.store.base import Checkpoint, Compaction, ConversationInfo, Message
+from proxy.store.base import (
+    Checkpoint,
+    Compaction,
+    ConversationInfo,
+    Message,
+    version_length,
+    version_of,
+)
 
 T = TypeVar("T")
 Load = Callable[[bytes | str, str], Checkpoint]
@@ -34,6 +41,19 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     tenant TEXT NOT NULL, conversation TEXT NOT NULL, source_digest TEXT NOT NULL,
     covered_through INTEGER NOT NULL, body BLOB NOT NULL,
     PRIMARY KEY (tenant, conversation, source_digest)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoint_versions (
+    tenant TEXT NOT NULL, conversation TEXT NOT NULL, source_digest TEXT NOT NULL,
+    version TEXT NOT NULL,
+    PRIMARY KEY (tenant, conversation, source_digest)) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS checkpoint_written AFTER INSERT ON checkpoints BEGIN
+    DELETE FROM checkpoint_versions WHERE tenant = new.tenant
+        AND conversation = new.conversation AND source_digest = new.source_digest; END;
+CREATE TRIGGER IF NOT EXISTS checkpoint_changed AFTER UPDATE ON checkpoints BEGIN
+    DELETE FROM checkpoint_versions WHERE tenant = old.tenant
+        AND conversation = old.conversation AND source_digest = old.source_digest; END;
+CREATE TRIGGER IF NOT EXISTS checkpoint_deleted AFTER DELETE ON checkpoints BEGIN
+    DELETE FROM checkpoint_versions WHERE tenant = old.tenant
+        AND conversation = old.conversation AND source_digest = old.source_digest; END;
 CREATE TABLE IF NOT EXISTS originals (
     tenant TEXT NOT NULL, conversation TEXT NOT NULL, digest TEXT NOT NULL, body BLOB NOT NULL,
     PRIMARY KEY (tenant, conversation, digest)) WITHOUT ROWID;
@@ -50,6 +70,13 @@ CREATE TABLE IF NOT EXISTS summaries (
 CREATE INDEX IF NOT EXISTS summaries_by_expiry ON summaries (expires_at);
 """
 DATA_TABLES = ("checkpoints", "originals", "refs")
+VERSIONS = "checkpoint_versions"
+"""Per checkpoint its version (`base.version_of` its body): a replay of a checkpoint the
+process holds reads the version and the body's length, never the body. Triggers drop a
+version whenever its checkpoint row is written, changed or deleted by anything (an older
+build, an expiry pass, a hand-made UPDATE), so a version row always names the bytes stored."""
+Held = Callable[[str, str, str, str], Checkpoint | None]
+"""(tenant, conversation, source digest, version) -> the checkpoint held of that version."""
 
 
 def connect(path: str, busy_ms: int) -> sqlite3.Connection:
@@ -62,7 +89,7 @@ def connect(path: str, busy_ms: int) -> sqlite3.Connection:
     # FULL: a compaction is forwarded only once its originals survive a power cut, too.
     con.execute("PRAGMA synchronous = FULL")
     with transaction(con):
-        for stmt in SCHEMA.split(";"):
+        for stmt in SCHEMA.split(";\n"):  # a trigger's body holds `;` within a line
             if stmt.strip():
                 con.execute(stmt)
     return con
@@ -121,9 +148,12 @@ def find_checkpoint(
     conv: str,
     prefix_digests: Sequence[str],
     load: Load = codec.load_checkpoint,
+    *,
+    held: Held | None = None,
 ) -> tuple[Checkpoint | None, int]:
     """(longest matching checkpoint, the retention to refresh it to or 0 if not due);
-    `load` decodes the stored checkpoint (`proxy.store.decoded`)."""
+    `load` decodes the stored checkpoint, `held` gives the one held of its version
+    (`proxy.store.decoded`)."""
     now = time.time()
     with transaction(con, "DEFERRED"):
         row = con.execute(
@@ -140,21 +170,42 @@ def find_checkpoint(
                 (tenant, conv),
             ).fetchall()
         )
-        found = None
+        found: Checkpoint | None = None
         for digest in codec.candidates(index, prefix_digests):
-            found = con.execute(
+            found = _held(con, tenant, conv, digest, held)
+            if found is not None:
+                break
+            body = con.execute(
                 "SELECT body FROM checkpoints"
                 " WHERE tenant = ? AND conversation = ? AND source_digest = ?",
                 (tenant, conv, digest),
             ).fetchone()
-            if found is not None:
+            if body is not None:
+                found = load(body[0], tenant)
                 break
     if found is None:
         return None, 0
     ttl, expires_at = int(row[0]), float(row[1])
     # A write on every replay would make worker processes queue on the write lock for nothing.
     due = codec.refresh_due(ttl, expires_at - now)
-    return load(found[0], tenant), ttl if due else 0
+    return found, ttl if due else 0
+
+
+def _held(
+    con: sqlite3.Connection, tenant: str, conv: str, digest: str, held: Held | None
+) -> Checkpoint | None:
+    """The held checkpoint of this digest, if its stored version (and length) is the same."""
+    if held is None:
+        return None
+    row = con.execute(
+        "SELECT v.version, length(c.body) FROM checkpoints c JOIN checkpoint_versions v"
+        " USING (tenant, conversation, source_digest)"
+        " WHERE c.tenant = ? AND c.conversation = ? AND c.source_digest = ?",
+        (tenant, conv, digest),
+    ).fetchone()
+    if row is None or version_length(row[0]) != row[1]:
+        return None
+    return held(tenant, conv, digest, row[0])
 
 
 def refresh(con: sqlite3.Connection, tenant: str, conv: str, ttl: int) -> None:
@@ -241,6 +292,10 @@ def save_compaction(
             " WHERE tenant = ? AND conversation = ? AND source_digest = ?",
             (t, c, cp.source_digest),
         ).fetchone()
+        con.execute(
+            f"INSERT OR IGNORE INTO {VERSIONS} VALUES (?, ?, ?, ?)",  # noqa: S608
+            (t, c, cp.source_digest, version_of(body)),
+        )
     return load(body, t)
 
 
