@@ -82,6 +82,9 @@ class Layout:
             ref = canonical.ref_id([original])
             marker = ref_marker(ref, 1, tokens, CUT)
             room = tokens - over - self.config.count_message(with_text(original, marker))
+            if room <= 0:
+                marker = short_marker(ref)  # no room for any of it: the cheapest marker
+                room = tokens - over - self.config.count_message(with_text(original, marker))
             keep = max(len(text) * room // max(tokens, 1), 0) // 2
             new = with_text(original, f"{text[:keep]}\n{marker}\n{text[len(text) - keep :]}")
             if self.config.count_message(new) >= tokens:
