@@ -193,7 +193,7 @@ def _fit(
     if floor > config.limit:
         return None
     room = config.limit - floor
-    spent = [p.spent for p in picks]
+    spent = [p[2] for p in picks]
     fits, over = 0, len(picks) + 1  # a prefix known to fit, one known not to
     scale = 1.0
     for step in range(FIT_ROUNDS):
@@ -249,7 +249,9 @@ def _texts(
     flat = [p for i in rewritable for p in piece_texts[i]]
     tail = _tail(messages, units, layout)
     query = "\n".join(_body(messages[i], foldable=True) for i in tail)
-    scorer = Scorer(flat, query, message_text(messages[last_index(messages, "user")]))
+    salient = Scorer(flat, query, message_text(messages[last_index(messages, "user")])).scores(
+        opts.relevance
+    )
     weights = _weights(units)
     superseded = _superseded(messages, units)
     texts = []
@@ -261,7 +263,7 @@ def _texts(
         tokens, values, short = [], [], []
         for k, piece in enumerate(piece_texts[i]):
             cost = len(piece) * per_char
-            worth = PRESENCE * cost + scorer.specificity(n) + opts.relevance * scorer.relevance(n)
+            worth = PRESENCE * cost + salient[n]
             worth *= weight * (REPEATED if repeated[i][k] else 1.0)
             tokens.append(cost)
             values.append(worth)
