@@ -2,11 +2,10 @@
 
 Every message a compaction may rewrite is cut into pieces (`pieces.py`), each with a value and
 an estimated token cost. The ranking starts from the floor, where nothing that may go is kept
-(whole units dropped, messages that must stay reduced to their marker), and takes pieces in
-order of value per token. A piece brings its short neighbours along (a fact keeps the words
-around it), and the first piece of a unit pays for opening it (its messages' markers and tool
-calls, and the stand-in a dropped run gains when it is split): so a few rich messages are kept
-readable rather than many cut to a line each.
+(older units folded into one stand-in, messages that must stay reduced to their marker), and
+takes pieces in order of value per token. A piece brings along a short neighbour, and the
+neighbour beside a fact at its edge (a fact keeps the words around it); the first piece of a
+message also pays for its speaker's label in the stand-in.
 
 The fit (`engine.py`) then keeps the longest prefix of the ranking that is within the target,
 counted exactly.
