@@ -97,7 +97,8 @@ class Scorer:
         self._query = {t.lower(): 1.0 for t in terms(query) if _named(t)}
         self._query.update({t.lower(): 2.0 for t in terms(focus) if _named(t)})
         asked = set(self._query)
-        forms: dict[str, float] = {}
+        judged: set[str] = set()
+        weights: dict[str, float] = {}  # the specific terms as written, by their form
         df: Counter[str] = Counter()
         # Tuples, not lists: the garbage collector stops tracking a tuple of strings and numbers,
         # and a full collection walking a list per piece (60,000 for a 3 MB log) held the GIL
@@ -109,17 +110,20 @@ class Scorer:
             written = _TERM.findall(piece)
             # Terms hold no line break: one lower() of them all, not one per term or a rescan.
             lowered = "\n".join(written).lower().split("\n") if written else []
-            hits = asked.intersection(lowered)
-            specific: dict[str, float] = {}
-            for term, low in zip(written, lowered, strict=True):
-                weight = forms.get(term)
-                if weight is None:
-                    weight = forms[term] = form(term)
+            # Sorted wherever a set's order would reach a sum: the same input must score the
+            # same in every worker, whatever its string hash seed.
+            hits = sorted(asked.intersection(lowered))
+            fresh = set(written)
+            fresh.difference_update(judged)
+            for term in fresh:  # each distinct term of the conversation is judged once
+                judged.add(term)
+                weight = form(term)
                 if weight:
-                    specific[low] = weight
+                    weights[term] = weight
+            specific = {t.lower(): weights[t] for t in sorted(weights.keys() & written)}
             for name in _NAME.findall(piece):
                 specific.setdefault(name.lower(), NAMED)
-            df.update(specific.keys() | hits)
+            df.update(specific.keys() | set(hits))
             self._specific.append(tuple(specific.items()))
             self._hits.append(tuple((t, lowered.count(t)) for t in hits))
             self._lengths.append(len(lowered))

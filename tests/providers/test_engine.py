@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -153,3 +157,35 @@ def test_the_engine_fits_every_case_that_can_fit(
     result = ENGINE.compress(msgs, config)
     assert check_result(msgs, result, config) == []
     assert count_tokens(result.messages) <= config.limit
+
+
+_SAME_BYTES_IN_ANY_WORKER = """
+import hashlib, json
+from proxy.providers.engine import EngineProvider
+from tests.providers.build import agent_run, assistant, user, words
+from tests.providers.tokens import count_tokens, make_config
+messages = agent_run(16, result_tokens=300)
+for k in range(6):
+    messages.insert(2, user(f"Ship order ZX-{k}4471 to Lisbon via DHL, ref INV/{k}/2024. " + words(60)))
+    messages.insert(3, assistant(f"Noted ZX-{k}4471 for Lisbon (INV/{k}/2024)."))
+result = EngineProvider().compress(messages, make_config(count_tokens(messages) // 3))
+print(hashlib.sha256(json.dumps(result.messages, sort_keys=True).encode()).hexdigest())
+"""
+
+
+def test_workers_with_different_hash_seeds_send_the_same_bytes() -> None:
+    # Every worker must replay and re-compact alike: nothing a set's order (which the string
+    # hash seed decides) may reach the result.
+    digests = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _SAME_BYTES_IN_ANY_WORKER],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        digests.add(done.stdout.strip())
+    assert len(digests) == 1, digests
