@@ -125,13 +125,14 @@ def compact(
 ) -> CompactionResult:
     """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
     digest = canonical.source_digest(messages)
-    if config.count_tokens(messages) <= config.limit:
-        return CompactionResult(messages=list(messages), source_digest=digest)
     units = split_units(messages)
     prot = protection(messages, units, config.keep_head, 0)
     fixed = set(prot.hard | prot.head)
     fixed |= {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
     layout = Layout(messages, units, frozenset(fixed), config)
+    # A request adds its messages' costs to its priming and tool schemas: the layout has them.
+    if config.count_tokens([]) + sum(layout.costs) <= config.limit:
+        return CompactionResult(messages=list(messages), source_digest=digest)
     texts = _texts(messages, units, layout, opts, config)
     picks = rank(texts, LABEL_TOKENS)
     rendered = _fit(layout, texts, picks, config)

@@ -23,6 +23,8 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from proxy.providers.pieces import SCAN
+
 # A term: a run of word characters, joined through the punctuation of paths, URLs, versions,
 # amounts and dates (`src/app.py`, `https://x.org/a_b`, `2024-05-20`, `$1,250.00`).
 _TERM = re.compile(r"\w(?:[\w.,:/@#%+~-]*\w)?")
@@ -34,8 +36,6 @@ _NAME = re.compile(r"(?<=[a-z,;] )[A-Z]\w*")
 # after a lower-case word or a comma (a name, not a sentence's first word), an acronym.
 _FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[a-z][A-Z]|(?<=[a-z,;] )[A-Z]|\b[A-Z]{2}")
 
-SCAN = 4096
-"""Characters one regex call looks at, at most."""
 # BM25's usual constants (Robertson & Zaragoza).
 K1 = 1.2
 B = 0.75
