@@ -30,14 +30,14 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
 from proxy.digest import Message, RollingPrefixes, message_digest, prefix_digests
 from proxy.exactjson import holds_wide_int, may_hold_wide_int
-from proxy.jsonspan import array_span, close
-from proxy.tokens import REPLY_PRIMING, TokenCounter
+from proxy.jsonspan import array_span, close, element_ends
+from proxy.tokens import REPLY_PRIMING
 
 T = TypeVar("T")
 
@@ -54,6 +54,43 @@ FIELDS = ("messages", "input")
 """The arrays a conversation grows in: chat completions' and Anthropic's, the Responses API's."""
 
 
+class Counter(Protocol):
+    """What `BodyCache.count` needs of a counter (`TokenCounter`, `NativeCounter`)."""
+
+    @property
+    def encoding_name(self) -> str:
+        """The key its counts are kept under (an encoding, and the API for a projection)."""
+
+    def message_counts(self, messages: Sequence[Message]) -> list[int]:
+        """Each message's tokens."""
+
+    def cached_counts(self, messages: Sequence[Message]) -> list[int] | None:
+        """`message_counts` if every count is cached, else None."""
+
+
+@dataclass
+class _History:
+    """What is known of a list of messages' first ones: digests, prefix digests, counts."""
+
+    digests: list[str] = field(default_factory=list)
+    """Digests of the first messages, filled in when a decision first needs them."""
+    prefixes: RollingPrefixes = field(default_factory=RollingPrefixes)
+    """Their prefix digests (what a checkpoint is looked up by), filled in likewise."""
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    """Encoding -> running token totals of the first messages: [i] is what messages [0, i)
+    cost, without the reply priming (so one more item than messages counted)."""
+
+    def head(self, n: int) -> _History:
+        """What holds of a list whose first `n` messages are these (the same objects)."""
+        digests = self.digests[:n]
+        prefixes = self.prefixes.head(min(n, len(self.prefixes.values)))
+        if prefixes is None:  # cut back further than hash states are kept: rehash
+            prefixes = RollingPrefixes()
+            prefixes.extend(digests[: len(self.prefixes.values)])
+        counts = {k: v[: n + 1] for k, v in self.counts.items()}
+        return _History(digests, prefixes, counts)
+
+
 @dataclass(eq=False)  # identity: entries hold whole bodies
 class _Seen:
     """A body parsed before, and where its messages array lies in its bytes."""
@@ -68,13 +105,9 @@ class _Seen:
     end: int
     """Index of the array's closing `]`."""
     body: dict[str, Any]
-    digests: list[str] = field(default_factory=list)
-    """Digests of the first messages, filled in when a decision first needs them."""
-    prefixes: RollingPrefixes = field(default_factory=RollingPrefixes)
-    """Their prefix digests (what a checkpoint is looked up by), filled in likewise."""
-    counts: dict[str, list[int]] = field(default_factory=dict)
-    """Encoding -> running token totals of the first messages: [i] is what messages [0, i)
-    cost, without the reply priming (so one more item than messages counted)."""
+    history: _History = field(default_factory=_History)
+    bounds: list[int] | None = None
+    """The index just past each element of the array, once needed (`_cut_back`)."""
     parsed: int = 0
     """Bytes handed to orjson to build this entry from the one it extends."""
     narrow: int = 0
@@ -82,6 +115,13 @@ class _Seen:
     memo: dict[Any, Any] = field(default_factory=dict)
     """What callers derived from the bytes around the array (`BodyCache.memo`): kept while
     they stay the same."""
+    derived: dict[str, Any] = field(default_factory=dict)
+    """What callers derived from the array itself (`BodyCache.keep`), by name."""
+    carried: dict[str, tuple[Any, int]] = field(default_factory=dict)
+    """Name -> (what was derived from the array of the body this one was built from, how many
+    of its leading elements this array shares): for `BodyCache.previous`."""
+    lists: dict[int, tuple[Sequence[Message], _History]] = field(default_factory=dict)
+    """Lists of messages derived from the array (an API's items projected): their histories."""
 
 
 class BodyCache:
@@ -92,7 +132,8 @@ class BodyCache:
         self._bytes = 0
         self._seen: OrderedDict[bytes, list[_Seen]] = OrderedDict()
         self._by_messages: dict[int, _Seen] = {}
-        """Entries by the id of their messages list (which they keep alive)."""
+        """Entries by the id of their messages list (which they keep alive), and of the lists
+        derived from it (`keep`)."""
         self.hits = 0
         self.misses = 0
         self.parsed_bytes = 0
@@ -114,15 +155,15 @@ class BodyCache:
             return orjson.loads(raw)
         key = raw[:KEY_BYTES]
         entries = self._seen.get(key, [])
-        # One whose fields are the same bytes first (agents sharing a prompt, other tools).
-        for found in itertools.chain(
-            (_same_fields(e, raw) for e in entries), (_scanned(e, raw) for e in entries)
-        ):
+        # One whose fields are the same bytes first (agents sharing a prompt, other tools);
+        # then one whose last messages the client changed (it moved its cache breakpoints).
+        tries = (_same_fields, _scanned, _cut_back)
+        for found, source in ((f(e, raw), e) for f in tries for e in entries):
             if found is not None:
                 self.hits += 1
                 # What was parsed: the new messages, and the fields only if their bytes changed.
                 self.parsed_bytes += found.parsed - len(raw)
-                self._remember(key, found)
+                self._remember(key, found, source)
                 return found.body
         self.misses += 1
         body = orjson.loads(raw)
@@ -134,101 +175,147 @@ class BodyCache:
         return body
 
     def memo(self, items: Sequence[Any], key: Any, make: Callable[[], T]) -> T:
-        """`make()`, remembered with the body `items` (its array, from `parse`) came from for as
-        long as the bytes around its array stay the same (the tools, the model, the options):
-        only for values that depend on nothing else."""
-        seen = self._entry(items)
-        if seen is None:
+        """`make()`, remembered with the body `items` (its array, from `parse`, or a list kept
+        with it) came from for as long as the bytes around its array stay the same (the tools,
+        the model, the options): only for values that depend on nothing else."""
+        found = self._entry(items)
+        if found is None:
             return make()
+        seen = found[0]
         if key not in seen.memo:
             seen.memo[key] = make()
         value: T = seen.memo[key]
         return value
 
+    def recall(self, items: Sequence[Any], name: str) -> Any:
+        """What `keep` kept under `name` with the body whose array is `items`, or None."""
+        seen = self._raw_entry(items)
+        return None if seen is None else seen.derived.get(name)
+
+    def previous(self, items: Sequence[Any], name: str) -> tuple[Any, int] | None:
+        """What was kept under `name` with the body this one was built from, and how many of
+        the leading elements of `items` that body's array had (the same objects)."""
+        seen = self._raw_entry(items)
+        return None if seen is None else seen.carried.get(name)
+
+    def keep(
+        self,
+        items: Sequence[Any],
+        name: str,
+        value: Any,
+        messages: Sequence[Message] | None = None,
+        reused: tuple[Sequence[Message], int] | None = None,
+    ) -> None:
+        """Keep `value` under `name` with the body whose array is `items` (from `parse`), and
+        `messages` (derived from it) as a history `digests`, `prefixes` and `count` know:
+        `reused` = (a list kept so with the body this one was built from, n) when the first n
+        messages are that list's, so what is known of them carries over."""
+        seen = self._raw_entry(items)
+        if seen is None:
+            return
+        seen.derived[name] = value
+        seen.carried.pop(name, None)
+        if messages is None:
+            return
+        old = None if reused is None else self._entry(reused[0])
+        history = _History() if old is None or reused is None else old[1].head(reused[1])
+        seen.lists[id(messages)] = (messages, history)
+        self._by_messages[id(messages)] = seen
+
     def digests(self, messages: Sequence[Message]) -> list[str]:
         """`[message_digest(m) for m in messages]`, computing only those of messages new since
         a body this one extends (when `messages` came from `parse`)."""
-        seen = self._entry(messages)
-        if seen is None:
+        found = self._entry(messages)
+        if found is None:
             return [message_digest(m) for m in messages]
-        known = seen.digests
+        known = found[1].digests
         known.extend(message_digest(m) for m in messages[len(known) :])
         return list(known)
 
     def undigested(self, messages: Sequence[Message]) -> int:
         """How many of `messages` `digests` would compute (not known from an earlier body)."""
-        seen = self._entry(messages)
-        return len(messages) - (0 if seen is None else len(seen.digests))
+        found = self._entry(messages)
+        return len(messages) - (0 if found is None else len(found[1].digests))
 
     def prefixes(self, messages: Sequence[Message], digests: Sequence[str]) -> list[str]:
         """`prefix_digests(digests)`, where `digests` are `self.digests(messages)`, hashing
         only the prefixes of messages new since a body this one extends."""
-        seen = self._entry(messages)
-        if seen is None or seen.digests != digests:
+        found = self._entry(messages)
+        if found is None or found[1].digests != digests:
             return prefix_digests(digests)
-        rolling = seen.prefixes
+        rolling = found[1].prefixes
         rolling.extend(digests[len(rolling.values) :])
         return list(rolling.values)
 
-    async def count(
-        self, messages: Sequence[Message], counter: TokenCounter, *, in_thread: bool
-    ) -> int:
+    async def count(self, messages: Sequence[Message], counter: Counter, *, in_thread: bool) -> int:
         """`counter.count_messages(messages)`, counting only messages new since a body this one
         extends; a history not known yet is counted whole (in a thread if `in_thread`, unless
         every message's count is cached)."""
-        seen = self._entry(messages)
-        known = [] if seen is None else seen.counts.get(counter.encoding_name, [])
+        found = self._entry(messages)
+        name = counter.encoding_name
+        known = [] if found is None else found[1].counts.get(name, [])
         if known:
             new = counter.message_counts(messages[len(known) - 1 :])
         else:
-            found = counter.cached_counts(messages)
-            if found is None and in_thread:
-                found = await asyncio.to_thread(counter.message_counts, messages)
-            new = counter.message_counts(messages) if found is None else found
+            counts = counter.cached_counts(messages)
+            if counts is None and in_thread:
+                counts = await asyncio.to_thread(counter.message_counts, messages)
+            new = counter.message_counts(messages) if counts is None else counts
             known = [0]
         # A new list: the entry of the body this one extends shares the old one.
         running = [*known[:-1], *itertools.accumulate(new, initial=known[-1])]
-        if seen is not None:
-            seen.counts[counter.encoding_name] = running
+        if found is not None:
+            found[1].counts[name] = running
         return running[-1] + REPLY_PRIMING
 
     def tokens_from(self, messages: Sequence[Message], encoding: str, start: int) -> int | None:
         """What messages [start:] cost with this encoding (without the reply priming), if `count`
         counted `messages` (from `parse`) with it; else None."""
-        seen = self._entry(messages)
-        running = None if seen is None else seen.counts.get(encoding)
+        found = self._entry(messages)
+        running = None if found is None else found[1].counts.get(encoding)
         if running is None or len(running) != len(messages) + 1 or not 0 <= start < len(running):
             return None
         return running[-1] - running[start]
 
-    def holds_wide_int(self, messages: Sequence[Message], raw: bytes) -> bool:
-        """`exactjson.holds_wide_int(raw)`, where `raw` is the body whose messages are
-        `messages`: looked for only in the bytes new since a body this one extends (when
-        `messages` came from `parse`) that was found to hold none."""
-        seen = self._entry(messages)
+    def holds_wide_int(self, items: Sequence[Any], raw: bytes) -> bool:
+        """`exactjson.holds_wide_int(raw)`, where `raw` is the body whose array is `items`:
+        looked for only in the bytes new since a body this one extends (when `items` came from
+        `parse`) that was found to hold none."""
+        seen = self._raw_entry(items)
         start = 0 if seen is None else max(0, seen.narrow - _WIDE_OVERLAP)
         wide = may_hold_wide_int(raw[start:] if start else raw) and holds_wide_int(raw)
         if seen is not None and not wide:
             seen.narrow = len(raw)
         return wide
 
-    def narrow(self, messages: Sequence[Message], raw: bytes) -> bool:
-        """Whether `raw` (whose messages are `messages`, from `parse`) is known to hold no
-        integer beyond 64 bits, without looking at it: the body it extends held none and
-        neither do its new bytes. False means not known."""
-        seen = self._entry(messages)
+    def narrow(self, items: Sequence[Any], raw: bytes) -> bool:
+        """Whether `raw` (whose array is `items`, from `parse`) is known to hold no integer
+        beyond 64 bits, without looking at it: the body it extends held none and neither do
+        its new bytes. False means not known."""
+        seen = self._raw_entry(items)
         return seen is not None and seen.narrow >= len(raw)
 
-    def _entry(self, messages: Sequence[Message]) -> _Seen | None:
-        """The entry whose body's messages list is `messages` itself."""
-        seen = self._by_messages.get(id(messages))
-        return seen if seen is not None and seen.body[seen.array] is messages else None
+    def _raw_entry(self, items: Sequence[Any]) -> _Seen | None:
+        """The entry whose body's array is `items` itself."""
+        seen = self._by_messages.get(id(items))
+        return seen if seen is not None and seen.body[seen.array] is items else None
 
-    def _remember(self, key: bytes, seen: _Seen) -> None:
+    def _entry(self, messages: Sequence[Message]) -> tuple[_Seen, _History] | None:
+        """The entry whose body's array is `messages` itself, or that keeps `messages` as a
+        list derived from it, with what is known of them."""
+        seen = self._by_messages.get(id(messages))
+        if seen is None:
+            return None
+        if seen.body[seen.array] is messages:
+            return seen, seen.history
+        kept = seen.lists.get(id(messages))
+        return (seen, kept[1]) if kept is not None and kept[0] is messages else None
+
+    def _remember(self, key: bytes, seen: _Seen, source: _Seen | None = None) -> None:
         old = self._seen.pop(key, [])
         # The new body supersedes those it extends with the same fields around the messages
         # (the same conversation, turns earlier); one with other fields (tools) stays.
-        kept = [e for e in old if not _superseded(e, seen)]
+        kept = [e for e in old if not _superseded(e, seen, source)]
         kept = kept[: PER_KEY - 1]
         self._forget([e for e in old if e not in kept])
         self._bytes += len(seen.raw)
@@ -241,18 +328,19 @@ class BodyCache:
     def _forget(self, entries: list[_Seen]) -> None:
         for e in entries:
             self._bytes -= len(e.raw)
-            if self._by_messages.get(id(e.body[e.array])) is e:
-                del self._by_messages[id(e.body[e.array])]
+            for list_id in (id(e.body[e.array]), *e.lists):
+                if self._by_messages.get(list_id) is e:
+                    del self._by_messages[list_id]
 
 
-def _superseded(old: _Seen, new: _Seen) -> bool:
-    """Whether `new` is `old` with messages added and the same bytes around them."""
+def _superseded(old: _Seen, new: _Seen, source: _Seen | None) -> bool:
+    """Whether `new` is `old` with messages added (or its last ones changed: `source`) and the
+    same bytes around them."""
     tail = memoryview(old.raw)[old.end + 1 :]
-    return (
-        len(new.raw) - new.end == len(tail) + 1
-        and new.raw.startswith(memoryview(old.raw)[: old.cut])
-        and new.raw.endswith(tail)
-    )
+    same_tail = len(new.raw) - new.end == len(tail) + 1 and new.raw.endswith(tail)
+    if old is source:
+        return same_tail and new.raw.startswith(memoryview(old.raw)[: old.start])
+    return same_tail and new.raw.startswith(memoryview(old.raw)[: old.cut])
 
 
 def _before_space(raw: bytes, end: int, floor: int) -> int:
@@ -286,22 +374,28 @@ def _locate(raw: bytes, body: dict[str, Any], name: str) -> _Seen | None:
     return _Seen(raw, name, start, _before_space(raw, end, start), end, body)
 
 
-def _extends(seen: _Seen, raw: bytes) -> bool:
-    """Whether `raw` begins with `seen`'s bytes up to its last message."""
+def _extends(seen: _Seen, raw: bytes, cut: int) -> bool:
+    """Whether `raw` begins with `seen`'s bytes up to `cut` (the end of one of its elements)."""
     # bytes.startswith compares with memcmp (a memoryview == goes item by item).
-    return len(raw) > seen.cut and raw.startswith(memoryview(seen.raw)[: seen.cut])
+    return len(raw) > cut and raw.startswith(memoryview(seen.raw)[:cut])
 
 
 def _same_fields(seen: _Seen, raw: bytes) -> _Seen | None:
     """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
     the same bytes after them."""
-    if not _extends(seen, raw):
+    if not _extends(seen, raw, seen.cut):
         return None
+    return _same_tail(seen, raw, seen.cut, len(seen.body[seen.array]))
+
+
+def _same_tail(seen: _Seen, raw: bytes, cut: int, kept: int) -> _Seen | None:
+    """`raw` built from `seen`'s first `kept` elements (its bytes up to `cut`) and new ones,
+    if the bytes after its array are `seen`'s."""
     tail = memoryview(seen.raw)[seen.end + 1 :]
     end = len(raw) - len(tail) - 1
-    if end < seen.cut or raw[end] != ord("]") or not raw.endswith(tail):
+    if end < cut or raw[end] != ord("]") or not raw.endswith(tail):
         return None
-    found = _with_new(seen, raw, end, seen.body, same_tail=True)
+    found = _with_new(seen, raw, cut, kept, end=end, fields=seen.body, same_tail=True)
     if found is not None:
         found.memo = seen.memo
     return found
@@ -310,24 +404,67 @@ def _same_fields(seen: _Seen, raw: bytes) -> _Seen | None:
 def _scanned(seen: _Seen, raw: bytes) -> _Seen | None:
     """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
     other bytes after them: the scan from the last known message finds the array's end."""
-    if not _extends(seen, raw):
+    if not _extends(seen, raw, seen.cut):
         return None
     cut = seen.cut
     end = close(raw, cut)
     fields = None if end < 0 else _fields(raw, seen.array, seen.start, end)
     if fields is None:
         return None
-    found = _with_new(seen, raw, end, fields)
+    found = _with_new(seen, raw, cut, len(seen.body[seen.array]), end=end, fields=fields)
     if found is not None:
         found.parsed += len(raw) - (end - seen.start)
     return found
 
 
+def _cut_back(seen: _Seen, raw: bytes) -> _Seen | None:
+    """`raw` parsed from `seen`'s first elements, if it is `seen`'s bytes with its last
+    elements changed (a client moves its cache breakpoints onto the newest messages every
+    turn) and the same bytes after the array."""
+    if not raw.startswith(memoryview(seen.raw)[: seen.start]):
+        return None
+    bounds = _bounds(seen)
+    if not bounds:
+        return None
+    # The longest run of whole elements `raw` begins with: the last few first, since clients
+    # change only the newest messages, then by bisection (the test is monotone).
+    n = len(bounds) - 1  # all of them: `_same_fields` tried
+    low = max(0, n - 8)
+    while n > low and not _extends(seen, raw, bounds[n - 1]):
+        n -= 1
+    if n == low and low > 0:
+        lo, hi = 0, low  # bounds[lo - 1] is shared (or lo == 0); find the last shared
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if _extends(seen, raw, bounds[mid - 1]) else (lo, mid - 1)
+        n = lo
+    if n == 0:
+        return None
+    return _same_tail(seen, raw, bounds[n - 1], n)
+
+
+def _bounds(seen: _Seen) -> list[int] | None:
+    """`seen.bounds`, found by a scan of its array the first time."""
+    if seen.bounds is None:
+        seen.bounds = element_ends(seen.raw, seen.start, seen.end)
+        if seen.bounds is not None and len(seen.bounds) != len(seen.body[seen.array]):
+            seen.bounds = None
+    return seen.bounds
+
+
 def _with_new(
-    seen: _Seen, raw: bytes, end: int, fields: dict[str, Any], *, same_tail: bool = False
+    seen: _Seen,
+    raw: bytes,
+    cut: int,
+    kept: int,
+    *,
+    end: int,
+    fields: dict[str, Any],
+    same_tail: bool = False,
 ) -> _Seen | None:
-    """The body of `raw`: `seen`'s messages, those between its cut and `end`, and `fields`."""
-    middle = raw[seen.cut : end].strip(_WS)
+    """The body of `raw`: `seen`'s first `kept` messages (its bytes up to `cut`), those between
+    `cut` and `end`, and `fields`."""
+    middle = raw[cut:end].strip(_WS)
     new: Any = []
     if middle:
         if middle[:1] != b",":
@@ -339,21 +476,24 @@ def _with_new(
         if not isinstance(new, list) or not new:
             return None
     old = seen.body[seen.array]
-    messages = old + new if new else list(old)
+    messages = old[:kept] + new
     body = {k: messages if k == seen.array else v for k, v in fields.items()}
-    cut = _before_space(raw, end, seen.cut)
-    digests, prefixes, counts = list(seen.digests), seen.prefixes.copy(), dict(seen.counts)
-    # Bytes up to the old cut are the same, so what was found of them holds (the array's end
+    history = seen.history.head(kept)
+    # Bytes up to the cut are the same, so what was found of them holds (the array's end
     # and the fields after it may have changed); the new ones are looked at now, while the
     # entry is this request's (a concurrent turn may supersede it before its decision).
-    narrow = min(seen.narrow, seen.cut)
+    narrow = min(seen.narrow, cut)
     # A tail the whole old body vouched for needs no second look (no run of digits crosses
     # the array's `]`): the bytes looked at are the new messages', however long the tools are.
     stop = end if same_tail and seen.narrow >= len(seen.raw) else len(raw)
     if narrow and not may_hold_wide_int(raw[max(0, narrow - _WIDE_OVERLAP) : stop]):
         narrow = len(raw)
-    found = _Seen(
-        raw, seen.array, seen.start, cut, end, body, digests, prefixes, counts, narrow=narrow
-    )
+    found = _Seen(raw, seen.array, seen.start, _before_space(raw, end, cut), end, body, history)
+    found.narrow = narrow
+    if seen.bounds is not None:
+        ends = element_ends(raw, cut, end) if new else []
+        found.bounds = None if ends is None else [*seen.bounds[:kept], *ends]
     found.parsed = len(middle) + 2 if middle else 0
+    carried = {k: (v, min(n, kept)) for k, (v, n) in seen.carried.items()}
+    found.carried = carried | {k: (v, kept) for k, v in seen.derived.items()}
     return found

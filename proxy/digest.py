@@ -65,11 +65,15 @@ class RollingPrefixes:
     """`prefix_digests` kept as it grows: extending by more messages' digests hashes only
     those (a long conversation's next turn, see proxy.bodycache)."""
 
+    KEPT_STATES = 32
+    """Hash states kept for the last values: a history cut back by a few messages (a client
+    that moved its cache breakpoints) continues from one without rehashing the rest."""
+
     def __init__(self) -> None:
         # One attribute, replaced whole: a long history is extended in a thread, and a copy
         # taken meanwhile on the event loop (the next turn's) must see the hash and the values
         # of the same digests.
-        self._state: tuple[Any, list[str]] = (hashlib.sha256(), [])
+        self._state: tuple[Any, list[str], list[Any]] = (hashlib.sha256(), [], [])
 
     @property
     def values(self) -> list[str]:
@@ -81,18 +85,36 @@ class RollingPrefixes:
         new = list(digests)
         if not new:
             return
-        h, values = self._state
-        h, values = h.copy(), list(values)
+        h, values, states = self._state
+        h, values, states = h.copy(), list(values), states[-self.KEPT_STATES :]
         for d in new:
             h.update(d.encode())
-            values.append(h.copy().hexdigest()[:32])
-        self._state = (h, values)
+            state = h.copy()
+            values.append(state.hexdigest()[:32])
+            states.append(state)
+        self._state = (h, values, states[-self.KEPT_STATES :])
 
     def copy(self) -> RollingPrefixes:
         """An independent copy (to extend along one branch)."""
-        h, values = self._state
+        h, values, states = self._state
         other = RollingPrefixes()
-        other._state = (h.copy(), list(values))
+        other._state = (h.copy(), list(values), list(states))
+        return other
+
+    def head(self, n: int) -> RollingPrefixes | None:
+        """An independent copy of the first `n` values, or None if no hash state for them is
+        kept (the caller extends a fresh one)."""
+        _, values, states = self._state
+        if n >= len(values):
+            return self.copy()
+        other = RollingPrefixes()
+        if n <= 0:
+            return other
+        back = len(values) - n  # the state after value n - 1 is `back` from the end
+        if back >= len(states):
+            return None
+        kept = states[: len(states) - back]
+        other._state = (kept[-1].copy(), values[:n], kept)
         return other
 
 

@@ -84,3 +84,24 @@ def array_span(raw: bytes, key: str) -> tuple[int, int] | None:
         if raw[i : i + 1] != b",":
             return None
         i += 1
+
+
+def element_ends(raw: bytes, start: int, end: int) -> list[int] | None:
+    """The index just past each element of the array whose items lie in `raw[start:end]`
+    (`start` just after its `[`, `end` at its `]` or at a `,` after its last element); None if
+    those bytes are not elements separated by commas."""
+    ends: list[int] = []
+    i = _skip_ws(raw, start)
+    if i < end and raw[i] == 0x2C and not ends:  # a continuation: starts after a comma
+        i = _skip_ws(raw, i + 1)
+    while i < end:
+        j = _skip_value(raw, i)
+        if j < 0 or j > end:
+            return None
+        ends.append(j)
+        i = _skip_ws(raw, j)
+        if i < end:
+            if raw[i] != 0x2C:
+                return None
+            i = _skip_ws(raw, i + 1)
+    return ends

@@ -181,10 +181,10 @@ def test_digests_and_prefix_digests_are_computed_once_per_message_across_turns(
     assert digests == [real(m) for m in unrelated]
     assert cache.prefixes(unrelated, digests) == prefix_digests(digests)
 
-    # Each message of the conversation once, the branch (no body it extends) afresh, then the
-    # others; each new message's prefix once likewise.
-    assert len(computed) == 43 + 39 + 4
-    assert per_turn == [41, 1, 0, 1, 39]
+    # Each message of the conversation once, the branch (the first messages of the body it
+    # was cut back from) not at all, then the others; each new message's prefix once likewise.
+    assert len(computed) == 43 + 4
+    assert per_turn == [41, 1, 0, 1, 0]
 
 
 async def test_long_conversations_through_the_proxy_compact_replay_and_restore_exactly(

@@ -139,6 +139,20 @@ class NativeCounter:
         """Tokens of a projected message list, the reply priming included."""
         return REPLY_PRIMING + sum(self.count_message(m) for m in messages)
 
+    @property
+    def encoding_name(self) -> str:
+        """What a history's running counts are kept under (`BodyCache.count`)."""
+        return f"native:{self.base.encoding_name}"
+
+    def message_counts(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Each projected message's tokens."""
+        return [self.count_message(m) for m in messages]
+
+    def cached_counts(self, messages: Sequence[Mapping[str, Any]]) -> list[int] | None:
+        """None: a projected history not known yet is counted (in a thread if long)."""
+        del messages
+        return None
+
 
 @dataclass(frozen=True)
 class Scaled:
