@@ -122,6 +122,8 @@ class _Seen:
     of its leading elements this array shares): for `BodyCache.previous`."""
     lists: dict[int, tuple[Sequence[Message], _History]] = field(default_factory=dict)
     """Lists of messages derived from the array (an API's items projected): their histories."""
+    lists_before: dict[int, tuple[Sequence[Message], _History]] = field(default_factory=dict)
+    """`lists` of the body this one was built from, until `keep` takes what it reuses."""
 
 
 class BodyCache:
@@ -217,8 +219,12 @@ class BodyCache:
         seen.carried.pop(name, None)
         if messages is None:
             return
-        old = None if reused is None else self._entry(reused[0])
-        history = _History() if old is None or reused is None else old[1].head(reused[1])
+        old = None if reused is None else seen.lists_before.get(id(reused[0]))
+        history = _History()
+        if old is not None and reused is not None and old[0] is reused[0]:
+            history = old[1].head(reused[1])
+        if not seen.carried:
+            seen.lists_before = {}
         seen.lists[id(messages)] = (messages, history)
         self._by_messages[id(messages)] = seen
 
@@ -496,4 +502,5 @@ def _with_new(
     found.parsed = len(middle) + 2 if middle else 0
     carried = {k: (v, min(n, kept)) for k, (v, n) in seen.carried.items()}
     found.carried = carried | {k: (v, kept) for k, v in seen.derived.items()}
+    found.lists_before = seen.lists_before | seen.lists
     return found

@@ -47,6 +47,7 @@ from proxy.checkpoint import (
 from proxy.config import PolicySettings, Settings
 from proxy.decision import (
     CHAT,
+    MAX_MESSAGES,
     REWRITTEN,
     Action,
     ChatRequest,
@@ -57,6 +58,7 @@ from proxy.decision import (
     read_request,
     with_conversation,
 )
+from proxy.dialects.adapter import Adapter
 from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting, NativeCounter
 from proxy.digest import root_length
@@ -219,16 +221,22 @@ class Compactor:
             body = None
         parse = functools.partial(_given, body)
         items = body.get(dialect.field) if isinstance(body, dict) else None
-        if dialect is not CHAT and isinstance(items, list) and len(items) > LONG_HISTORY:
+        project = None
+        if isinstance(dialect, Adapter) and isinstance(items, list) and len(items) <= MAX_MESSAGES:
+            # Only the items new since the last turn, long ones in a thread (`Incremental`).
+            projected = await dialect.reader.read(body, self.bodies)
+            project = None if projected is None else functools.partial(_given, projected.messages)
+        elif dialect is not CHAT and isinstance(items, list) and len(items) > LONG_HISTORY:
             # Projected onto chat messages item by item, in Python: all of it in a thread.
             return await asyncio.to_thread(
                 read_request, raw, headers, self.tenancy, dialect, parse=parse, started=started
             )
         request = read_request(
-            raw, headers, self.tenancy, dialect, parse=parse, identify=False, started=started
-        )
+            raw, headers, self.tenancy, dialect, parse=parse, identify=False, started=started,
+            project=project,
+        )  # fmt: skip
         messages = request.messages
-        if dialect is CHAT and messages is not None and self.bodies.narrow(messages, raw):
+        if messages is not None and isinstance(items, list) and self.bodies.narrow(items, raw):
             request = dataclasses.replace(request, narrow=True)
         if messages is not None and root_length(messages) > LONG_HISTORY:
             return await asyncio.to_thread(with_conversation, request, self.tenancy.secret)
@@ -363,8 +371,9 @@ class Compactor:
         if self.calibration is not None:
             # An API whose tokenizer is not public: the budget in our estimate's units.
             budget = self.calibration.budget(request.dialect.name, request.model, budget)
-        if request.dialect is CHAT:  # a known history: only its new messages
-            counted = await self.bodies.count(request.messages, base, in_thread=in_thread)
+        known = base if dialect is CHAT else counter
+        if isinstance(known, TokenCounter | NativeCounter):  # a known history: its new messages
+            counted = await self.bodies.count(request.messages, known, in_thread=in_thread)
         elif in_thread:
             counted = await asyncio.to_thread(counter.count_messages, request.messages)
         else:
@@ -492,6 +501,10 @@ class Compactor:
             return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
         if request.dialect is CHAT:  # orjson's: it holds the GIL in a thread too
             content = self.splicer.chat_body(request.body, request.messages, sent, plan.checkpoint)
+        elif isinstance(request.dialect, Adapter):  # spliced, or rebuilt message by message
+            content = await self.splicer.native_body(
+                request.dialect, request.body, sent, plan.checkpoint
+            )
         else:  # matched to the request's items and rebuilt in Python, message by message
             history = request.messages or sent
             content = await _per_message(history, request.dialect.with_messages, request.body, sent)
@@ -762,8 +775,8 @@ class Compactor:
         messages after it cost as the body cache counted them (only new messages were), where
         it did; the whole candidate otherwise (the same figure)."""
         counter = counted.counter
-        chat = request.dialect is CHAT and request.messages is not None and forms is None
-        if chat and base is not None and isinstance(counter, TokenCounter):
+        known = request.messages is not None and forms is None
+        if known and base is not None and isinstance(counter, TokenCounter | NativeCounter):
             assert request.messages is not None
             after = self.bodies.tokens_from(
                 request.messages, counter.encoding_name, base.covered_through + 1
@@ -970,7 +983,12 @@ def _wide(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) ->
         return False
     if request.dialect is CHAT and request.messages is not None:
         return bodies.holds_wide_int(request.messages, request.raw)
-    return (sent is None or b"e+" in sent) and holds_wide_int(request.raw)
+    items = None if request.body is None else request.body.get(request.dialect.field)
+    if not isinstance(items, list):
+        return (sent is None or b"e+" in sent) and holds_wide_int(request.raw)
+    # The body cache's look first: it costs the bytes new since the last turn, and marks
+    # the body narrow for the next one (`ChatRequest.narrow`).
+    return bodies.holds_wide_int(items, request.raw) and (sent is None or b"e+" in sent)
 
 
 def _given(body: Any, raw: bytes) -> Any:

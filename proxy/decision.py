@@ -190,11 +190,13 @@ def read_request(
     *,
     identify: bool = True,
     started: float | None = None,
+    project: Callable[[Mapping[str, Any]], list[Message] | None] | None = None,
 ) -> ChatRequest:
     """Parse the body once and derive everything the decision needs from it and the headers
     (the tenant in one call, `Tenancy.identify`). `parse`: orjson.loads or a drop-in that
     reuses earlier parses (proxy.bodycache). `identify=False`: without the conversation id
-    (`with_conversation` adds it). `started`: when reading began, if before this call."""
+    (`with_conversation` adds it). `started`: when reading began, if before this call.
+    `project`: the dialect's `messages`, or a drop-in that reuses an earlier projection."""
     started = time.perf_counter() if started is None else started
     headers = raw_header_map(raw_headers)
     identity = tenancy.identify(headers)
@@ -213,7 +215,7 @@ def read_request(
         headers=frozen,
         identity=identity,
         body=body,
-        messages=None if oversized else dialect.messages(body),
+        messages=None if oversized else (project or dialect.messages)(body),
         model=model if isinstance(model, str) else "",
         dialect=dialect,
         started=started,

@@ -12,16 +12,20 @@ object the same with any one value replaced (tests/test_splice.py).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
 from proxy.bodycache import BodyCache
+from proxy.dialects.adapter import Adapter
+from proxy.dialects.projection import Projected
 from proxy.metrics import Metrics
+from proxy.providers.chain import LONG_HISTORY
 from proxy.rewrite import with_messages
 from proxy.store.base import Checkpoint
 
@@ -66,15 +70,16 @@ class PrefixBytes:
         self.misses = 0
         self.evicted = 0
 
-    def get(self, version: str, messages: Sequence[Message]) -> tuple[bytes, bool]:
-        """(the bytes of `messages`, the checkpoint of that version's, whether they were kept)."""
+    def get(self, version: str, messages: Callable[[], Sequence[Any]]) -> tuple[bytes, bool]:
+        """(the bytes of `messages()`, those the checkpoint of that version begins a body with,
+        whether they were kept)."""
         with self._lock:
             found = self._entries.get(version)
             if found is not None:
                 self._entries.move_to_end(version)
                 self.hits += 1
                 return found, True
-        made = items(messages)
+        made = items(messages())
         with self._lock:
             self.misses += 1
             if not version or len(made) > self.max_bytes:
@@ -124,7 +129,75 @@ class Splicer:
         parts = self.bodies.memo(
             messages if messages is not None else sent, "frame", lambda: frame(body, "messages")
         )
-        evicted = self.prefixes.evicted
-        prefix, kept = self.prefixes.get(cp.version, cp.messages)
-        self.metrics.replay_prefix(kept=kept, evicted=self.prefixes.evicted - evicted)
+        prefix = self._prefix(cp.version, lambda: cp.messages)
         return spliced(parts, prefix, sent[n:])
+
+    async def native_body(
+        self,
+        adapter: Adapter,
+        body: Mapping[str, Any],
+        sent: Sequence[Message],
+        cp: Checkpoint | None,
+    ) -> bytes:
+        """`adapter.with_messages(body, sent)` for a Responses or Messages request read with
+        its projection kept (`Incremental`), where `cp` is the stored checkpoint whose
+        messages begin `sent`, if any, and the rest of `sent` is the request's own messages
+        after it (see the module doc for what is spliced, and when)."""
+        items = body.get(adapter.field)
+        projected = None if items is None else self.bodies.recall(items, adapter.name)
+        if not isinstance(projected, Projected):
+            return await _per_message(sent, adapter.with_messages, body, sent)
+        current = (projected.messages, projected.marks)
+        tail = _replayed_tail(projected.messages, sent, cp)
+        if cp is None or tail is None:
+            return await _per_message(sent, adapter.replayed, body, current, sent, 0)
+        rest = sent[len(cp.messages) :]
+        head = len(projected.messages) - tail
+        if (
+            not cp.version
+            or self.prefixes.max_bytes <= 0
+            or any(projected.marks.per_message[:head])  # breakpoints in what it replaces
+            or (rest and cp.messages and not adapter.opens(cp.messages[-1], rest[0]))
+        ):
+            return await _per_message(sent, adapter.replayed, body, current, sent, tail)
+        parts = self.bodies.memo(
+            projected.messages, ("frame", adapter.field), lambda: frame(body, adapter.field)
+        )
+        prefix = self._prefix(
+            f"{adapter.name}:{cp.version}", lambda: adapter.emit(None, cp.messages, 0)
+        )
+        return spliced(parts, prefix, adapter.emit(current, rest, tail))
+
+    def _prefix(self, version: str, make: Callable[[], Sequence[Any]]) -> bytes:
+        evicted = self.prefixes.evicted
+        prefix, kept = self.prefixes.get(version, make)
+        self.metrics.replay_prefix(kept=kept, evicted=self.prefixes.evicted - evicted)
+        return prefix
+
+
+def _replayed_tail(
+    current: Sequence[Message], sent: Sequence[Message], cp: Checkpoint | None
+) -> int | None:
+    """How many of the request's own messages follow the checkpoint's in `sent` (the same
+    objects, in order, to the end of both), or None if `sent` is not built that way."""
+    if cp is None:
+        return None
+    n = len(cp.messages)
+    tail = len(sent) - n
+    if tail < 0 or tail > len(current) or cp.covered_through + 1 + tail != len(current):
+        return None
+    if any(a is not b for a, b in zip(sent, cp.messages, strict=False)):
+        return None
+    start = len(current) - tail
+    if any(a is not b for a, b in zip(sent[n:], current[start:], strict=True)):
+        return None
+    return tail
+
+
+async def _per_message(
+    history: Sequence[Message], fn: Callable[..., bytes], /, *args: Any
+) -> bytes:
+    """`fn(*args)`, work that costs per message of `history`: in a thread if it is long."""
+    if len(history) > LONG_HISTORY:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)

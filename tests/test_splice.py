@@ -55,7 +55,7 @@ def test_the_prefix_cache_is_bounded_and_counts_what_it_does() -> None:
     cache = splice.PrefixBytes(max_bytes=300)
     big = [{"role": "user", "content": "x" * 100}]
     for version in ("v1", "v2", "v3", "v1"):
-        made, _ = cache.get(version, big)
+        made, _ = cache.get(version, lambda: big)
         assert made == orjson.dumps(big)[1:-1]
     assert (cache.hits, cache.misses, cache.evicted) == (0, 4, 2)
     assert cache.size <= 300

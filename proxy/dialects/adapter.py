@@ -19,6 +19,7 @@ from proxy.dialects.native import (
     Marks,
     Message,
     NativeCounter,
+    Sent,
     is_unchanged,
     match_originals,
     native,
@@ -26,11 +27,15 @@ from proxy.dialects.native import (
     opaque_tokens,
     repair_result,
 )
+from proxy.dialects.projection import Incremental
 from proxy.providers.base import CompactionResult
 from proxy.tokens import TokenCounter
 
 Projector = Callable[[Mapping[str, Any]], "tuple[list[Message], Marks] | None"]
-Emitter = Callable[[Mapping[str, Any], Sequence[Message]], list[Any]]
+Current = tuple[Sequence[Message], Marks]
+"""A request's own projected messages and its breakpoints (what `Projector` gives)."""
+Emitter = Callable[["Current | None", Sequence[Message], int], list[Any]]
+"""The field's new value for projected messages, against the request's own (`emit_all`)."""
 
 
 def _never(body: Mapping[str, Any]) -> bool:
@@ -54,8 +59,13 @@ class Adapter:
     fixed: Callable[[TokenCounter, Mapping[str, Any]], int]
     """What the request costs besides its history (instructions or system, tools)."""
     emit: Emitter
-    """The field's new value for projected messages (with the request's body, for its
-    breakpoints and originals; for a restore, the body of what was forwarded)."""
+    """The field's new value for projected messages (against the request's own, for its
+    breakpoints and originals; for a restore, those of what was forwarded)."""
+    opens: Callable[[Message, Message], bool]
+    """Whether the items of the second message go out apart from the first's when it follows
+    it (they are not joined into one of the API's messages)."""
+    reader: Incremental
+    """The projection that reuses the last turn's."""
     history: Callable[[Mapping[str, Any]], bool] = _never
     """Whether the request continues history the server keeps."""
     stream_usage_option: bool = False
@@ -99,8 +109,23 @@ class Adapter:
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
         """The request with only its history field rebuilt from these projected messages."""
+        return self.replayed(body, self.project(body), messages, 0)
+
+    def emitted(self, body: Mapping[str, Any], messages: Sequence[Message]) -> list[Any]:
+        """The history field's value for these projected messages, against `body`'s own."""
+        return self.emit(self.project(body) if body else None, messages, 0)
+
+    def replayed(
+        self,
+        body: Mapping[str, Any],
+        current: Current | None,
+        messages: Sequence[Message],
+        tail: int,
+    ) -> bytes:
+        """`with_messages`, `current` being the body's own projection, whose last `tail`
+        messages are the last of `messages` (a replay: the request's own after a checkpoint)."""
         new = dict(body)
-        new[self.field] = self.emit(body, messages)
+        new[self.field] = self.emit(current, messages, tail)
         return orjson.dumps(new)
 
 
@@ -122,16 +147,19 @@ class Way:
 
 
 def emit_all(
-    way: Way, body: Mapping[str, Any], messages: Sequence[Message]
+    way: Way, projected: Current | None, messages: Sequence[Message], tail: int = 0
 ) -> list[tuple[Message, list[Any], bool]]:
     """Every sent message with the native items it goes back as and whether they are the
     client's own (unchanged), breakpoints put back (and the last lost one moved, see
-    `Breakpoints`) against the request's own projection."""
-    projected = way.project(body) if body else None
+    `Breakpoints`) against the request's own projection. The last `tail` messages are the
+    request's last ones, as they are; the others are matched to the rest by digest."""
     current, marks = projected if projected is not None else ([], Marks(way.mark))
     breakpoints = Breakpoints(marks, default_ttl=way.default_ttl, place=way.place)
     out: list[tuple[Message, list[Any], bool]] = []
-    for sent in match_originals(messages, current):
+    head, base = len(messages) - tail, len(current) - tail
+    matched = match_originals(messages[:head], current[:base])
+    matched += (Sent(m, base + i) for i, m in enumerate(messages[head:]))
+    for sent in matched:
         m = sent.message
         nat = native(m)
         kept = nat is not None and (

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.adapter import Adapter, Way, emit_all, tools_tokens
+from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
 from proxy.dialects.native import (
     NATIVE,
@@ -46,6 +46,7 @@ from proxy.dialects.native import (
     opaque_tokens,
     rebuild_parts,
 )
+from proxy.dialects.projection import Incremental, Projected
 from proxy.media import file_data_tokens
 from proxy.tokens import TokenCounter
 from proxy.toolschema import dump
@@ -178,11 +179,15 @@ class _Piece:
     role: str
     content: Any
     start: bool
+    origin: int = 0
+    """The index of the message it is (part of)."""
 
 
-def _pieces(messages: Sequence[Any]) -> list[_Piece] | None:
+def _pieces(messages: Sequence[Any]) -> tuple[list[_Piece], list[int]] | None:
+    """The projected pieces, and where the pairing pass may start again (`_pin_unpaired`)."""
     pieces: list[_Piece] = []
-    for m in messages:
+    for origin, m in enumerate(messages):
+        first = len(pieces)
         if not isinstance(m, Mapping):
             return None
         role, content = m.get("role"), m.get("content")
@@ -208,9 +213,11 @@ def _pieces(messages: Sequence[Any]) -> list[_Piece] | None:
             pieces.append(_Piece("user", role, content, True))
         else:
             pieces.append(_Piece("pinned", role, content, True))
-    _pin_unpaired(pieces)
+        for piece in pieces[first:]:
+            piece.origin = origin
+    stops = _pin_unpaired(pieces)
     _pin_compacted(pieces)
-    return pieces
+    return pieces, stops
 
 
 def _pin_compacted(pieces: list[_Piece]) -> None:
@@ -246,13 +253,20 @@ def _tool_uses(piece: _Piece) -> set[str]:
     }
 
 
-def _pin_unpaired(pieces: list[_Piece]) -> None:
+def _pin_unpaired(pieces: list[_Piece]) -> list[int]:
     """A tool result must answer the assistant message right before its message, and every
     `tool_use` must be answered by the next message: what breaks that (with the rest of its
-    turn) stays as it is."""
+    turn) stays as it is.
+
+    Returns the first piece of every message the pass stops at: what it decided before one
+    depends on no piece after it, and from one it goes on as a pass over the messages from
+    there would (`proxy.dialects.projection`)."""
+    stops: list[int] = []
     i = 0
     while i < len(pieces):
         piece = pieces[i]
+        if i == 0 or pieces[i - 1].origin != piece.origin:
+            stops.append(i)
         if piece.kind == "tool":
             piece.kind = "pinned"
             i += 1
@@ -277,16 +291,22 @@ def _pin_unpaired(pieces: list[_Piece]) -> None:
             for p in pieces[i:j]:
                 p.kind = "pinned"
         i = j
+    return stops
 
 
 def project(body: Mapping[str, Any]) -> tuple[list[Message], Marks] | None:
     """The body's messages as projected chat messages and the client's breakpoints, or None."""
     raw = body.get("messages")
-    if not isinstance(raw, list):
+    projected = project_items(raw) if isinstance(raw, list) else None
+    return None if projected is None else (projected.messages, projected.marks)
+
+
+def project_items(raw: Sequence[Any]) -> Projected | None:
+    """Messages as projected chat messages, with where their pass may start again."""
+    split = _pieces(raw)
+    if split is None:
         return None
-    pieces = _pieces(raw)
-    if pieces is None:
-        return None
+    pieces, stops = split
     marks = Marks(MARK)
     out: list[Message] = []
     for piece in pieces:
@@ -299,7 +319,9 @@ def project(body: Mapping[str, Any]) -> tuple[list[Message], Marks] | None:
         message[NATIVE] = nat
         out.append(message)
         marks.per_message.append(found)
-    return out, marks
+    compacted = [p.origin for p in pieces if p.kind == "pinned" and _has_compaction(p.content)]
+    reach = compacted[-1] if compacted else -1
+    return Projected(out, marks, [p.origin for p in pieces], stops, reach)
 
 
 def _cost(counter: TokenCounter, nat: Any) -> int:
@@ -446,16 +468,16 @@ def _stand_in(message: Message) -> list[Any]:
     return [{"type": "text", "text": "\n".join(new_texts(message.get("content")))}]
 
 
-def _emit(body: Mapping[str, Any], messages: Sequence[Message]) -> list[Any]:
+def _emit(current: Current | None, messages: Sequence[Message], tail: int) -> list[Any]:
     """`messages` rebuilt from the projections that go upstream: each projection's blocks
     join the message of the projection before it, unless it opens a message (its original
     did, it follows a stand-in, or its role differs); a stand-in is a user message."""
     out: list[Message] = []
     after_stand_in = False
-    for m, blocks, kept in emit_all(_WAY, body, messages):
+    for m, blocks, kept in emit_all(_WAY, current, messages, tail):
         nat = native(m)
         stand_in, after_stand_in = after_stand_in, nat is None
-        role = (nat.get("role") if nat is not None else None) or "user"
+        role = _role(nat)
         # What follows a stand-in opens a message of its own: a restore then projects the
         # stand-in alone, and expands it without swallowing its neighbour.
         start = nat is None or bool(nat.get("start")) or stand_in
@@ -472,6 +494,17 @@ def _emit(body: Mapping[str, Any], messages: Sequence[Message]) -> list[Any]:
     return out
 
 
+def _role(nat: Any) -> str:
+    """The role of the message a projection goes out in (a stand-in: user)."""
+    return (nat.get("role") if nat is not None else None) or "user"
+
+
+def _opens(before: Message, message: Message) -> bool:
+    """Whether `message` opens a message of its own after `before` (see `_emit`)."""
+    nat, prev = native(message), native(before)
+    return nat is None or bool(nat.get("start")) or prev is None or _role(prev) != _role(nat)
+
+
 def _as_blocks(content: Any) -> list[Any]:
     return [_text_block(None, content)] if isinstance(content, str) else list(content)
 
@@ -486,6 +519,16 @@ def _chat_tool(tool: Mapping[str, Any]) -> Message | None:
     return {"type": "function", "function": fn}
 
 
+def _may_start(items: Sequence[Any], c: int) -> bool:
+    """Anywhere the pairing pass stops (`Projected.reach` covers compaction blocks)."""
+    del items, c
+    return True
+
+
 _WAY = Way(project, _project_native, _piece_items, _rebuilt_items, _stand_in, MARK, 300, _place)
-MESSAGES = Adapter(NAME, "messages", project, _cost, pending_turn, _fixed, _emit)
+INCREMENTAL = Incremental(NAME, "messages", project_items, _may_start)
+"""The Messages API's projection, reusing the last turn's."""
+MESSAGES = Adapter(
+    NAME, "messages", project, _cost, pending_turn, _fixed, _emit, _opens, INCREMENTAL
+)
 """The Anthropic Messages API adapter (a `proxy.decision.Dialect`)."""

@@ -235,6 +235,8 @@ class Sent:
 def match_originals(sent: Sequence[Message], current: Sequence[Message]) -> list[Sent]:
     """Which sent messages are the request's own projected messages, unchanged, in order (by
     digest: a replayed checkpoint's copy of an original is the original)."""
+    if not sent:
+        return []
     positions: dict[str, list[int]] = {}
     for j, message in enumerate(current):
         positions.setdefault(message_digest(message), []).append(j)

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.dialects.adapter import Adapter, Way, emit_all, tools_tokens
+from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
 from proxy.dialects.native import (
     NATIVE,
@@ -43,6 +43,7 @@ from proxy.dialects.native import (
     pending_assistant,
     rebuild_parts,
 )
+from proxy.dialects.projection import Incremental, Projected
 from proxy.media import image_part_tokens
 from proxy.tokens import TokenCounter
 from proxy.toolschema import dump
@@ -139,20 +140,22 @@ def _answers(item: Mapping[str, Any]) -> str | None:
 @dataclass
 class _Group:
     kind: str
+    start: int
+    """The index of its first item."""
     items: list[Any] = field(default_factory=list)
 
 
-def _groups(items: Sequence[Any]) -> list[_Group]:
+def _groups(items: Sequence[Any]) -> tuple[list[_Group], list[int]]:
+    """The units, and where the pairing pass may start again (see `_pin_unpaired`)."""
     groups: list[_Group] = []
-    for item in items:
+    for i, item in enumerate(items):
         kind = _kind(item)
         if kind == "model" and groups and groups[-1].kind == "model":
             groups[-1].items.append(item)
         else:
-            groups.append(_Group(kind, [item]))
+            groups.append(_Group(kind, i, [item]))
     _pin_after_reasoning_references(groups)
-    _pin_unpaired(groups)
-    return groups
+    return groups, _pin_unpaired(groups)
 
 
 def _pin_after_reasoning_references(groups: list[_Group]) -> None:
@@ -168,11 +171,17 @@ def _pin_after_reasoning_references(groups: list[_Group]) -> None:
             group.kind = "pinned"
 
 
-def _pin_unpaired(groups: list[_Group]) -> None:
+def _pin_unpaired(groups: list[_Group]) -> list[int]:
     """A call whose output is not right after its run, or an output answering no call right
-    before it, cannot be dropped or kept apart safely: both stay as they are."""
+    before it, cannot be dropped or kept apart safely: both stay as they are.
+
+    Returns every group the pass stops at: what it decided before one depends on no group
+    after it, and from one it goes on as a pass over the groups from there would
+    (`proxy.dialects.projection`)."""
+    stops: list[int] = []
     i = 0
     while i < len(groups):
+        stops.append(i)
         group = groups[i]
         if group.kind == "output":
             group.kind = "pinned"  # not right after the run it answers
@@ -197,6 +206,7 @@ def _pin_unpaired(groups: list[_Group]) -> None:
             for g in groups[i:j]:
                 g.kind = "pinned"
         i = j
+    return stops
 
 
 # --- parts ---------------------------------------------------------------------------------------
@@ -332,18 +342,36 @@ def project(body: Mapping[str, Any]) -> tuple[list[Message], Marks] | None:
     raw = body.get("input")
     if isinstance(raw, str):
         raw = [{"role": "user", "content": raw}]
-    if not isinstance(raw, list) or not all(isinstance(i, dict) for i in raw):
+    projected = project_items(raw) if isinstance(raw, list) else None
+    return None if projected is None else (projected.messages, projected.marks)
+
+
+def project_items(raw: Sequence[Any]) -> Projected | None:
+    """Input items as projected chat messages, with where their pass may start again."""
+    if not all(isinstance(i, dict) for i in raw):
         return None
     marks = Marks(MARK)
     messages: list[Message] = []
-    for group in _groups(raw):
+    groups, stops = _groups(raw)
+    for group in groups:
         found: list[Any] = []
         marks.per_message.append(found)
         items = [_strip_marks(it, marks, k, found) for k, it in enumerate(group.items)]
         messages.append(
             {**_project(items, group.kind), NATIVE: {"kind": group.kind, "items": items}}
         )
-    return messages, marks
+    return Projected(messages, marks, [g.start for g in groups], stops)
+
+
+def _may_start(items: Sequence[Any], c: int) -> bool:
+    """Not right after a reference to a stored reasoning item: the run it belongs to is
+    pinned for it (`_pin_after_reasoning_references`), which a pass from `c` would not see."""
+    last = items[c - 1] if c > 0 else None
+    return not (
+        isinstance(last, Mapping)
+        and last.get("type") == "item_reference"
+        and str(last.get("id")).startswith("rs_")
+    )
 
 
 def _cost(counter: TokenCounter, nat: Any) -> int:
@@ -506,10 +534,16 @@ def _fixed(counter: TokenCounter, body: Mapping[str, Any]) -> int:
     return total
 
 
-def _emit(body: Mapping[str, Any], messages: Sequence[Message]) -> list[Any]:
+def _emit(current: Current | None, messages: Sequence[Message], tail: int) -> list[Any]:
     """`input` rebuilt: originals as they were, rewrites in the API's shape, the client's
     breakpoints where they were (see `Breakpoints`)."""
-    return [item for _, items, _ in emit_all(_WAY, body, messages) for item in items]
+    return [item for _, items, _ in emit_all(_WAY, current, messages, tail) for item in items]
+
+
+def _opens(before: Message, message: Message) -> bool:
+    """Always: every message goes out as items of its own."""
+    del before, message
+    return True
 
 
 _INPUT_PARTS = frozenset({"input_text", "input_image", "input_file"})
@@ -539,6 +573,19 @@ def _chat_tool(tool: Mapping[str, Any]) -> Message | None:
     return {"type": "function", "function": fn}
 
 
+INCREMENTAL = Incremental(NAME, "input", project_items, _may_start)
+"""The Responses API's projection, reusing the last turn's."""
 _WAY = Way(project, _project_native, _native_items, _rebuild, _stand_in, MARK, 1800, _place)
-RESPONSES = Adapter(NAME, "input", project, _cost, pending_assistant, _fixed, _emit, _history)
+RESPONSES = Adapter(
+    NAME,
+    "input",
+    project,
+    _cost,
+    pending_assistant,
+    _fixed,
+    _emit,
+    _opens,
+    INCREMENTAL,
+    _history,
+)
 """The Responses API adapter (a `proxy.decision.Dialect`)."""

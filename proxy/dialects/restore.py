@@ -46,9 +46,11 @@ def write(
     """The restored messages under the API's own key, in its own shape; the items of `body`
     (the uncompress request, if any) that come back as they were keep their cache breakpoints."""
     if api == "responses":
-        return {"input": RESPONSES.emit({"input": body["input"]} if body else {}, messages)}
+        return {"input": RESPONSES.emitted({"input": body["input"]} if body else {}, messages)}
     if api == "messages":
-        return {"messages": MESSAGES.emit({"messages": body["messages"]} if body else {}, messages)}
+        return {
+            "messages": MESSAGES.emitted({"messages": body["messages"]} if body else {}, messages)
+        }
     return {"messages": messages}
 
 

@@ -280,7 +280,7 @@ def forwarded(
         history, result
     ):
         return None
-    return MESSAGES.emit(body, [*result.messages, *projected[kept:]]), result
+    return MESSAGES.emitted(body, [*result.messages, *projected[kept:]]), result
 
 
 def restored(sent: list[Message], verbatim: dict[str, list[Message]]) -> list[Message]:
