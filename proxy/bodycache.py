@@ -14,6 +14,15 @@ completions, Anthropic messages) or `input` (the Responses API). When the bytes 
 are those of the body extended, what was derived from them (`memo`) is kept too: a replayed
 turn's work does not grow with the number of tools it sends.
 
+A client that moves its cache breakpoints (Claude Code marks its newest messages) changes the
+last messages of the previous body, not only the bytes after them: then the longest run of the
+previous body's whole messages this one begins with is reused (`bodyentry.cut_back`).
+
+What callers derive from the array itself (an API's items projected onto chat messages:
+`proxy.dialects.projection`) is kept with the body (`keep`), handed to the next turn's body with
+how many leading elements the two share (`previous`), and a list derived so is a history like
+the array itself: its digests, prefix digests and counts carry over for its reused messages.
+
 Soundness: the reused prefix is byte-identical and ends at an element boundary of the array;
 the new part is accepted only if `[` + new + `]` parses as an array and the rest of the object
 (everything around the array) parses with that key holding `[]`; otherwise, or for any other
@@ -29,14 +38,22 @@ import asyncio
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from proxy.digest import Message, RollingPrefixes, message_digest, prefix_digests
+from proxy.bodyentry import (
+    WIDE_OVERLAP,
+    Entry,
+    History,
+    cut_back,
+    locate,
+    same_fields,
+    scanned,
+    superseded,
+)
+from proxy.digest import Message, message_digest, prefix_digests
 from proxy.exactjson import holds_wide_int, may_hold_wide_int
-from proxy.jsonspan import array_span, close, element_ends
 from proxy.tokens import REPLY_PRIMING
 
 T = TypeVar("T")
@@ -47,9 +64,6 @@ KEY_BYTES = 512
 """Bodies are looked up by their first bytes (the fields before the messages, the system
 prompt's start); several conversations may share them."""
 PER_KEY = 4
-_WS = b" \t\r\n"
-_WIDE_OVERLAP = 20
-"""Bytes before the new ones looked at again: a run of digits may begin in them."""
 FIELDS = ("messages", "input")
 """The arrays a conversation grows in: chat completions' and Anthropic's, the Responses API's."""
 
@@ -68,72 +82,14 @@ class Counter(Protocol):
         """`message_counts` if every count is cached, else None."""
 
 
-@dataclass
-class _History:
-    """What is known of a list of messages' first ones: digests, prefix digests, counts."""
-
-    digests: list[str] = field(default_factory=list)
-    """Digests of the first messages, filled in when a decision first needs them."""
-    prefixes: RollingPrefixes = field(default_factory=RollingPrefixes)
-    """Their prefix digests (what a checkpoint is looked up by), filled in likewise."""
-    counts: dict[str, list[int]] = field(default_factory=dict)
-    """Encoding -> running token totals of the first messages: [i] is what messages [0, i)
-    cost, without the reply priming (so one more item than messages counted)."""
-
-    def head(self, n: int) -> _History:
-        """What holds of a list whose first `n` messages are these (the same objects)."""
-        digests = self.digests[:n]
-        prefixes = self.prefixes.head(min(n, len(self.prefixes.values)))
-        if prefixes is None:  # cut back further than hash states are kept: rehash
-            prefixes = RollingPrefixes()
-            prefixes.extend(digests[: len(self.prefixes.values)])
-        counts = {k: v[: n + 1] for k, v in self.counts.items()}
-        return _History(digests, prefixes, counts)
-
-
-@dataclass(eq=False)  # identity: entries hold whole bodies
-class _Seen:
-    """A body parsed before, and where its messages array lies in its bytes."""
-
-    raw: bytes
-    array: str
-    """The key of the array (one of FIELDS)."""
-    start: int
-    """Index just after the array's `[`."""
-    cut: int
-    """End of the array's last element (before any whitespace and the `]`)."""
-    end: int
-    """Index of the array's closing `]`."""
-    body: dict[str, Any]
-    history: _History = field(default_factory=_History)
-    bounds: list[int] | None = None
-    """The index just past each element of the array, once needed (`_cut_back`)."""
-    parsed: int = 0
-    """Bytes handed to orjson to build this entry from the one it extends."""
-    narrow: int = 0
-    """The first `narrow` bytes of `raw` hold no integer beyond 64 bits (`holds_wide_int`)."""
-    memo: dict[Any, Any] = field(default_factory=dict)
-    """What callers derived from the bytes around the array (`BodyCache.memo`): kept while
-    they stay the same."""
-    derived: dict[str, Any] = field(default_factory=dict)
-    """What callers derived from the array itself (`BodyCache.keep`), by name."""
-    carried: dict[str, tuple[Any, int]] = field(default_factory=dict)
-    """Name -> (what was derived from the array of the body this one was built from, how many
-    of its leading elements this array shares): for `BodyCache.previous`."""
-    lists: dict[int, tuple[Sequence[Message], _History]] = field(default_factory=dict)
-    """Lists of messages derived from the array (an API's items projected): their histories."""
-    lists_before: dict[int, tuple[Sequence[Message], _History]] = field(default_factory=dict)
-    """`lists` of the body this one was built from, until `keep` takes what it reuses."""
-
-
 class BodyCache:
     """`parse(raw)`: `orjson.loads(raw)`, reusing the parse of a recent body it extends."""
 
     def __init__(self, max_bytes: int = 32 << 20) -> None:
         self._max_bytes = max_bytes
         self._bytes = 0
-        self._seen: OrderedDict[bytes, list[_Seen]] = OrderedDict()
-        self._by_messages: dict[int, _Seen] = {}
+        self._seen: OrderedDict[bytes, list[Entry]] = OrderedDict()
+        self._by_messages: dict[int, Entry] = {}
         """Entries by the id of their messages list (which they keep alive), and of the lists
         derived from it (`keep`)."""
         self.hits = 0
@@ -159,7 +115,7 @@ class BodyCache:
         entries = self._seen.get(key, [])
         # One whose fields are the same bytes first (agents sharing a prompt, other tools);
         # then one whose last messages the client changed (it moved its cache breakpoints).
-        tries = (_same_fields, _scanned, _cut_back)
+        tries = (same_fields, scanned, cut_back)
         for found, source in ((f(e, raw), e) for f in tries for e in entries):
             if found is not None:
                 self.hits += 1
@@ -171,7 +127,7 @@ class BodyCache:
         body = orjson.loads(raw)
         if isinstance(body, dict):
             name = next((f for f in FIELDS if isinstance(body.get(f), list)), None)
-            located = None if name is None else _locate(raw, body, name)
+            located = None if name is None else locate(raw, body, name)
             if located is not None:
                 self._remember(key, located)
         return body
@@ -220,7 +176,7 @@ class BodyCache:
         if messages is None:
             return
         old = None if reused is None else seen.lists_before.get(id(reused[0]))
-        history = _History()
+        history = History()
         if old is not None and reused is not None and old[0] is reused[0]:
             history = old[1].head(reused[1])
         if not seen.carried:
@@ -288,7 +244,7 @@ class BodyCache:
         looked for only in the bytes new since a body this one extends (when `items` came from
         `parse`) that was found to hold none."""
         seen = self._raw_entry(items)
-        start = 0 if seen is None else max(0, seen.narrow - _WIDE_OVERLAP)
+        start = 0 if seen is None else max(0, seen.narrow - WIDE_OVERLAP)
         wide = may_hold_wide_int(raw[start:] if start else raw) and holds_wide_int(raw)
         if seen is not None and not wide:
             seen.narrow = len(raw)
@@ -301,12 +257,12 @@ class BodyCache:
         seen = self._raw_entry(items)
         return seen is not None and seen.narrow >= len(raw)
 
-    def _raw_entry(self, items: Sequence[Any]) -> _Seen | None:
+    def _raw_entry(self, items: Sequence[Any]) -> Entry | None:
         """The entry whose body's array is `items` itself."""
         seen = self._by_messages.get(id(items))
         return seen if seen is not None and seen.body[seen.array] is items else None
 
-    def _entry(self, messages: Sequence[Message]) -> tuple[_Seen, _History] | None:
+    def _entry(self, messages: Sequence[Message]) -> tuple[Entry, History] | None:
         """The entry whose body's array is `messages` itself, or that keeps `messages` as a
         list derived from it, with what is known of them."""
         seen = self._by_messages.get(id(messages))
@@ -317,11 +273,11 @@ class BodyCache:
         kept = seen.lists.get(id(messages))
         return (seen, kept[1]) if kept is not None and kept[0] is messages else None
 
-    def _remember(self, key: bytes, seen: _Seen, source: _Seen | None = None) -> None:
+    def _remember(self, key: bytes, seen: Entry, source: Entry | None = None) -> None:
         old = self._seen.pop(key, [])
         # The new body supersedes those it extends with the same fields around the messages
         # (the same conversation, turns earlier); one with other fields (tools) stays.
-        kept = [e for e in old if not _superseded(e, seen, source)]
+        kept = [e for e in old if not superseded(e, seen, source)]
         kept = kept[: PER_KEY - 1]
         self._forget([e for e in old if e not in kept])
         self._bytes += len(seen.raw)
@@ -331,176 +287,9 @@ class BodyCache:
             _, dropped = self._seen.popitem(last=False)
             self._forget(dropped)
 
-    def _forget(self, entries: list[_Seen]) -> None:
+    def _forget(self, entries: list[Entry]) -> None:
         for e in entries:
             self._bytes -= len(e.raw)
             for list_id in (id(e.body[e.array]), *e.lists):
                 if self._by_messages.get(list_id) is e:
                     del self._by_messages[list_id]
-
-
-def _superseded(old: _Seen, new: _Seen, source: _Seen | None) -> bool:
-    """Whether `new` is `old` with messages added (or its last ones changed: `source`) and the
-    same bytes around them."""
-    tail = memoryview(old.raw)[old.end + 1 :]
-    same_tail = len(new.raw) - new.end == len(tail) + 1 and new.raw.endswith(tail)
-    if old is source:
-        return same_tail and new.raw.startswith(memoryview(old.raw)[: old.start])
-    return same_tail and new.raw.startswith(memoryview(old.raw)[: old.cut])
-
-
-def _before_space(raw: bytes, end: int, floor: int) -> int:
-    """The index after the last non-whitespace byte before `end` (not below `floor`)."""
-    while end > floor and raw[end - 1] in _WS:
-        end -= 1
-    return end
-
-
-def _fields(raw: bytes, name: str, start: int, end: int) -> dict[str, Any] | None:
-    """The object around the array (its `name` emptied), if those bytes parse as one."""
-    try:
-        rest = orjson.loads(raw[:start] + b"]" + raw[end + 1 :])
-    except orjson.JSONDecodeError:
-        return None
-    return rest if isinstance(rest, dict) and rest.get(name) == [] else None
-
-
-def _locate(raw: bytes, body: dict[str, Any], name: str) -> _Seen | None:
-    """Where the `name` array of `raw` (parsed whole as `body`) lies, verified."""
-    if not body[name]:
-        return None
-    span = array_span(raw, name)
-    if span is None:
-        return None
-    start, end = span
-    fields = _fields(raw, name, start, end)
-    expected = {k: v for k, v in body.items() if k != name}
-    if fields is None or {k: v for k, v in fields.items() if k != name} != expected:
-        return None
-    return _Seen(raw, name, start, _before_space(raw, end, start), end, body)
-
-
-def _extends(seen: _Seen, raw: bytes, cut: int) -> bool:
-    """Whether `raw` begins with `seen`'s bytes up to `cut` (the end of one of its elements)."""
-    # bytes.startswith compares with memcmp (a memoryview == goes item by item).
-    return len(raw) > cut and raw.startswith(memoryview(seen.raw)[:cut])
-
-
-def _same_fields(seen: _Seen, raw: bytes) -> _Seen | None:
-    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
-    the same bytes after them."""
-    if not _extends(seen, raw, seen.cut):
-        return None
-    return _same_tail(seen, raw, seen.cut, len(seen.body[seen.array]))
-
-
-def _same_tail(seen: _Seen, raw: bytes, cut: int, kept: int) -> _Seen | None:
-    """`raw` built from `seen`'s first `kept` elements (its bytes up to `cut`) and new ones,
-    if the bytes after its array are `seen`'s."""
-    tail = memoryview(seen.raw)[seen.end + 1 :]
-    end = len(raw) - len(tail) - 1
-    if end < cut or raw[end] != ord("]") or not raw.endswith(tail):
-        return None
-    found = _with_new(seen, raw, cut, kept, end=end, fields=seen.body, same_tail=True)
-    if found is not None:
-        found.memo = seen.memo
-    return found
-
-
-def _scanned(seen: _Seen, raw: bytes) -> _Seen | None:
-    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
-    other bytes after them: the scan from the last known message finds the array's end."""
-    if not _extends(seen, raw, seen.cut):
-        return None
-    cut = seen.cut
-    end = close(raw, cut)
-    fields = None if end < 0 else _fields(raw, seen.array, seen.start, end)
-    if fields is None:
-        return None
-    found = _with_new(seen, raw, cut, len(seen.body[seen.array]), end=end, fields=fields)
-    if found is not None:
-        found.parsed += len(raw) - (end - seen.start)
-    return found
-
-
-def _cut_back(seen: _Seen, raw: bytes) -> _Seen | None:
-    """`raw` parsed from `seen`'s first elements, if it is `seen`'s bytes with its last
-    elements changed (a client moves its cache breakpoints onto the newest messages every
-    turn) and the same bytes after the array."""
-    if not raw.startswith(memoryview(seen.raw)[: seen.start]):
-        return None
-    bounds = _bounds(seen)
-    if not bounds:
-        return None
-    # The longest run of whole elements `raw` begins with: the last few first, since clients
-    # change only the newest messages, then by bisection (the test is monotone).
-    n = len(bounds) - 1  # all of them: `_same_fields` tried
-    low = max(0, n - 8)
-    while n > low and not _extends(seen, raw, bounds[n - 1]):
-        n -= 1
-    if n == low and low > 0:
-        lo, hi = 0, low  # bounds[lo - 1] is shared (or lo == 0); find the last shared
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if _extends(seen, raw, bounds[mid - 1]) else (lo, mid - 1)
-        n = lo
-    if n == 0:
-        return None
-    return _same_tail(seen, raw, bounds[n - 1], n)
-
-
-def _bounds(seen: _Seen) -> list[int] | None:
-    """`seen.bounds`, found by a scan of its array the first time."""
-    if seen.bounds is None:
-        seen.bounds = element_ends(seen.raw, seen.start, seen.end)
-        if seen.bounds is not None and len(seen.bounds) != len(seen.body[seen.array]):
-            seen.bounds = None
-    return seen.bounds
-
-
-def _with_new(
-    seen: _Seen,
-    raw: bytes,
-    cut: int,
-    kept: int,
-    *,
-    end: int,
-    fields: dict[str, Any],
-    same_tail: bool = False,
-) -> _Seen | None:
-    """The body of `raw`: `seen`'s first `kept` messages (its bytes up to `cut`), those between
-    `cut` and `end`, and `fields`."""
-    middle = raw[cut:end].strip(_WS)
-    new: Any = []
-    if middle:
-        if middle[:1] != b",":
-            return None
-        try:
-            new = orjson.loads(b"[" + middle[1:] + b"]")
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(new, list) or not new:
-            return None
-    old = seen.body[seen.array]
-    messages = old[:kept] + new
-    body = {k: messages if k == seen.array else v for k, v in fields.items()}
-    history = seen.history.head(kept)
-    # Bytes up to the cut are the same, so what was found of them holds (the array's end
-    # and the fields after it may have changed); the new ones are looked at now, while the
-    # entry is this request's (a concurrent turn may supersede it before its decision).
-    narrow = min(seen.narrow, cut)
-    # A tail the whole old body vouched for needs no second look (no run of digits crosses
-    # the array's `]`): the bytes looked at are the new messages', however long the tools are.
-    stop = end if same_tail and seen.narrow >= len(seen.raw) else len(raw)
-    if narrow and not may_hold_wide_int(raw[max(0, narrow - _WIDE_OVERLAP) : stop]):
-        narrow = len(raw)
-    found = _Seen(raw, seen.array, seen.start, _before_space(raw, end, cut), end, body, history)
-    found.narrow = narrow
-    if seen.bounds is not None:
-        ends = element_ends(raw, cut, end) if new else []
-        found.bounds = None if ends is None else [*seen.bounds[:kept], *ends]
-    found.parsed = len(middle) + 2 if middle else 0
-    carried = {k: (v, min(n, kept)) for k, (v, n) in seen.carried.items()}
-    found.carried = carried | {k: (v, kept) for k, v in seen.derived.items()}
-    found.lists_before = seen.lists_before | seen.lists
-    return found

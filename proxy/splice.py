@@ -146,11 +146,13 @@ class Splicer:
         items = body.get(adapter.field)
         projected = None if items is None else self.bodies.recall(items, adapter.name)
         if not isinstance(projected, Projected):
-            return await _per_message(sent, adapter.with_messages, body, sent)
+            return await _per_message(items or sent, adapter.with_messages, body, sent)
         current = (projected.messages, projected.marks)
+        # Rebuilding costs per message sent and of the request's own (matched by digest).
+        longer = max(sent, projected.messages, key=len)
         tail = _replayed_tail(projected.messages, sent, cp)
         if cp is None or tail is None:
-            return await _per_message(sent, adapter.replayed, body, current, sent, 0)
+            return await _per_message(longer, adapter.replayed, body, current, sent, 0)
         rest = sent[len(cp.messages) :]
         head = len(projected.messages) - tail
         if (
@@ -159,7 +161,7 @@ class Splicer:
             or any(projected.marks.per_message[:head])  # breakpoints in what it replaces
             or (rest and cp.messages and not adapter.opens(cp.messages[-1], rest[0]))
         ):
-            return await _per_message(sent, adapter.replayed, body, current, sent, tail)
+            return await _per_message(longer, adapter.replayed, body, current, sent, tail)
         parts = self.bodies.memo(
             projected.messages, ("frame", adapter.field), lambda: frame(body, adapter.field)
         )

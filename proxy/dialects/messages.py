@@ -29,13 +29,13 @@ before the thinking of an assistant turn). Cache breakpoints are handled by `Bre
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
+from proxy.dialects.messages_pieces import SUPERSEDED, has_compaction, split_pieces
 from proxy.dialects.native import (
     NATIVE,
     Marks,
@@ -53,8 +53,6 @@ from proxy.toolschema import dump
 
 NAME = "messages"
 MARK = "cache_control"
-SUPERSEDED = "superseded"
-"""The kind of a piece before the last compaction block: the upstream drops it."""
 _UNCACHEABLE = frozenset({"thinking", "redacted_thinking"})
 
 
@@ -173,127 +171,6 @@ def _strip(block: Any, marks: Marks, path: tuple[int, ...], found: list[Any]) ->
     return block
 
 
-@dataclass
-class _Piece:
-    kind: str
-    role: str
-    content: Any
-    start: bool
-    origin: int = 0
-    """The index of the message it is (part of)."""
-
-
-def _pieces(messages: Sequence[Any]) -> tuple[list[_Piece], list[int]] | None:
-    """The projected pieces, and where the pairing pass may start again (`_pin_unpaired`)."""
-    pieces: list[_Piece] = []
-    for origin, m in enumerate(messages):
-        first = len(pieces)
-        if not isinstance(m, Mapping):
-            return None
-        role, content = m.get("role"), m.get("content")
-        if not isinstance(content, str | list) or not isinstance(role, str):
-            return None
-        if role == "assistant":
-            pieces.append(_Piece("assistant", role, content, True))
-        elif role == "user" and isinstance(content, list):
-            run: list[Any] = []
-            start = True
-            for block in content:
-                if isinstance(block, Mapping) and block.get("type") == "tool_result":
-                    if run:
-                        pieces.append(_Piece("user", role, run, start))
-                        run, start = [], False
-                    pieces.append(_Piece("tool", role, [block], start))
-                    start = False
-                else:
-                    run.append(block)
-            if run or start:
-                pieces.append(_Piece("user", role, run, start))
-        elif role == "user":
-            pieces.append(_Piece("user", role, content, True))
-        else:
-            pieces.append(_Piece("pinned", role, content, True))
-        for piece in pieces[first:]:
-            piece.origin = origin
-    stops = _pin_unpaired(pieces)
-    _pin_compacted(pieces)
-    return pieces, stops
-
-
-def _pin_compacted(pieces: list[_Piece]) -> None:
-    """The last compaction block's message, and the results of its tool calls, stay as they
-    are; what precedes it, which the API drops, is superseded (never touched, never counted)."""
-    last = None
-    for i, piece in enumerate(pieces):
-        if piece.kind in ("assistant", "pinned") and _has_compaction(piece.content):
-            last = i
-    if last is None:
-        return
-    for piece in pieces[:last]:
-        piece.kind = SUPERSEDED
-    pieces[last].kind = "pinned"
-    j = last + 1
-    while j < len(pieces) and pieces[j].kind == "tool":
-        pieces[j].kind = "pinned"
-        j += 1
-
-
-def _has_compaction(content: Any) -> bool:
-    return isinstance(content, list) and any(
-        isinstance(b, Mapping) and b.get("type") == "compaction" for b in content
-    )
-
-
-def _tool_uses(piece: _Piece) -> set[str]:
-    content = piece.content if isinstance(piece.content, list) else []
-    return {
-        b["id"]
-        for b in content
-        if isinstance(b, Mapping) and b.get("type") == "tool_use" and isinstance(b.get("id"), str)
-    }
-
-
-def _pin_unpaired(pieces: list[_Piece]) -> list[int]:
-    """A tool result must answer the assistant message right before its message, and every
-    `tool_use` must be answered by the next message: what breaks that (with the rest of its
-    turn) stays as it is.
-
-    Returns the first piece of every message the pass stops at: what it decided before one
-    depends on no piece after it, and from one it goes on as a pass over the messages from
-    there would (`proxy.dialects.projection`)."""
-    stops: list[int] = []
-    i = 0
-    while i < len(pieces):
-        piece = pieces[i]
-        if i == 0 or pieces[i - 1].origin != piece.origin:
-            stops.append(i)
-        if piece.kind == "tool":
-            piece.kind = "pinned"
-            i += 1
-            continue
-        if piece.kind != "assistant":
-            i += 1
-            continue
-        uses = _tool_uses(piece)
-        j = i + 1
-        answered: set[str] = set()
-        while j < len(pieces) and pieces[j].kind == "tool" and not (pieces[j].start and answered):
-            block = pieces[j].content[0]
-            if block.get("tool_use_id") not in uses:
-                break
-            answered.add(block["tool_use_id"])
-            j += 1
-        if uses - answered and j < len(pieces):
-            # Anthropic joins consecutive messages of one role into one turn: the assistant
-            # messages after this one come before its results too, and nothing may go between.
-            while j < len(pieces) and pieces[j].kind == "assistant":
-                j += 1
-            for p in pieces[i:j]:
-                p.kind = "pinned"
-        i = j
-    return stops
-
-
 def project(body: Mapping[str, Any]) -> tuple[list[Message], Marks] | None:
     """The body's messages as projected chat messages and the client's breakpoints, or None."""
     raw = body.get("messages")
@@ -303,7 +180,7 @@ def project(body: Mapping[str, Any]) -> tuple[list[Message], Marks] | None:
 
 def project_items(raw: Sequence[Any]) -> Projected | None:
     """Messages as projected chat messages, with where their pass may start again."""
-    split = _pieces(raw)
+    split = split_pieces(raw)
     if split is None:
         return None
     pieces, stops = split
@@ -319,7 +196,7 @@ def project_items(raw: Sequence[Any]) -> Projected | None:
         message[NATIVE] = nat
         out.append(message)
         marks.per_message.append(found)
-    compacted = [p.origin for p in pieces if p.kind == "pinned" and _has_compaction(p.content)]
+    compacted = [p.origin for p in pieces if p.kind == "pinned" and has_compaction(p.content)]
     reach = compacted[-1] if compacted else -1
     return Projected(out, marks, [p.origin for p in pieces], stops, reach)
 
