@@ -155,20 +155,30 @@ class Splicer:
             return await _per_message(longer, adapter.replayed, body, current, sent, 0)
         rest = sent[len(cp.messages) :]
         head = len(projected.messages) - tail
+        joins = bool(rest and cp.messages) and not adapter.opens(cp.messages[-1], rest[0])
         if (
             not cp.version
             or self.prefixes.max_bytes <= 0
             or any(projected.marks.per_message[:head])  # breakpoints in what it replaces
-            or (rest and cp.messages and not adapter.opens(cp.messages[-1], rest[0]))
+            or (joins and adapter.continued is None)
         ):
             return await _per_message(longer, adapter.replayed, body, current, sent, tail)
         parts = self.bodies.memo(
             projected.messages, ("frame", adapter.field), lambda: frame(body, adapter.field)
         )
-        prefix = self._prefix(
-            f"{adapter.name}:{cp.version}", lambda: adapter.emit(None, cp.messages, 0)
-        )
-        return spliced(parts, prefix, adapter.emit(current, rest, tail))
+        key = f"{adapter.name}:{cp.version}"
+        if not joins or adapter.continued is None:
+            prefix = self._prefix(key, lambda: adapter.emit(None, cp.messages, 0))
+            return spliced(parts, prefix, adapter.emit(current, rest, tail))
+        # The turn's first message joins the checkpoint's last one: that one is emitted again
+        # with it, after the bytes of the others.
+        prefix = self._prefix(f"{key}:head", lambda: adapter.emit(None, cp.messages, 0)[:-1])
+        last = orjson.loads(
+            b"["
+            + self._prefix(f"{key}:last", lambda: adapter.emit(None, cp.messages, 0)[-1:])
+            + b"]"
+        )[0]
+        return spliced(parts, prefix, adapter.continued(current, rest, tail, last))
 
     def _prefix(self, version: str, make: Callable[[], Sequence[Any]]) -> bytes:
         evicted = self.prefixes.evicted

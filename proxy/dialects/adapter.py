@@ -36,6 +36,7 @@ Current = tuple[Sequence[Message], Marks]
 """A request's own projected messages and its breakpoints (what `Projector` gives)."""
 Emitter = Callable[["Current | None", Sequence[Message], int], list[Any]]
 """The field's new value for projected messages, against the request's own (`emit_all`)."""
+Continuer = Callable[["Current | None", Sequence[Message], int, Message], list[Any]]
 
 
 def _never(body: Mapping[str, Any]) -> bool:
@@ -69,6 +70,9 @@ class Adapter:
     history: Callable[[Mapping[str, Any]], bool] = _never
     """Whether the request continues history the server keeps."""
     stream_usage_option: bool = False
+    continued: Continuer | None = None
+    """`emit`'s value for messages whose first joins the last of the messages emitted before
+    them (given), starting with that one joined (None: no message ever joins another)."""
 
     def messages(self, body: Mapping[str, Any]) -> list[Message] | None:
         """The projected history, or None if the body has none we can work on."""

@@ -349,9 +349,20 @@ def _emit(current: Current | None, messages: Sequence[Message], tail: int) -> li
     """`messages` rebuilt from the projections that go upstream: each projection's blocks
     join the message of the projection before it, unless it opens a message (its original
     did, it follows a stand-in, or its role differs); a stand-in is a user message."""
-    out: list[Message] = []
+    return _joined(emit_all(_WAY, current, messages, tail), [])
+
+
+def _continued(
+    current: Current | None, messages: Sequence[Message], tail: int, last: Message
+) -> list[Any]:
+    """`_emit`'s messages after `last`, the last message of those before them (a replayed
+    checkpoint's), which the first of them joins: `last` with their blocks, then the rest."""
+    return _joined(emit_all(_WAY, current, messages, tail), [dict(last)])
+
+
+def _joined(emitted: list[tuple[Message, list[Any], bool]], out: list[Message]) -> list[Any]:
     after_stand_in = False
-    for m, blocks, kept in emit_all(_WAY, current, messages, tail):
+    for m, blocks, kept in emitted:
         nat = native(m)
         stand_in, after_stand_in = after_stand_in, nat is None
         role = _role(nat)
@@ -406,6 +417,15 @@ _WAY = Way(project, _project_native, _piece_items, _rebuilt_items, _stand_in, MA
 INCREMENTAL = Incremental(NAME, "messages", project_items, _may_start)
 """The Messages API's projection, reusing the last turn's."""
 MESSAGES = Adapter(
-    NAME, "messages", project, _cost, pending_turn, _fixed, _emit, _opens, INCREMENTAL
+    NAME,
+    "messages",
+    project,
+    _cost,
+    pending_turn,
+    _fixed,
+    _emit,
+    _opens,
+    INCREMENTAL,
+    continued=_continued,
 )
 """The Anthropic Messages API adapter (a `proxy.decision.Dialect`)."""
