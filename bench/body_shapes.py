@@ -8,6 +8,13 @@ the same bytes (checked against openai 4.104 and 7.60 under node 22, tool schema
 non-ASCII, quotes and U+2028 included). Codex sends Responses bodies from Rust (serde_json,
 compact, its struct's field order: model, instructions, input, tools, tool_choice,
 parallel_tool_calls, reasoning, store, stream, include, prompt_cache_key).
+
+Two agent shapes turn the same session into what the agents send mid-run: `claude-code` (the
+anthropic TS SDK's `JSON.stringify`: system blocks with `cache_control`, every reply a text and
+a `tool_use`, every later user turn its `tool_result`, the newest two messages marked with
+`cache_control` as Claude Code marks them each turn) and `codex-cli` (every reply a `reasoning`
+item with encrypted content, an assistant message and a `function_call`, every later user turn
+its `function_call_output`).
 """
 
 from __future__ import annotations
@@ -23,7 +30,15 @@ import httpx2
 import openai
 
 Message = dict[str, Any]
-SHAPES = ("openai-python", "openai-node", "openai-node-v4", "anthropic", "codex-responses")
+SHAPES = (
+    "openai-python",
+    "openai-node",
+    "openai-node-v4",
+    "anthropic",
+    "codex-responses",
+    "claude-code",
+    "codex-cli",
+)
 TOOL_COUNTS = (0, 14, 128)
 
 
@@ -126,7 +141,12 @@ def codex_responses(messages: list[Message], tools: list[dict[str, Any]]) -> byt
                       "text": m["content"]}]}
         for m in messages if m["role"] != "system"
     ]  # fmt: skip
-    body = {
+    return _codex_body(instructions, items, tools)
+
+
+def _codex_body(instructions: str, items: list[Message], tools: list[dict[str, Any]]) -> bytes:
+    """Codex's request around its input items (serde_json: compact, its struct's order)."""
+    return _js({
         "model": "gpt-5-codex",
         "instructions": instructions,
         "input": items,
@@ -138,8 +158,71 @@ def codex_responses(messages: list[Message], tools: list[dict[str, Any]]) -> byt
         "stream": True,
         "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "0199a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
-    }
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    })  # fmt: skip
+
+
+def _js(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def claude_code(messages: list[Message], tools: list[dict[str, Any]]) -> bytes:
+    """The body Claude Code sends mid-run (see the module doc)."""
+    system = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    turns = [m for m in messages if m["role"] != "system"]
+    out: list[Message] = []
+    for i, m in enumerate(turns):
+        if m["role"] == "assistant":
+            use = {"type": "tool_use", "id": f"toolu_{i:05d}", "name": "Bash",
+                   "input": {"command": f"run step {i}"}}  # fmt: skip
+            out.append(
+                {"role": "assistant", "content": [{"type": "text", "text": m["content"]}, use]}
+            )
+        elif i > 0:
+            result = {"type": "tool_result", "tool_use_id": f"toolu_{i - 1:05d}",
+                      "content": m["content"]}  # fmt: skip
+            out.append({"role": "user", "content": [result]})
+        else:
+            out.append({"role": "user", "content": [{"type": "text", "text": m["content"]}]})
+    for m in out[-2:]:
+        m["content"][-1] = {**m["content"][-1], "cache_control": {"type": "ephemeral"}}
+    marked = {"type": "ephemeral"}
+    return _js({
+        "model": "claude-sonnet-4-5",
+        "messages": out,
+        "system": [
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
+             "cache_control": marked},
+            {"type": "text", "text": system, "cache_control": marked},
+        ],
+        "tools": [_anthropic_tool(t) for t in tools],
+        "metadata": {"user_id": "user_0123456789abcdef_account__session_0199a1b2"},
+        "max_tokens": 32000,
+        "stream": True,
+    })  # fmt: skip
+
+
+def codex_cli(messages: list[Message], tools: list[dict[str, Any]]) -> bytes:
+    """The body Codex CLI sends mid-run (see the module doc)."""
+    instructions = messages[0]["content"] if messages and messages[0]["role"] == "system" else ""
+    items: list[Message] = []
+    for i, m in enumerate(m for m in messages if m["role"] != "system"):
+        if m["role"] == "assistant":
+            items += [
+                {"type": "reasoning", "id": f"rs_{i:05d}",
+                 "summary": [{"type": "summary_text", "text": f"**Step {i}**"}],
+                 "content": None, "encrypted_content": f"gAAAAB{i:05d}" + "Zm9v" * 150},
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": m["content"]}]},
+                {"type": "function_call", "name": "shell", "call_id": f"call_{i:05d}",
+                 "arguments": json.dumps({"command": ["bash", "-lc", f"step {i}"]})},
+            ]  # fmt: skip
+        elif i > 0:
+            items.append({"type": "function_call_output", "call_id": f"call_{i - 1:05d}",
+                          "output": m["content"]})  # fmt: skip
+        else:
+            items.append({"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": m["content"]}]})  # fmt: skip
+    return _codex_body(instructions, items, tools)
 
 
 def body(shape: str, messages: list[Message], tools: int) -> bytes:
@@ -153,11 +236,20 @@ def body(shape: str, messages: list[Message], tools: int) -> bytes:
         return openai_node(messages, schemas, v4=shape.endswith("v4"))
     if shape == "codex-responses":
         return codex_responses(messages, schemas)
+    if shape == "claude-code":
+        return claude_code(messages, schemas)
+    if shape == "codex-cli":
+        return codex_cli(messages, schemas)
     raise ValueError(f"unknown body shape {shape!r}")
 
 
 def path(shape: str) -> str:
     """The API path the shape's SDK posts to."""
-    return {"anthropic": "/v1/messages", "codex-responses": "/v1/responses"}.get(
-        shape, "/v1/chat/completions"
-    )
+    paths = {"anthropic": "/v1/messages", "claude-code": "/v1/messages"}
+    paths |= {"codex-responses": "/v1/responses", "codex-cli": "/v1/responses"}
+    return paths.get(shape, "/v1/chat/completions")
+
+
+def field_of(shape: str) -> str:
+    """The body field that holds the shape's history."""
+    return "input" if path(shape) == "/v1/responses" else "messages"

@@ -16,7 +16,8 @@ own bytes taken off; accounting is off so only the request path's store traffic 
 in the same way: each round runs every tree in a child process, the tree going first rotating,
 so load from elsewhere on a shared machine falls on both alike. The table gives, per tree,
 shape and tool count: replayed turns, overhead p50/p99 (ms), CPU ms p50 of a replayed turn,
-store bytes per replayed, compacted and passthrough request.
+store bytes per replayed, compacted and passthrough request; then the same per API (the shapes
+of one API together) and per action.
 """
 
 from __future__ import annotations
@@ -157,7 +158,38 @@ def _report(rows: dict[str, list[dict[str, Any]]]) -> str:
                 f"{_pct(rep, 0.99):.2f} | {_pct(cpu, 0.5):.2f} | {mean_bytes('replayed')} | "
                 f"{mean_bytes('compacted')} | {mean_bytes('passthrough')} |"
             )
-    return "\n".join([*lines, "", _per_action(rows)])
+    return "\n".join([*lines, "", _per_api(rows), "", _per_action(rows)])
+
+
+def _per_api(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """Per API and tool count, over its shapes: what a replayed turn costs."""
+    lines = [
+        "| API | tools | tree | replayed | CPU ms p50 | overhead ms p50 | store B/replayed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    apis = {"/v1/chat/completions": "chat.completions", "/v1/responses": "responses"}
+    apis["/v1/messages"] = "messages"
+    keys = sorted(
+        {(apis[body_shapes.path(r["shape"])], r["tools"]) for rs in rows.values() for r in rs
+         if "tools" in r}
+    )  # fmt: skip
+    for api, tools in keys:
+        for tree, rs in rows.items():
+            mine = [
+                r for r in rs
+                if "tools" in r and r["action"] == "replayed" and r["tools"] == tools
+                and apis[body_shapes.path(r["shape"])] == api
+            ]  # fmt: skip
+            if not mine:
+                continue
+            cpu = _pct([r["cpu_ms"] for r in mine], 0.5)
+            overhead = _pct([r["overhead_ms"] for r in mine], 0.5)
+            moved = statistics.mean(r["store_bytes"] for r in mine)
+            lines.append(
+                f"| {api} | {tools} | {tree} | {len(mine)} | {cpu:.2f} | {overhead:.2f} | "
+                f"{moved:,.0f} |"
+            )
+    return "\n".join(lines)
 
 
 def _per_action(rows: dict[str, list[dict[str, Any]]]) -> str:
@@ -194,7 +226,10 @@ def main() -> None:
     p.add_argument("--before", default="")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--turns", type=int, default=30)
-    p.add_argument("--shapes", default="openai-python,openai-node,anthropic,codex-responses")
+    p.add_argument(
+        "--shapes",
+        default="openai-python,openai-node,anthropic,claude-code,codex-responses,codex-cli",
+    )
     p.add_argument("--tools", default="0,14,128")
     p.add_argument("--store", choices=["redis", "sqlite"], default="redis")
     p.add_argument("--redis", default="")

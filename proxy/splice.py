@@ -8,6 +8,14 @@ its messages, serialized once per session: `BodyCache.memo`), the checkpoint's m
 after it (serialized each turn). Joined, they are the bytes `with_messages` gives, exactly:
 orjson's compact output of a list is `[` + its items' outputs joined by `,` + `]`, and of an
 object the same with any one value replaced (tests/test_splice.py).
+
+A Responses or Messages body is spliced the same way from its API's items (`native_body`): the
+checkpoint's messages emitted as items once per version, the request's own messages after it
+emitted each turn (with their breakpoints), and the frame. That is what rebuilding gives when
+no breakpoint of the request falls on what the checkpoint replaces (then nothing of the
+request's is put on, or moved onto, the checkpoint's items) and the turn's first message opens
+an item of its own, or joins the checkpoint's last one, which is then emitted again with it
+(tests/dialects/test_replay_fast.py). Otherwise the body is rebuilt whole.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def session(turns: int) -> list[dict[str, Any]]:
 
 
 def _items(parsed: Any, shape: str) -> Any:
-    return parsed["input" if shape == "codex-responses" else "messages"]
+    return parsed[body_shapes.field_of(shape)]
 
 
 @pytest.mark.parametrize("tools", body_shapes.TOOL_COUNTS)
@@ -52,10 +52,12 @@ def test_a_growing_session_hits_the_cache_on_every_turn_whatever_its_tools(
         assert parsed == orjson.loads(raw)
         assert list(parsed) == list(orjson.loads(raw))  # key order kept
     assert (cache.misses, cache.hits) == (1, 5)
-    # A hit parses the two new messages (and their separators), never the tools.
+    # A hit parses the two new messages (and their separators), never the tools; Claude Code
+    # moved its breakpoints off the last turn's two, which are read again.
     new_messages = [len(orjson.dumps(m)) for m in session(42)[-2:]]
+    factor = 4 if shape == "claude-code" else 2
     for spent in parsed_per_turn[1:]:
-        assert spent < 2 * sum(new_messages) + 200
+        assert spent < factor * sum(new_messages) + 400
 
 
 @pytest.mark.parametrize("shape", body_shapes.SHAPES)
