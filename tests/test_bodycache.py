@@ -327,3 +327,32 @@ def test_a_turn_extending_a_checked_body_is_known_narrow_when_it_is_read() -> No
     third = cache.parse(third_raw)
     assert not cache.narrow(third["messages"], third_raw)  # a long run of digits is new
     assert cache.holds_wide_int(third["messages"], third_raw) is False  # in a string
+
+
+@given(
+    marked=st.integers(0, 4),
+    dump=st.sampled_from(list(DUMPERS)),
+    growth=st.lists(st.integers(0, 3), min_size=2, max_size=6),
+)
+def test_a_history_whose_newest_messages_change_reuses_the_ones_before(
+    marked: int, dump: str, growth: list[int]
+) -> None:
+    """A client that moves its cache breakpoints onto its newest messages every turn (Claude
+    Code marks the last two) changes the previous body's last messages: the body still parses
+    as orjson.loads does, and the messages before them are last turn's objects."""
+    cache = BodyCache()
+    msgs = conversation(30)
+    previous = None
+    for added in growth:
+        msgs = [*msgs, *conversation(len(msgs) + added)[len(msgs) :]]
+        sent = [dict(m) for m in msgs]
+        for m in sent[len(sent) - marked :] if marked else []:
+            m["content"] = [{"type": "text", "text": m["content"], "cache_control": {"t": 1}}]
+        raw = DUMPERS[dump]({"model": "m", "messages": sent, "tools": [{"name": "f"}]})
+        parsed = cache.parse(raw)
+        assert parsed == orjson.loads(raw)
+        if previous is not None:
+            shared = len(previous) - marked
+            assert all(a is b for a, b in zip(parsed["messages"][:shared], previous, strict=False))
+        previous = parsed["messages"]
+    assert cache.misses == 1
