@@ -19,7 +19,7 @@ last messages of the previous body, not only the bytes after them: then the long
 previous body's whole messages this one begins with is reused (`bodyentry.cut_back`).
 
 What callers derive from the array itself (an API's items projected onto chat messages:
-`proxy.dialects.projection`) is kept with the body (`keep`), handed to the next turn's body with
+`proxy.dialects.incremental`) is kept with the body (`keep`), handed to the next turn's body with
 how many leading elements the two share (`previous`), and a list derived so is a history like
 the array itself: its digests, prefix digests and counts carry over for its reused messages.
 

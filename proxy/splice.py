@@ -31,7 +31,7 @@ import orjson
 
 from proxy.bodycache import BodyCache
 from proxy.dialects.adapter import Adapter
-from proxy.dialects.projection import Projected
+from proxy.dialects.incremental import Projected
 from proxy.metrics import Metrics
 from proxy.providers.chain import LONG_HISTORY
 from proxy.rewrite import with_messages

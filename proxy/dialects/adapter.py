@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.breakpoints import Breakpoints, Place
+from proxy.dialects.incremental import Incremental
 from proxy.dialects.native import (
     Marks,
     Message,
@@ -27,7 +28,6 @@ from proxy.dialects.native import (
     opaque_tokens,
     repair_result,
 )
-from proxy.dialects.projection import Incremental
 from proxy.providers.base import CompactionResult
 from proxy.tokens import TokenCounter
 

@@ -35,6 +35,7 @@ import orjson
 
 from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
+from proxy.dialects.incremental import Incremental, Projected
 from proxy.dialects.messages_pieces import SUPERSEDED, has_compaction, split_pieces
 from proxy.dialects.native import (
     NATIVE,
@@ -46,7 +47,6 @@ from proxy.dialects.native import (
     opaque_tokens,
     rebuild_parts,
 )
-from proxy.dialects.projection import Incremental, Projected
 from proxy.media import file_data_tokens
 from proxy.tokens import TokenCounter
 from proxy.toolschema import dump

@@ -107,7 +107,7 @@ def _pin_unpaired(pieces: list[Piece]) -> list[int]:
 
     Returns the first piece of every message the pass stops at: what it decided before one
     depends on no piece after it, and from one it goes on as a pass over the messages from
-    there would (`proxy.dialects.projection`)."""
+    there would (`proxy.dialects.incremental`)."""
     stops: list[int] = []
     i = 0
     while i < len(pieces):

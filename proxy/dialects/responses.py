@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
+from proxy.dialects.incremental import Incremental, Projected
 from proxy.dialects.native import (
     NATIVE,
     Marks,
@@ -37,7 +38,6 @@ from proxy.dialects.native import (
     opaque_tokens,
     pending_assistant,
 )
-from proxy.dialects.projection import Incremental, Projected
 from proxy.dialects.responses_items import (
     BUILT_IN,
     CALLS,

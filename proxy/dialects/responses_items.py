@@ -144,7 +144,7 @@ def _pin_unpaired(groups: list[Group]) -> list[int]:
 
     Returns every group the pass stops at: what it decided before one depends on no group
     after it, and from one it goes on as a pass over the groups from there would
-    (`proxy.dialects.projection`)."""
+    (`proxy.dialects.incremental`)."""
     stops: list[int] = []
     i = 0
     while i < len(groups):

@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from proxy.bodycache import BodyCache
 from proxy.dialects.native import Marks, Message
 
 LONG_TAIL = 1000
@@ -54,6 +53,27 @@ class Projected:
         )
 
 
+class Keeper(Protocol):
+    """Where a body's projection is kept for the next turn (`proxy.bodycache.BodyCache`)."""
+
+    def recall(self, items: Sequence[Any], name: str) -> Any:
+        """What was kept under `name` with the body whose array is `items`, or None."""
+
+    def previous(self, items: Sequence[Any], name: str) -> tuple[Any, int] | None:
+        """What was kept under `name` with the body this one was built from, and how many of
+        the leading elements of `items` that body's array had (the same objects)."""
+
+    def keep(
+        self,
+        items: Sequence[Any],
+        name: str,
+        value: Any,
+        messages: Sequence[Message] | None = None,
+        reused: tuple[Sequence[Message], int] | None = None,
+    ) -> None:
+        """Keep `value` (and `messages` as a history) with the body whose array is `items`."""
+
+
 ItemsProjector = Callable[[Sequence[Any]], "Projected | None"]
 MayStart = Callable[[Sequence[Any], int], bool]
 """Whether the pass may start at item `c` of these items, beyond what `restarts` says."""
@@ -68,7 +88,7 @@ class Incremental:
     project_items: ItemsProjector
     may_start: MayStart
 
-    async def read(self, body: Mapping[str, Any], bodies: BodyCache) -> Projected | None:
+    async def read(self, body: Mapping[str, Any], bodies: Keeper) -> Projected | None:
         """The body's history projected (long ones in a thread), kept with the body."""
         items = body.get(self.field)
         if not isinstance(items, list):
@@ -93,7 +113,7 @@ class Incremental:
         bodies.keep(items, self.name, projected, projected.messages, reused)
         return projected
 
-    async def _whole(self, items: list[Any], bodies: BodyCache) -> Projected | None:
+    async def _whole(self, items: list[Any], bodies: Keeper) -> Projected | None:
         if len(items) > LONG_TAIL:
             projected = await asyncio.to_thread(self.project_items, items)
         else:
@@ -102,7 +122,7 @@ class Incremental:
             bodies.keep(items, self.name, projected, projected.messages)
         return projected
 
-    def _reusable(self, items: list[Any], bodies: BodyCache) -> tuple[Projected | None, int]:
+    def _reusable(self, items: list[Any], bodies: Keeper) -> tuple[Projected | None, int]:
         """The last turn's projection and the restart to project from, if any past the first."""
         previous = bodies.previous(items, self.name)
         if previous is None:
