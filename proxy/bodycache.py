@@ -47,6 +47,7 @@ from proxy.bodyentry import (
     Entry,
     History,
     cut_back,
+    extends,
     locate,
     same_fields,
     scanned,
@@ -115,8 +116,13 @@ class BodyCache:
         entries = self._seen.get(key, [])
         # One whose fields are the same bytes first (agents sharing a prompt, other tools);
         # then one whose last messages the client changed (it moved its cache breakpoints).
-        tries = (same_fields, scanned, cut_back)
-        for found, source in ((f(e, raw), e) for f in tries for e in entries):
+        extended = [extends(e, raw) for e in entries]
+        tries = ((same_fields, True), (scanned, True), (cut_back, False))
+        attempts = (
+            (f(e, raw), e) for f, want in tries for e, ext in zip(entries, extended, strict=True)
+            if ext is want
+        )  # fmt: skip
+        for found, source in attempts:
             if found is not None:
                 self.hits += 1
                 # What was parsed: the new messages, and the fields only if their bytes changed.

@@ -130,11 +130,15 @@ def _extends(seen: Entry, raw: bytes, cut: int) -> bool:
     return len(raw) > cut and raw.startswith(memoryview(seen.raw)[:cut])
 
 
+def extends(seen: Entry, raw: bytes) -> bool:
+    """Whether `raw` begins with `seen`'s bytes up to its last message (`same_fields` and
+    `scanned` are tried only then, `cut_back` only otherwise)."""
+    return _extends(seen, raw, seen.cut)
+
+
 def same_fields(seen: Entry, raw: bytes) -> Entry | None:
-    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
-    the same bytes after them."""
-    if not _extends(seen, raw, seen.cut):
-        return None
+    """`raw` parsed by extending `seen`, if it is `seen`'s bytes (`extends`) with new messages
+    added and the same bytes after them."""
     return _same_tail(seen, raw, seen.cut, len(seen.body[seen.array]))
 
 
@@ -152,10 +156,9 @@ def _same_tail(seen: Entry, raw: bytes, cut: int, kept: int) -> Entry | None:
 
 
 def scanned(seen: Entry, raw: bytes) -> Entry | None:
-    """`raw` parsed by extending `seen`, if it is `seen`'s bytes with new messages added and
-    other bytes after them: the scan from the last known message finds the array's end."""
-    if not _extends(seen, raw, seen.cut):
-        return None
+    """`raw` parsed by extending `seen`, if it is `seen`'s bytes (`extends`) with new messages
+    added and other bytes after them: the scan from the last known message finds the array's
+    end."""
     cut = seen.cut
     end = close(raw, cut)
     fields = None if end < 0 else _fields(raw, seen.array, seen.start, end)

@@ -18,6 +18,7 @@ machines in tests/dialects/test_replay_fast.py check it against `project` on gro
 from __future__ import annotations
 
 import asyncio
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,7 +49,10 @@ class Projected:
             [*self.messages[:p], *tail.messages],
             Marks(self.marks.key, [*self.marks.per_message[:p], *tail.marks.per_message]),
             [*self.origins[:p], *(o + c for o in tail.origins)],
-            [*(r for r in self.restarts if r < p), *(r + p for r in tail.restarts)],
+            [
+                *self.restarts[: bisect.bisect_left(self.restarts, p)],
+                *(r + p for r in tail.restarts),
+            ],
             self.reach,
         )
 
