@@ -10,7 +10,8 @@ the worker's RSS from /proc: idle; after one chat request per model family; whil
 aider sessions, under `$BENCH_CORPORA`, else Python's sources) are sent `--concurrency` at a
 time to a 128k model, so that each is compacted afresh (the peak, sampled every 50 ms); and
 once it has settled after them. The same requests' latency is the compaction's (the upstream
-costs nothing): p50 and p95. Prints a markdown table, each allocator's median over the rounds
+costs nothing): p50 and p95, and the worker's CPU time per conversation (/proc, steadier than
+latency on a busy machine). Prints a markdown table, each allocator's median over the rounds
 with its range, and the change jemalloc makes.
 """
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "overhead"))
 
 from bodies import large_body
+from procs import cpu_seconds
 
 from bench.rss import FAMILIES, chat, each_worker, free_port, rss_mb, settled, upstream
 
@@ -146,7 +148,9 @@ async def measure(variant: str, bodies: list[bytes], concurrency: int) -> dict[s
         for model in FAMILIES:
             await each_worker(url, [pid], chat(model))
         out["RSS after one request per model family"] = (await settled([pid]))[0]
+        cpu = cpu_seconds(pid)
         times, peak, actions = await under_load(url, pid, bodies, concurrency)
+        out["worker CPU per big conversation (ms)"] = (cpu_seconds(pid) - cpu) / len(bodies) * 1000
         out["peak RSS under the big conversations"] = peak
         out["RSS settled after them"] = (await settled([pid]))[0]
         out["compaction p50 (ms)"] = statistics.median(times) * 1000
