@@ -61,7 +61,7 @@ from bench.session_replay import (
 from proxy.app import create_app
 from proxy.budget import ModelTable
 from proxy.config import APIS, Settings, StoreSettings, load_settings
-from proxy.digest import canonical_bytes
+from proxy.runtime.digest import canonical_bytes
 from proxy.store.factory import open_store
 from proxy.tokens import TokenCounter, Tokenizers
 from tests.upstream import serve

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from proxy.digest import message_digest, prefix_digests
+from proxy.runtime.digest import message_digest, prefix_digests
 from proxy.store.base import Checkpoint, Compaction, Store
 from proxy.store.redis import RedisStore
 from proxy.store.sqlite import SqliteStore

@@ -8,7 +8,7 @@ are parsed (orjson over a few KB instead of the whole body), and the earlier mes
 same objects as last time. Everything per-message that is cached by content (token counts)
 then finds its strings' hashes already computed: the turn costs its new messages, end to end.
 
-The array is found by a string-aware scan (`proxy.jsonspan`), whatever keys come before or
+The array is found by a string-aware scan (`proxy.runtime.jsonspan`), whatever keys come before or
 after it and however many brackets they hold (an agent's tool schemas); it is `messages` (chat
 completions, Anthropic messages) or `input` (the Responses API). When the bytes around the array
 are those of the body extended, what was derived from them (`memo`) is kept too: a replayed
@@ -34,9 +34,9 @@ from typing import Any, TypeVar
 
 import orjson
 
-from proxy.digest import Message, RollingPrefixes, message_digest, prefix_digests
-from proxy.exactjson import holds_wide_int, may_hold_wide_int
-from proxy.jsonspan import array_span, close
+from proxy.runtime.digest import Message, RollingPrefixes, message_digest, prefix_digests
+from proxy.runtime.exactjson import holds_wide_int, may_hold_wide_int
+from proxy.runtime.jsonspan import array_span, close
 from proxy.tokens import REPLY_PRIMING, TokenCounter
 
 T = TypeVar("T")

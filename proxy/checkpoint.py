@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from proxy.budget import Budget
 from proxy.config import PolicySettings
-from proxy.digest import message_digest
 from proxy.lossless import Lossless
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
@@ -33,6 +32,7 @@ from proxy.providers.units import (
     refs_in,
 )
 from proxy.providers.validate import Alignment, align, pairing_problems
+from proxy.runtime.digest import message_digest
 from proxy.store.base import Checkpoint, Compaction, ConversationInfo
 
 

@@ -59,8 +59,6 @@ from proxy.decision import (
 )
 from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting, NativeCounter
-from proxy.digest import root_length
-from proxy.exactjson import WideIntegerError, holds_wide_int
 from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier, StoredForms
 from proxy.metrics import Metrics
@@ -71,6 +69,8 @@ from proxy.providers.bound import bound_chain
 from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
 from proxy.quota import Quota, QuotaExceededError
 from proxy.replay import ReplayChecks
+from proxy.runtime.digest import root_length
+from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
 from proxy.splice import Splicer
 from proxy.store.base import (
     Checkpoint,

@@ -26,9 +26,9 @@ import orjson
 
 from proxy import rewrite
 from proxy.dialects.native import Counting
-from proxy.digest import conversation_id, message_digest
 from proxy.expand import ExpandPlan
 from proxy.providers.base import CompactionResult
+from proxy.runtime.digest import conversation_id, message_digest
 from proxy.store.base import valid_id
 from proxy.tenant import Identity, Tenancy, raw_header_map
 from proxy.tokens import TokenCounter

@@ -15,11 +15,11 @@ import orjson
 from proxy.budget import ModelTable
 from proxy.compaction import compression_config
 from proxy.config import PolicySettings, Settings
-from proxy.exactjson import holds_wide_int
 from proxy.progress import counter
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
+from proxy.runtime.exactjson import holds_wide_int
 from proxy.tokens import Tokenizers
 
 _MAX_BUDGET = 2**63 - 1

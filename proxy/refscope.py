@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.decision import conversation_of
-from proxy.digest import message_digest
 from proxy.providers.units import message_text, refs_in
+from proxy.runtime.digest import message_digest
 from proxy.store.base import ConversationInfo, Store, resolve_readable
 
 Message = dict[str, Any]

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from proxy.checkpoint import kept_originals, replay_problem
-from proxy.digest import message_digest
 from proxy.providers.base import Message
 from proxy.providers.units import INSTRUCTION_ROLES, final_unit_start, last_index
 from proxy.providers.validate import PairingScan, pairing_problems, pairing_scan
+from proxy.runtime.digest import message_digest
 from proxy.store.base import Checkpoint
 
 MAX_ENTRIES = 4096

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from proxy import bodycache
 from proxy.bodycache import BodyCache
-from proxy.digest import RollingPrefixes, prefix_digests
+from proxy.runtime.digest import RollingPrefixes, prefix_digests
 
 TRICKY = ['"messages": [', "]", '],"model":"x"}', ",{", "\\", '"', "é", "\u2028", "}]}"]
 

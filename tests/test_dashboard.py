@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.digest import message_digest
+from proxy.runtime.digest import message_digest
 from proxy.stats import SERIES_METRICS, compute_stats, fail_open_reason
 from proxy.store.base import UsageRecord
 from proxy.store.sqlite import SqliteStore

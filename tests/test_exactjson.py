@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.exactjson import holds_wide_int, may_hold_wide_int
+from proxy.runtime.exactjson import holds_wide_int, may_hold_wide_int
 
 KEPT = [
     b"18446744073709551615",  # 2**64 - 1

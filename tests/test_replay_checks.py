@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.checkpoint import replay_problem
-from proxy.digest import message_digest, prefix_digests
 from proxy.replay import ReplayChecks
+from proxy.runtime.digest import message_digest, prefix_digests
 from proxy.store.base import Checkpoint
 
 Message = dict[str, Any]

@@ -45,9 +45,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from proxy.checkpoint import restore
-from proxy.digest import message_digest, prefix_digests
 from proxy.providers.units import final_unit_start
 from proxy.providers.validate import pairing_problems
+from proxy.runtime.digest import message_digest, prefix_digests
 from tests.inprocess import Proxy, context_length_error, running
 from tests.tiny_model import table_entry
 

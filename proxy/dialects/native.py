@@ -27,12 +27,12 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.digest import canonical_message, message_digest
 from proxy.media import image_part_tokens
 from proxy.providers.base import CompactionResult
 from proxy.providers.markers import is_written_stand_in
 from proxy.providers.units import final_unit_start, message_text
 from proxy.providers.validate import align
+from proxy.runtime.digest import canonical_message, message_digest
 from proxy.tokens import REPLY_PRIMING, TokenCounter
 from proxy.toolschema import dump
 

@@ -84,7 +84,8 @@ class Checkpoint:
     tenant: str
     conversation: str
     source_digest: str
-    """Rolling prefix digest of the original messages [0..covered_through] (see proxy.digest)."""
+    """Rolling prefix digest of the original messages [0..covered_through]
+    (see proxy.runtime.digest)."""
     covered_through: int
     messages: list[Message]
     """The compacted prefix, replayed verbatim on every later turn."""

@@ -7,9 +7,9 @@ from typing import Any
 
 from proxy.dialects.messages import MESSAGES, pending_turn, project
 from proxy.dialects.native import native
-from proxy.digest import message_digest
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import with_text
+from proxy.runtime.digest import message_digest
 from tests.api_fakes import FakeMessages
 from tests.dialects.conversations import STAND_IN, messages_history
 

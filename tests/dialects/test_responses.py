@@ -11,10 +11,10 @@ import orjson
 
 from proxy.dialects.native import NATIVE, Marks, native
 from proxy.dialects.responses import RESPONSES, project
-from proxy.digest import message_digest
 from proxy.media import image_tokens
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import split_units, with_text
+from proxy.runtime.digest import message_digest
 from proxy.tokens import Tokenizers
 from tests.api_fakes import FakeResponses
 from tests.dialects.conversations import STAND_IN, responses_input

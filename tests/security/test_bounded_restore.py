@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from proxy.digest import message_digest
 from proxy.expand import TOOL_NAME
 from proxy.providers.markers import dropped_marker, short_marker
 from proxy.providers.uncompress import Bounds, ResultTooLargeError, uncompress
 from proxy.providers.units import refs_in
 from proxy.refscope import RefScope
+from proxy.runtime.digest import message_digest
 from proxy.store.base import Checkpoint, ConversationInfo
 from tests.inprocess import MockUpstream, reply, running
 from tests.test_expand import a_ref, calls, compacted
