@@ -69,7 +69,6 @@ from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.engine import EngineProvider
 from proxy.providers.registry import get_context_provider
-from proxy.providers.summary import summarize_text
 from proxy.providers.units import (
     final_unit_start,
     hard_protected,
@@ -77,6 +76,7 @@ from proxy.providers.units import (
     split_units,
 )
 from proxy.providers.validate import check_result, pairing_problems
+from proxy.text.extractive_summary import summarize_text
 from proxy.tokens import TokenCounter
 
 BUDGETS = (0.5, 0.25)

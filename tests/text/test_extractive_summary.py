@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from proxy.providers.facts import FactMemo, all_matches, facts_of_matches
-from proxy.providers.summary import SentenceCache, summarize_text
+from proxy.text.extractive_summary import SentenceCache, summarize_text
+from proxy.text.facts import FactMemo, all_matches, facts_of_matches
 
 PROSE = (
     "Sure, happy to help with that! "

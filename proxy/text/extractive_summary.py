@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from proxy.providers.facts import (
+from proxy.text.facts import (
     ERROR_HINTS,
     ERROR_WORDS,
     MAX_SENTENCE,

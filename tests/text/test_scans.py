@@ -11,7 +11,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.providers import facts, prose, summary
+from proxy.text import extractive_summary, facts, prose
 
 _FENCE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})[^\n]*\n.*?(?:^[ \t]{0,3}\1[ \t]*$|\Z)", re.M | re.S)
 
@@ -37,7 +37,7 @@ _PATH_PIECES = ["a/b", "src/x.py", " ", "\n", "(", ")", "'", '"', ",", ";", "=",
 @given(_texts(_FENCE_PIECES))
 def test_fence_spans_are_the_fence_pattern_matches(text: str) -> None:
     expected = [(m.start(), m.end()) for m in _FENCE.finditer(text)]
-    assert list(summary._fence_spans(text)) == expected
+    assert list(extractive_summary._fence_spans(text)) == expected
 
 
 @settings(max_examples=2000, deadline=None)
@@ -71,8 +71,12 @@ def test_paths_in_pieces_are_the_paths_of_the_whole_text(text: str) -> None:
     )
 )
 def test_code_line_count_stops_early_with_the_same_answer(lines: list[str]) -> None:
-    code = sum(1 for ln in lines if ln[0] in " \t" or ln.rstrip().endswith(summary._CODE_ENDINGS))
-    assert summary._mostly_code(lines) == (code * 5 >= len(lines) * 3)
+    code = sum(
+        1
+        for ln in lines
+        if ln[0] in " \t" or ln.rstrip().endswith(extractive_summary._CODE_ENDINGS)
+    )
+    assert extractive_summary._mostly_code(lines) == (code * 5 >= len(lines) * 3)
 
 
 def test_paths_of_a_long_log_are_found_across_its_pieces() -> None:
@@ -95,5 +99,5 @@ _OLD_SPECIAL = str.maketrans("", "", "{}[]<>|\\;:@#$%^&*()=+`~")
 @given(_texts(_BYTE_PIECES))
 def test_special_characters_are_counted_as_a_str_table_deletes_them(text: str) -> None:
     data = text.encode("utf-8", "surrogatepass")
-    deleted = len(data) - len(data.translate(None, summary._SPECIAL_DELETE))
+    deleted = len(data) - len(data.translate(None, extractive_summary._SPECIAL_DELETE))
     assert deleted == len(text) - len(text.translate(_OLD_SPECIAL))

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.providers import facts
-from proxy.providers.facts import all_matches, facts_of_matches, name_matches
+from proxy.text import facts
+from proxy.text.facts import all_matches, facts_of_matches, name_matches
 
 
 def fact_items(text: str) -> list[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from proxy.providers.facts import SCAN_CHARS, bounded, paragraphs, scan_spans
+from proxy.text.facts import SCAN_CHARS, bounded, paragraphs, scan_spans
 
 _THINK = re.compile(r"<(think|thinking)>.*?</\1>", re.DOTALL)
 _BLANK_RUNS = re.compile(r"\n{3,}")
