@@ -10,7 +10,7 @@ import pytest
 from proxy.accounting import Accountant, usage_model
 from proxy.metrics import Metrics
 from proxy.store.base import StoreError, UsageDelta, UsageRecord
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite.store import SqliteStore
 
 DAY = "2026-12-01"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from bench.session import Corpus, Session, replay, sessions_of
 from bench.session_replay import TimedStore, TurnLog, message_spans
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite.store import SqliteStore
 
 
 def test_message_spans_are_the_raw_bytes_of_each_top_level_message() -> None:

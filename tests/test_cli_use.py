@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite.store import SqliteStore
 from proxy.tenant import key_fingerprint
 from tests.store.test_contract import compaction
 from tests.store.test_contract import history as short_history

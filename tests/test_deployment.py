@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from proxy.config import load_settings
-from proxy.store.redis_client import cluster_seeds
+from proxy.store.redis.client import cluster_seeds
 from tests.store.redis_cluster import NODE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]

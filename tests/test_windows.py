@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.budget import ModelInfo
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite.store import SqliteStore
 from proxy.windows import (
     LearnedWindows,
     Overflow,

@@ -11,8 +11,8 @@ import pytest
 
 from proxy.config import StoreSettings
 from proxy.store.factory import open_store, sqlite_path
-from proxy.store.redis import RedisStore
-from proxy.store.sqlite import SqliteStore
+from proxy.store.redis.store import RedisStore
+from proxy.store.sqlite.store import SqliteStore
 from tests.test_lean_workers import WORKER
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.store.base import ACTIVITY_FIELDS, ActivityDelta
-from proxy.store.sqlite_ops import transaction
+from proxy.store.sqlite.ops import transaction
 
 SCHEMA = (
     """

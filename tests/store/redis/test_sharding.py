@@ -7,7 +7,7 @@ import orjson
 from redis.crc import key_slot
 
 from proxy.store.base import UsageDelta
-from proxy.store.redis_keys import SHARDS, shard_of
+from proxy.store.redis.keys import SHARDS, shard_of
 from tests.store.backends import ClusterBackend, RedisBackend
 from tests.store.redis_cluster import LocalCluster
 from tests.store.test_contract import TTL, compaction, history

@@ -11,9 +11,9 @@ import orjson
 
 from proxy.store import codec
 from proxy.store.base import UsageDelta
-from proxy.store.redis_client import Client
-from proxy.store.redis_keys import SHARDS, KeyLayout, shard_of
-from proxy.store.redis_ops import text
+from proxy.store.redis.client import Client
+from proxy.store.redis.keys import SHARDS, KeyLayout, shard_of
+from proxy.store.redis.ops import text
 
 USAGE_TTL_SECONDS = 400 * 86400
 # Aggregates per MULTI/EXEC: a batch never holds Redis for more than a few milliseconds.

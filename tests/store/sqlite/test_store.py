@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.store import sqlite_ops
 from proxy.store.base import StoreError, UsageRecord
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite import ops as sqlite_ops
+from proxy.store.sqlite.store import SqliteStore
 from tests.store.test_contract import A, compaction, history, prefixes
 
 TTL = 1000
@@ -196,7 +196,7 @@ async def test_a_lane_idle_for_a_while_hands_its_allocator_cache_back_and_serves
 ) -> None:
     import threading
 
-    from proxy.store import sqlite as module
+    from proxy.store.sqlite import store as module
 
     released: list[str] = []
     monkeypatch.setattr(module, "_IDLE_S", 0.05)

@@ -16,14 +16,7 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from proxy.store import (
-    codec,
-    redis_activity,
-    redis_find,
-    redis_save,
-    redis_usage,
-    windows_ops,
-)
+from proxy.store import codec, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     ActivityDelta,
@@ -37,9 +30,13 @@ from proxy.store.base import (
     check_ids,
 )
 from proxy.store.decoded import DecodedCheckpoints
-from proxy.store.redis_client import Client, open_client
-from proxy.store.redis_keys import ConversationKeys, KeyLayout
-from proxy.store.redis_ops import (
+from proxy.store.redis import activity as redis_activity
+from proxy.store.redis import find as redis_find
+from proxy.store.redis import save as redis_save
+from proxy.store.redis import usage as redis_usage
+from proxy.store.redis.client import Client, open_client
+from proxy.store.redis.keys import ConversationKeys, KeyLayout
+from proxy.store.redis.ops import (
     admin_tenants,
     fetch_conversation,
     list_pairs,

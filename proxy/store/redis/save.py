@@ -23,9 +23,9 @@ from redis.exceptions import AskError, MovedError, TryAgainError
 
 from proxy.store import codec
 from proxy.store.base import Compaction, Message, StoreError
-from proxy.store.redis_client import Client
-from proxy.store.redis_keys import ConversationKeys, KeyLayout
-from proxy.store.redis_ops import expire_at_least
+from proxy.store.redis.client import Client
+from proxy.store.redis.keys import ConversationKeys, KeyLayout
+from proxy.store.redis.ops import expire_at_least
 
 
 def _write_lua(first: int, tenant: int) -> str:

@@ -15,9 +15,9 @@ from itertools import groupby
 from typing import Any
 
 from proxy.store.base import ACTIVITY_FIELDS, ActivityDelta
-from proxy.store.redis_client import Client
-from proxy.store.redis_keys import KeyLayout
-from proxy.store.redis_ops import text
+from proxy.store.redis.client import Client
+from proxy.store.redis.keys import KeyLayout
+from proxy.store.redis.ops import text
 
 
 def _conv(keys: KeyLayout, tenant: str, conversation: str) -> str:

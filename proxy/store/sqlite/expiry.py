@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from proxy.store.base import StoreError
-from proxy.store.sqlite_ops import transaction
+from proxy.store.sqlite.ops import transaction
 
 log = logging.getLogger("compactd.store")
 

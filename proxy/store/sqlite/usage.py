@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from proxy.store import codec, sqlite_activity
+from proxy.store import codec
 from proxy.store.base import UsageDelta
-from proxy.store.sqlite_ops import set_wal, transaction
+from proxy.store.sqlite import activity as sqlite_activity
+from proxy.store.sqlite.ops import set_wal, transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS usage (

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.store.base import version_length
-from proxy.store.redis_client import Client
-from proxy.store.redis_keys import ConversationKeys
+from proxy.store.redis.client import Client
+from proxy.store.redis.keys import ConversationKeys
 
 # KEYS: originals, refs, checkpoints, index, meta (ConversationKeys.data()).
 # ARGV: the prefix digests concatenated, their width (one string, not one argument per

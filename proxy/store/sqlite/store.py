@@ -29,14 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from proxy.allocator import release_thread_cache
-from proxy.store import (
-    codec,
-    sqlite_activity,
-    sqlite_expiry,
-    sqlite_ops,
-    sqlite_usage,
-    windows_ops,
-)
+from proxy.store import codec, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
     ActivityDelta,
@@ -50,6 +43,10 @@ from proxy.store.base import (
     check_ids,
 )
 from proxy.store.decoded import DecodedCheckpoints
+from proxy.store.sqlite import activity as sqlite_activity
+from proxy.store.sqlite import expiry as sqlite_expiry
+from proxy.store.sqlite import ops as sqlite_ops
+from proxy.store.sqlite import usage as sqlite_usage
 
 T = TypeVar("T")
 _IDLE_S = 1.0

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.store import sqlite_expiry, sqlite_ops
 from proxy.store.base import StoreError
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite import expiry as sqlite_expiry
+from proxy.store.sqlite import ops as sqlite_ops
+from proxy.store.sqlite.store import SqliteStore
 from tests.store.test_contract import A, B, compaction, history, prefixes
 
 TTL = 1000

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proxy.store.redis import RedisStore
+from proxy.store.redis.store import RedisStore
 from tests.store.redis_server import RedisServer, free_port
 
 
@@ -64,7 +64,7 @@ def test_redis_tests_fail_instead_of_skipping_under_ci_when_redis_is_unreachable
         capture_output=True,
         text=True,
         env=env,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=Path(__file__).resolve().parents[3],
         check=False,
     )
 

@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from proxy.store.base import StoreError
-from proxy.store.redis import RedisStore
-from proxy.store.redis_client import cluster_seeds
-from proxy.store.redis_keys import KeyLayout
-from proxy.store.redis_save import CLOCK_SKEW_SECONDS
+from proxy.store.redis.client import cluster_seeds
+from proxy.store.redis.keys import KeyLayout
+from proxy.store.redis.save import CLOCK_SKEW_SECONDS
+from proxy.store.redis.store import RedisStore
 from tests.store.cutting_proxy import CuttingProxy
 from tests.store.redis_cluster import LocalCluster
 from tests.store.redis_server import RedisServer

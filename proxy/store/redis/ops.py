@@ -9,8 +9,8 @@ from typing import Any
 
 from proxy.store import codec
 from proxy.store.base import ConversationInfo, Message, TenantMismatchError
-from proxy.store.redis_client import Client
-from proxy.store.redis_keys import ConversationKeys, KeyLayout
+from proxy.store.redis.client import Client
+from proxy.store.redis.keys import ConversationKeys, KeyLayout
 
 # Sums the value lengths of hashes server-side (one slot: every key is the same conversation's),
 # so a listing reports the bytes stored without moving them.
