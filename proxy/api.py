@@ -33,8 +33,8 @@ from proxy.providers.uncompress import ResultTooLargeError as RestoreTooLargeErr
 from proxy.providers.uncompress import uncompress as uncompress_messages
 from proxy.refscope import find_scope
 from proxy.services import Services
-from proxy.stats import GROUP_BY, GroupBy, parse_since, period_json
 from proxy.store.base import ConversationInfo, StoreError
+from proxy.telemetry.stats import GROUP_BY, GroupBy, parse_since, period_json
 from proxy.tenant import credential
 from proxy.views import conversation_json, conversation_list
 

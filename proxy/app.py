@@ -17,7 +17,6 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from proxy import ui
-from proxy.access import AccessLog
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
@@ -25,7 +24,6 @@ from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
 from proxy.gate import Gate
 from proxy.handler import Handler
 from proxy.insight import ROUTES as INSIGHT_ROUTES
-from proxy.metrics import Metrics
 from proxy.openapi import PATH as OPENAPI_PATH
 from proxy.openapi import openapi
 from proxy.pool import Reuse, StaleRetry
@@ -34,6 +32,8 @@ from proxy.ratelimit import limiter
 from proxy.server import HeadLimits, anthropic_target, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
+from proxy.telemetry.access import AccessLog
+from proxy.telemetry.metrics import Metrics
 
 _ALPN = ("http/1.1",)
 """What aiohttp offers in the TLS handshake (HTTP/1.1 only), as its default contexts do."""

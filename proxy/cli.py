@@ -16,7 +16,7 @@ import orjson
 
 from proxy import __version__
 from proxy.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
-from proxy.stats import GROUP_BY
+from proxy.telemetry.stats import GROUP_BY
 
 if TYPE_CHECKING:
     from proxy.store.base import Store
@@ -61,9 +61,9 @@ def _serve(args: argparse.Namespace) -> int:
         except AllocatorError as exc:
             raise ConfigError(str(exc)) from None
     from proxy.banner import describe, emit  # noqa: PLC0415
-    from proxy.logs import configure_logging  # noqa: PLC0415
     from proxy.server import head_limits, protocol_options  # noqa: PLC0415
     from proxy.services import check_settings  # noqa: PLC0415
+    from proxy.telemetry.logs import configure_logging  # noqa: PLC0415
 
     configure_logging(s.log_level)
     check_settings(settings)  # a bad config stops here with one line, not in every worker
@@ -84,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
     }
     if s.workers > 1:
         from proxy.listeners import run_workers  # noqa: PLC0415
-        from proxy.metrics import multiprocess_dir  # noqa: PLC0415
+        from proxy.telemetry.metrics import multiprocess_dir  # noqa: PLC0415
 
         # Each worker process rebuilds the app from the same config through the factory.
         os.environ[CONFIG_FILE_ENV] = config or ""
@@ -338,7 +338,7 @@ def _purge(args: argparse.Namespace) -> int:
 def _stats(args: argparse.Namespace) -> int:
     from proxy.budget import ModelTable  # noqa: PLC0415
     from proxy.progress import waiting  # noqa: PLC0415
-    from proxy.stats import compute_stats, format_table, parse_since, stats_json  # noqa: PLC0415
+    from proxy.telemetry.stats import compute_stats, format_table, parse_since, stats_json  # noqa: PLC0415
 
     try:
         since = parse_since(args.since)

@@ -61,7 +61,6 @@ from proxy.dialects.confirm import Confirm, near
 from proxy.dialects.native import Counting, NativeCounter
 from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier, StoredForms
-from proxy.metrics import Metrics
 from proxy.policy import PolicyResolver
 from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
@@ -81,6 +80,7 @@ from proxy.store.base import (
     UnreadableValueError,
 )
 from proxy.store.summary_cache import TenantSummaryCache
+from proxy.telemetry.metrics import Metrics
 from proxy.tenant import Tenancy
 from proxy.tokens import TokenCounter, Tokenizers
 from proxy.windows import LearnedWindows, counted_prompt, retry_window, validated_window

@@ -15,7 +15,6 @@ from typing import Protocol
 import httpx
 from starlette.types import Send
 
-from proxy.accounting import Accountant
 from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
 from proxy.decision import ChatRequest, Outcome
@@ -26,13 +25,14 @@ from proxy.expand import Expander, ExpandPlan, add_usage
 from proxy.forward import Upstream, is_event_stream, peek, relay
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, compactd_headers, header, response_headers
-from proxy.logs import log_request, request_log
-from proxy.metrics import Metrics
 from proxy.opening import read_opening
 from proxy.refscope import resolve_within
 from proxy.rewrite import upstream_headers
-from proxy.stats import fail_open_reason
 from proxy.store.base import ActivityDelta, Store, UsageRecord
+from proxy.telemetry.accounting import Accountant
+from proxy.telemetry.logs import log_request, request_log
+from proxy.telemetry.metrics import Metrics
+from proxy.telemetry.stats import fail_open_reason
 from proxy.tenant import ANONYMOUS
 from proxy.usage import SSEUsageTap, Usage, inflated, usage_from_json
 

@@ -6,7 +6,7 @@ import os
 
 from proxy.app import CompactdApp, create_app
 from proxy.config import load_settings
-from proxy.logs import configure_logging, mute_uvicorn_access
+from proxy.telemetry.logs import configure_logging, mute_uvicorn_access
 
 
 def app_from_env() -> CompactdApp:

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import httpx
 from starlette.types import Message, Receive, Scope, Send
 
-from proxy.accounting import Accountant
 from proxy.asgi import (
     BodyStream,
     ClientDisconnectedError,
@@ -28,9 +27,10 @@ from proxy.exchange import ChatExchange, Route
 from proxy.forward import Upstream, relay, route
 from proxy.gate import Gate
 from proxy.headers import RawHeaders, request_headers
-from proxy.metrics import Metrics
 from proxy.ratelimit import RateLimiter
 from proxy.store.base import Store
+from proxy.telemetry.accounting import Accountant
+from proxy.telemetry.metrics import Metrics
 from proxy.tenant import ANONYMOUS, raw_header_map
 from proxy.usage import MAX_EVENT_BYTES
 from proxy.websocket import POLICY_VIOLATION, relay_websocket, ws_url

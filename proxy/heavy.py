@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from proxy.errors import WorkTimeoutError
-from proxy.stats import StatsTimeoutError
+from proxy.telemetry.stats import StatsTimeoutError
 
 T = TypeVar("T")
 

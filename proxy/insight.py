@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy.api import _caller, _Json, _services, usage_answer, visible_conversation
-from proxy.stats import series_json
+from proxy.telemetry.stats import series_json
 from proxy.tenant import credential, key_fingerprint
 from proxy.views import inspection
 

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from proxy import __version__
-from proxy.stats import GROUP_BY, SERIES_METRICS
+from proxy.telemetry.stats import GROUP_BY, SERIES_METRICS
 
 Json = dict[str, Any]
 PATH = "/compactd/v1/openapi.json"

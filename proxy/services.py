@@ -12,15 +12,12 @@ from pathlib import Path
 import httpx
 import orjson
 
-from proxy.accounting import Accountant
 from proxy.budget import ModelTable
-from proxy.caches import CacheWatch
 from proxy.calibration import Calibration
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
 from proxy.heavy import HeavyWork
-from proxy.metrics import MULTIPROC_ENV, Metrics
 from proxy.policy import PolicyResolver
 from proxy.pool import StaleRetry
 from proxy.providers.base import Completer, ContextProvider, Message, OptionError
@@ -28,7 +25,10 @@ from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_
 from proxy.ratelimit import RateLimiter, limiter
 from proxy.store.base import Store
 from proxy.store.factory import open_store
-from proxy.storecheck import StoreWarnings, store_warnings
+from proxy.telemetry.accounting import Accountant
+from proxy.telemetry.caches import CacheWatch
+from proxy.telemetry.metrics import MULTIPROC_ENV, Metrics
+from proxy.telemetry.storecheck import StoreWarnings, store_warnings
 from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
 from proxy.tokens import Tokenizers
 from proxy.windows import LearnedWindows

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.access import route_class
+from proxy.telemetry.access import route_class
 from tests.conftest import ProxyFactory
 from tests.test_compaction_e2e import history
 from tests.upstream import FakeUpstream, serve_raw

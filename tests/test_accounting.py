@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.accounting import Accountant, usage_model
-from proxy.metrics import Metrics
 from proxy.store.base import StoreError, UsageDelta, UsageRecord
 from proxy.store.sqlite.store import SqliteStore
+from proxy.telemetry.accounting import Accountant, usage_model
+from proxy.telemetry.metrics import Metrics
 
 DAY = "2026-12-01"
 

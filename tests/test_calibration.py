@@ -90,8 +90,8 @@ async def test_what_one_worker_learns_the_others_read_through_the_store(tmp_path
 
 def test_stats_bill_anthropic_cache_writes_and_reads_at_their_own_prices() -> None:
     from proxy.budget import ModelTable
-    from proxy.stats import compute_stats
     from proxy.store.base import UsageRecord
+    from proxy.telemetry.stats import compute_stats
 
     counts = {"tokens_before": 9000, "tokens_after": 6000, "completion_tokens": 10_000}
     # The prompt is input + cache writes + cache reads.

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from proxy.runtime.digest import message_digest
-from proxy.stats import SERIES_METRICS, compute_stats, fail_open_reason
 from proxy.store.base import UsageRecord
 from proxy.store.sqlite.store import SqliteStore
+from proxy.telemetry.stats import SERIES_METRICS, compute_stats, fail_open_reason
 from proxy.tenant import key_fingerprint, tenant_id
 from proxy.ui import SECURITY_HEADERS
 from tests import dashboard_data as dd

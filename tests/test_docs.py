@@ -18,8 +18,8 @@ import pytest
 
 from proxy.cli import build_parser
 from proxy.config import PolicySettings, Settings, load_settings
-from proxy.metrics import Metrics
 from proxy.providers.base import ContextProvider
+from proxy.telemetry.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

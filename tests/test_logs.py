@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from proxy.factory import app_from_env
-from proxy.logs import (
+from proxy.telemetry.logs import (
     ADOPTED_LOGGERS,
     REQUEST_LOGGER,
     configure_logging,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import MULTIPROC_ENV, OTHER_MODEL, Metrics, multiprocess_dir
+from proxy.telemetry.metrics import MULTIPROC_ENV, OTHER_MODEL, Metrics, multiprocess_dir
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -182,7 +182,7 @@ def test_multiprocess_dir_set_after_import_is_refused(tmp_path: Path) -> None:
 
 WRITER = textwrap.dedent(
     """
-    from proxy.metrics import Metrics
+    from proxy.telemetry.metrics import Metrics
     m = Metrics()
     m.fail_open("store")
     m.observe_upstream(200, 0.5)
@@ -195,7 +195,7 @@ WRITER = textwrap.dedent(
 RENDERER = textwrap.dedent(
     """
     import sys
-    from proxy.metrics import Metrics
+    from proxy.telemetry.metrics import Metrics
     sys.stdout.write(Metrics().render()[0].decode())
     """
 )

@@ -111,7 +111,7 @@ def test_a_forked_child_writes_files_of_its_own(tmp_path: Path) -> None:
 
 
 def test_compactd_s_metrics_use_it_in_multiprocess_mode(tmp_path: Path) -> None:
-    code = "from prometheus_client import values; import proxy.metrics; print(values.ValueClass)"
+    code = "from prometheus_client import values; import proxy.telemetry.metrics; print(values.ValueClass)"
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from bench import body_shapes
 from proxy import splice
 from proxy.compaction import Compactor
-from proxy.metrics import Metrics
 from proxy.rewrite import with_messages
 from proxy.store.base import Checkpoint
+from proxy.telemetry.metrics import Metrics
 from proxy.tokens import TokenCounter
 from tests.inprocess import running
 

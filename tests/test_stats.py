@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 from proxy.budget import ModelTable
-from proxy.stats import StatsRow, compute_stats, format_table, parse_since, stats_json, total
 from proxy.store.base import UsageRecord
 from proxy.store.sqlite.store import SqliteStore
+from proxy.telemetry.stats import (
+    StatsRow,
+    compute_stats,
+    format_table,
+    parse_since,
+    stats_json,
+    total,
+)
 
 # Round prices so the expectations can be worked out on paper (USD per 1M tokens).
 TABLE = ModelTable.from_mapping(

@@ -23,7 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-from proxy.metrics import Metrics
 from proxy.store import codec
 from proxy.store.base import (
     ACTIVITY_FIELDS,
@@ -33,6 +32,7 @@ from proxy.store.base import (
     UsageRecord,
     key_name,
 )
+from proxy.telemetry.metrics import Metrics
 
 log = logging.getLogger("compactd.accounting")
 

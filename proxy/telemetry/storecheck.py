@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import time
 
-from proxy.metrics import Metrics
 from proxy.store.base import Store
+from proxy.telemetry.metrics import Metrics
 
 log = logging.getLogger("compactd.services")
 

@@ -13,8 +13,8 @@ from email.utils import formatdate
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.logs import access_context, log_access
-from proxy.metrics import Metrics
+from proxy.telemetry.logs import access_context, log_access
+from proxy.telemetry.metrics import Metrics
 
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _MAX_PATH = 200

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 
 EVERY_SECONDS = 15.0
 
