@@ -65,7 +65,6 @@ from bench import locations, quality_apis
 from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
 from bench.probes import CUT_SHARE, agent_probes, answer_items, probes, rare_items
 from proxy.app import SWITCH_INTERVAL
-from proxy.encodings import load_encoding
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.engine import EngineProvider
 from proxy.providers.registry import get_context_provider
@@ -77,7 +76,8 @@ from proxy.providers.units import (
 )
 from proxy.providers.validate import check_result, pairing_problems
 from proxy.text.extractive_summary import summarize_text
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.encodings import load_encoding
 
 BUDGETS = (0.5, 0.25)
 # One user message holding only `[compactd:ref=<10 hex>]` costs up to 20 tokens (o200k_base):

@@ -37,7 +37,7 @@ import orjson
 from proxy.runtime.digest import Message, RollingPrefixes, message_digest, prefix_digests
 from proxy.runtime.exactjson import holds_wide_int, may_hold_wide_int
 from proxy.runtime.jsonspan import array_span, close
-from proxy.tokens import REPLY_PRIMING, TokenCounter
+from proxy.tokens.counter import REPLY_PRIMING, TokenCounter
 
 T = TypeVar("T")
 

@@ -19,7 +19,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.budget import Budget
 from proxy.config import PolicySettings
 from proxy.lossless import Lossless
 from proxy.providers.base import CompactionResult, Message
@@ -34,6 +33,7 @@ from proxy.providers.units import (
 from proxy.providers.validate import Alignment, align, pairing_problems
 from proxy.runtime.digest import message_digest
 from proxy.store.base import Checkpoint, Compaction, ConversationInfo
+from proxy.tokens.budget import Budget
 
 
 @dataclass(frozen=True)

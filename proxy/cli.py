@@ -336,9 +336,9 @@ def _purge(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from proxy.budget import ModelTable  # noqa: PLC0415
     from proxy.progress import waiting  # noqa: PLC0415
     from proxy.telemetry.stats import compute_stats, format_table, parse_since, stats_json  # noqa: PLC0415
+    from proxy.tokens.budget import ModelTable  # noqa: PLC0415
 
     try:
         since = parse_since(args.since)

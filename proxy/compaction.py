@@ -29,15 +29,6 @@ import orjson
 
 from proxy import rewrite
 from proxy.bodycache import BodyCache
-from proxy.budget import (
-    Budget,
-    ModelInfo,
-    ModelTable,
-    compute_budget,
-    requested_output,
-    requested_window,
-)
-from proxy.calibration import HIGH, LOW, Calibration, scaled
 from proxy.checkpoint import (
     CompactionError,
     compaction_for,
@@ -82,8 +73,17 @@ from proxy.store.base import (
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.telemetry.metrics import Metrics
 from proxy.tenant import Tenancy
-from proxy.tokens import TokenCounter, Tokenizers
-from proxy.windows import LearnedWindows, counted_prompt, retry_window, validated_window
+from proxy.tokens.budget import (
+    Budget,
+    ModelInfo,
+    ModelTable,
+    compute_budget,
+    requested_output,
+    requested_window,
+)
+from proxy.tokens.calibration import HIGH, LOW, Calibration, scaled
+from proxy.tokens.counter import TokenCounter, Tokenizers
+from proxy.tokens.windows import LearnedWindows, counted_prompt, retry_window, validated_window
 
 log = logging.getLogger("compactd.compaction")
 
@@ -316,7 +316,7 @@ class Compactor:
 
     def learn_window(self, request: ChatRequest, upstream_message: str, sent: int) -> int | None:
         """The window to retry this request under. When the upstream's answer is trustworthy
-        (`proxy.windows.validated_window`) it is also learned for every later request of the
+        (`proxy.tokens.windows.validated_window`) it is also learned for every later request of the
         model on this upstream; otherwise it serves this retry only. The one place this is
         learned."""
         if sent <= 0:

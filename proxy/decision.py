@@ -31,7 +31,7 @@ from proxy.providers.base import CompactionResult
 from proxy.runtime.digest import conversation_id, message_digest
 from proxy.store.base import valid_id
 from proxy.tenant import Identity, Tenancy, raw_header_map
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
 
 Message = dict[str, Any]
 Action = Literal[

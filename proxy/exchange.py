@@ -15,7 +15,6 @@ from typing import Protocol
 import httpx
 from starlette.types import Send
 
-from proxy.budget import context_overflow_message
 from proxy.compaction import Compactor
 from proxy.decision import ChatRequest, Outcome
 from proxy.dialects.apis import RESPONSES_API, Api
@@ -34,6 +33,7 @@ from proxy.telemetry.logs import log_request, request_log
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.stats import fail_open_reason
 from proxy.tenant import ANONYMOUS
+from proxy.tokens.budget import context_overflow_message
 from proxy.usage import SSEUsageTap, Usage, inflated, usage_from_json
 
 # The relay's log lines keep the logger they always had.

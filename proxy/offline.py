@@ -12,7 +12,6 @@ from typing import IO, Any, TextIO
 
 import orjson
 
-from proxy.budget import ModelTable
 from proxy.compaction import compression_config
 from proxy.config import PolicySettings, Settings
 from proxy.progress import counter
@@ -20,7 +19,8 @@ from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
 from proxy.runtime.exactjson import holds_wide_int
-from proxy.tokens import Tokenizers
+from proxy.tokens.budget import ModelTable
+from proxy.tokens.counter import Tokenizers
 
 _MAX_BUDGET = 2**63 - 1
 """More tokens than any request has; past it the budget would not even serialize (1e300), and

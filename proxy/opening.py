@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.budget import overflow_message
+from proxy.tokens.budget import overflow_message
 
 PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 """Events that announce a response and say nothing of its fate."""

@@ -12,8 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proxy.budget import model_names
 from proxy.config import APIS, ConfigError, PolicySettings, Settings
+from proxy.tokens.budget import model_names
 
 POLICY_HEADER = "x-compactd-policy"
 BYPASS_HEADER = "x-compactd-bypass"

@@ -12,8 +12,6 @@ from pathlib import Path
 import httpx
 import orjson
 
-from proxy.budget import ModelTable
-from proxy.calibration import Calibration
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
 from proxy.forward import Timeouts, Upstream
@@ -30,8 +28,10 @@ from proxy.telemetry.caches import CacheWatch
 from proxy.telemetry.metrics import MULTIPROC_ENV, Metrics
 from proxy.telemetry.storecheck import StoreWarnings, store_warnings
 from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
-from proxy.tokens import Tokenizers
-from proxy.windows import LearnedWindows
+from proxy.tokens.budget import ModelTable
+from proxy.tokens.calibration import Calibration
+from proxy.tokens.counter import Tokenizers
+from proxy.tokens.windows import LearnedWindows
 
 log = logging.getLogger("compactd.services")
 

@@ -225,8 +225,8 @@ async def test_long_conversations_through_the_proxy_compact_replay_and_restore_e
 
 
 async def test_counts_of_a_growing_conversation_count_only_new_messages() -> None:
-    from proxy.encodings import load_encoding
-    from proxy.tokens import TokenCounter
+    from proxy.tokens.counter import TokenCounter
+    from proxy.tokens.encodings import load_encoding
 
     cache = BodyCache()
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=0)  # no per-message cache
@@ -251,8 +251,8 @@ async def test_counts_of_a_growing_conversation_count_only_new_messages() -> Non
 
 
 async def test_what_the_messages_after_a_point_cost_comes_from_the_running_totals() -> None:
-    from proxy.encodings import load_encoding
-    from proxy.tokens import REPLY_PRIMING, TokenCounter
+    from proxy.tokens.counter import REPLY_PRIMING, TokenCounter
+    from proxy.tokens.encodings import load_encoding
 
     cache = BodyCache()
     counter = TokenCounter(load_encoding("o200k_base"), cache_size=1000)

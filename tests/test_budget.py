@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from proxy.budget import (
+from proxy.config import ConfigError, PolicySettings
+from proxy.tokens.budget import (
     Budget,
     ModelInfo,
     ModelTable,
     compute_budget,
 )
-from proxy.config import ConfigError, PolicySettings
-from proxy.encodings import BUNDLED
+from proxy.tokens.encodings import BUNDLED
 
 REPO_TABLE = Path(__file__).resolve().parent.parent / "config" / "models.toml"
 

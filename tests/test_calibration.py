@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.budget import Budget
-from proxy.calibration import HIGH, MIN_ESTIMATE, Calibration, sees_all
 from proxy.config import StoreSettings
 from proxy.store.factory import open_store
+from proxy.tokens.budget import Budget
+from proxy.tokens.calibration import HIGH, MIN_ESTIMATE, Calibration, sees_all
 
 BUDGET = Budget(
     window=200_000, reserved_output=8000, margin=64, budget=190_000, trigger=190_000, target=133_000
@@ -89,9 +89,9 @@ async def test_what_one_worker_learns_the_others_read_through_the_store(tmp_path
 
 
 def test_stats_bill_anthropic_cache_writes_and_reads_at_their_own_prices() -> None:
-    from proxy.budget import ModelTable
     from proxy.store.base import UsageRecord
     from proxy.telemetry.stats import compute_stats
+    from proxy.tokens.budget import ModelTable
 
     counts = {"tokens_before": 9000, "tokens_after": 6000, "completion_tokens": 10_000}
     # The prompt is input + cache writes + cache reads.

@@ -260,7 +260,7 @@ async def test_usage_keeps_apis_and_fail_open_reasons_apart(tmp_path: Path) -> N
 
 
 def proxy_models() -> Any:
-    from proxy.budget import ModelTable
+    from proxy.tokens.budget import ModelTable
 
     return ModelTable.load()
 

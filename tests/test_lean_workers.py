@@ -21,9 +21,9 @@ import tiktoken
 import tiktoken_ext.openai_public as public
 
 from proxy.allocator import MALLOC_CONF, AllocatorError, jemalloc_library, preload_environment
-from proxy.budget import ModelTable
-from proxy.encodings import load_encoding
-from proxy.tokens import Tokenizers
+from proxy.tokens.budget import ModelTable
+from proxy.tokens.counter import Tokenizers
+from proxy.tokens.encodings import load_encoding
 from tests.dialects.test_websocket import EchoUpstream
 from tests.instances import instances
 from tests.upstream import serve
@@ -222,7 +222,9 @@ def test_freed_memory_is_handed_back_after_each_encoding_load_and_only_then(
 
     monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # built afresh, not cached
     monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
-    monkeypatch.setattr("proxy.encodings.release_freed_memory", lambda: calls.append("release"))
+    monkeypatch.setattr(
+        "proxy.tokens.encodings.release_freed_memory", lambda: calls.append("release")
+    )
     for name in ("o200k_base", "cl100k_base", "o200k_base"):
         load_encoding(name)
 
@@ -387,7 +389,7 @@ REGEX_COPIES = (
     + """
 import gc
 from tiktoken import _tiktoken
-from proxy.encodings import load_encoding
+from proxy.tokens.encodings import load_encoding
 
 encoding = load_encoding("o200k_base")
 gc.collect()

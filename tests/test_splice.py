@@ -19,7 +19,7 @@ from proxy.compaction import Compactor
 from proxy.rewrite import with_messages
 from proxy.store.base import Checkpoint
 from proxy.telemetry.metrics import Metrics
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
 from tests.inprocess import running
 
 json_values = st.recursive(

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from proxy.budget import ModelTable
 from proxy.store.base import UsageRecord
 from proxy.store.sqlite.store import SqliteStore
 from proxy.telemetry.stats import (
@@ -18,6 +17,7 @@ from proxy.telemetry.stats import (
     stats_json,
     total,
 )
+from proxy.tokens.budget import ModelTable
 
 # Round prices so the expectations can be worked out on paper (USD per 1M tokens).
 TABLE = ModelTable.from_mapping(

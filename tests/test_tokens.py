@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import tiktoken
 
-from proxy.budget import ModelTable
-from proxy.encodings import EncodingUnavailableError, load_encoding
-from proxy.media import IMAGE_UNKNOWN, ImageRule, data_url_size, image_tokens
-from proxy.tokens import TokenCounter, Tokenizers, pieces
+from proxy.tokens.budget import ModelTable
+from proxy.tokens.counter import TokenCounter, Tokenizers, pieces
+from proxy.tokens.encodings import EncodingUnavailableError, load_encoding
+from proxy.tokens.media import IMAGE_UNKNOWN, ImageRule, data_url_size, image_tokens
 
 # The OpenAI cookbook "How to count tokens with tiktoken"
 # (openai/openai-cookbook, examples/How_to_count_tokens_with_tiktoken.ipynb): its example messages

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from proxy.budget import ModelInfo
 from proxy.store.sqlite.store import SqliteStore
-from proxy.windows import (
+from proxy.tokens.budget import ModelInfo
+from proxy.tokens.windows import (
     LearnedWindows,
     Overflow,
     counted_prompt,

@@ -27,7 +27,7 @@ from proxy.dialects.native import (
     repair_result,
 )
 from proxy.providers.base import CompactionResult
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
 
 Projector = Callable[[Mapping[str, Any]], "tuple[list[Message], Marks] | None"]
 Emitter = Callable[[Mapping[str, Any], Sequence[Message]], list[Any]]

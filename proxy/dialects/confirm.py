@@ -1,6 +1,6 @@
 """Near the trigger, Anthropic's own count: `POST /v1/messages/count_tokens` (free).
 
-compactd's Messages API counts are estimates (`proxy.calibration`). Where a wrong estimate
+compactd's Messages API counts are estimates (`proxy.tokens.calibration`). Where a wrong estimate
 changes the decision, a request whose estimate is within `tokens.count_tokens_band` of its
 trigger is counted by the upstream first, with the client's own credential and headers and the
 fields the endpoint takes. The decision then uses that count (the budget scaled by the

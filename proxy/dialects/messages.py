@@ -46,9 +46,9 @@ from proxy.dialects.native import (
     opaque_tokens,
     rebuild_parts,
 )
-from proxy.media import file_data_tokens
-from proxy.tokens import TokenCounter
-from proxy.toolschema import dump
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.media import file_data_tokens
+from proxy.tokens.toolschema import dump
 
 NAME = "messages"
 MARK = "cache_control"

@@ -27,14 +27,14 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.media import image_part_tokens
 from proxy.providers.base import CompactionResult
 from proxy.providers.markers import is_written_stand_in
 from proxy.providers.units import final_unit_start, message_text
 from proxy.providers.validate import align
 from proxy.runtime.digest import canonical_message, message_digest
-from proxy.tokens import REPLY_PRIMING, TokenCounter
-from proxy.toolschema import dump
+from proxy.tokens.counter import REPLY_PRIMING, TokenCounter
+from proxy.tokens.media import image_part_tokens
+from proxy.tokens.toolschema import dump
 
 Message = dict[str, Any]
 
@@ -49,7 +49,7 @@ _SKIPPED_KEYS = frozenset({"id", "call_id", "status", "type", "tool_use_id", "ca
 
 
 class Counting(Protocol):
-    """What compaction needs of a token counter (`proxy.tokens.TokenCounter` is one)."""
+    """What compaction needs of a token counter (`proxy.tokens.counter.TokenCounter` is one)."""
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         """Tokens of one message, its overhead included."""

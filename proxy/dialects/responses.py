@@ -43,9 +43,9 @@ from proxy.dialects.native import (
     pending_assistant,
     rebuild_parts,
 )
-from proxy.media import image_part_tokens
-from proxy.tokens import TokenCounter
-from proxy.toolschema import dump
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.media import image_part_tokens
+from proxy.tokens.toolschema import dump
 
 NAME = "responses"
 MARK = "prompt_cache_breakpoint"

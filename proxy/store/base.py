@@ -275,8 +275,8 @@ class Store(Protocol):
         """Every unexpired learned window of a scope: model -> window."""
 
     async def put_calibration(self, api: str, model: str, ratio: float, ttl_seconds: int) -> None:
-        """Record an API's learned token-count ratio for a model (`proxy.calibration`), expiring
-        after `ttl_seconds`; the latest write wins."""
+        """Record an API's learned token-count ratio for a model (`proxy.tokens.calibration`),
+        expiring after `ttl_seconds`; the latest write wins."""
 
     async def calibrations(self, api: str) -> dict[str, float]:
         """Every unexpired calibration ratio of an API: model -> ratio."""

@@ -20,8 +20,8 @@ if TYPE_CHECKING:  # each store's library is imported only by that store (see st
 
 MAX_WINDOWS = 1024
 CALIBRATION_SCALE = 10_000
-"""Calibration ratios (`proxy.calibration`) live beside the windows, as integers in 1/10,000ths,
-under the scope `calibration:<api>`."""
+"""Calibration ratios (`proxy.tokens.calibration`) live beside the windows, as integers in
+1/10,000ths, under the scope `calibration:<api>`."""
 
 
 def calibration_scope(api: str) -> str:

@@ -38,7 +38,8 @@ def _check_deadline(deadline: float | None) -> None:
 
 
 class Prices(Protocol):
-    """A model's prices in USD per 1M tokens (0 = unknown); `proxy.budget.ModelInfo` is one."""
+    """A model's prices in USD per 1M tokens (0 = unknown); `proxy.tokens.budget.ModelInfo` is
+    one."""
 
     @property
     def input_price(self) -> float: ...
@@ -49,7 +50,7 @@ class Prices(Protocol):
 
 
 class PriceTable(Protocol):
-    """Anything that prices a model by name; `proxy.budget.ModelTable` is one."""
+    """Anything that prices a model by name; `proxy.tokens.budget.ModelTable` is one."""
 
     def lookup(self, model: str) -> Prices: ...
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from proxy.budget import ModelTable
 from proxy.store.base import UsageDelta
 from proxy.telemetry import stats
+from proxy.tokens.budget import ModelTable
 from tests.inprocess import running
 
 ADMIN = "admin-key-of-the-attack-suite"

@@ -9,7 +9,7 @@ safety margin absorbs the rest.
 
 A growing conversation resends its whole history every turn, so each message's count is cached
 under a hash of its content: a new turn costs only its new messages. Images, audio and files are
-estimated in `proxy.media`, tool schemas in `proxy.toolschema`.
+estimated in `proxy.tokens.media`, tool schemas in `proxy.tokens.toolschema`.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.encodings import BUNDLED, PRELOADED, EncodingUnavailableError, load_encoding
-from proxy.media import TILES, ImageRule, audio_tokens, file_data_tokens, image_part_tokens
-from proxy.toolschema import dump, tools_tokens
+from proxy.tokens.encodings import BUNDLED, PRELOADED, EncodingUnavailableError, load_encoding
+from proxy.tokens.media import TILES, ImageRule, audio_tokens, file_data_tokens, image_part_tokens
+from proxy.tokens.toolschema import dump, tools_tokens
 
 if TYPE_CHECKING:
-    from proxy.budget import ModelInfo
+    from proxy.tokens.budget import ModelInfo
 
 TOKENS_PER_MESSAGE = 3
 TOKENS_PER_NAME = 1

@@ -21,8 +21,8 @@ from typing import Any
 import orjson
 
 from proxy.config import ConfigError, PolicySettings
-from proxy.encodings import BUNDLED
-from proxy.media import TILES, ImageRule
+from proxy.tokens.encodings import BUNDLED
+from proxy.tokens.media import TILES, ImageRule
 
 _FIELDS = (
     "context_window",
@@ -65,7 +65,7 @@ class ModelInfo:
     """Most input tokens the model takes whatever output is reserved (GPT-5: 272k of its 400k);
     0: only the window minus the reserved output limits it."""
     image: ImageRule = TILES
-    """How the model bills an image (`proxy.media`)."""
+    """How the model bills an image (`proxy.tokens.media`)."""
 
     def __post_init__(self) -> None:
         if self.cache_write_price < 0:
@@ -163,7 +163,7 @@ def _packaged_table() -> Path:
     if packaged.is_file():
         return Path(str(packaged))
     # Editable install: the repository's config/ sits next to the package.
-    return Path(__file__).resolve().parent.parent / "config" / "models.toml"
+    return Path(__file__).resolve().parents[2] / "config" / "models.toml"
 
 
 def _base_model(name: str) -> str:
@@ -229,7 +229,7 @@ class ModelTable:
         return found
 
     def lookup(self, model: str) -> ModelInfo:
-        """The entry for `model` (windows learned from upstream errors: `proxy.windows`)."""
+        """The entry for `model` (windows learned from upstream errors: `proxy.tokens.windows`)."""
         return self.match(model)
 
 

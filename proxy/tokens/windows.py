@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.budget import ModelInfo
 from proxy.config import TokenSettings
 from proxy.store.base import StoreError, key_name
+from proxy.tokens.budget import ModelInfo
 
 log = logging.getLogger("compactd.windows")
 
