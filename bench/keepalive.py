@@ -115,7 +115,7 @@ async def _round(transport: httpx.AsyncBaseTransport, url: str, n: int) -> tuple
 async def _run(url: str, requests: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
     from proxy.app import build_transport  # noqa: PLC0415  (imports aiohttp: see _before)
     from proxy.config import load_settings  # noqa: PLC0415
-    from proxy.pool import StaleRetry  # noqa: PLC0415
+    from proxy.wire.stale_retry import StaleRetry  # noqa: PLC0415
 
     settings = load_settings(None, env={}, overrides={"upstream": {"url": url}})
     retrying = build_transport(settings)

@@ -27,7 +27,6 @@ from proxy.errors import (
     UnauthorizedError,
     error_body,
 )
-from proxy.gate import admitted
 from proxy.providers.uncompress import Bounds
 from proxy.providers.uncompress import ResultTooLargeError as RestoreTooLargeError
 from proxy.providers.uncompress import uncompress as uncompress_messages
@@ -35,8 +34,9 @@ from proxy.refscope import find_scope
 from proxy.services import Services
 from proxy.store.base import ConversationInfo, StoreError
 from proxy.telemetry.stats import GROUP_BY, GroupBy, parse_since, period_json
-from proxy.tenant import credential
 from proxy.views import conversation_json, conversation_list
+from proxy.wire.tenant import credential
+from proxy.wire.upstream_keys import admitted
 
 log = logging.getLogger("compactd.api")
 

@@ -21,19 +21,19 @@ from proxy.api import EXCEPTION_HANDLERS, ROUTES
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
 from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
-from proxy.gate import Gate
 from proxy.handler import Handler
 from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.openapi import PATH as OPENAPI_PATH
 from proxy.openapi import openapi
-from proxy.pool import Reuse, StaleRetry
 from proxy.providers.registry import ProviderRegistry
-from proxy.ratelimit import limiter
 from proxy.server import HeadLimits, anthropic_target, head_limits, head_too_large
 from proxy.services import build_services
 from proxy.store.base import Store
 from proxy.telemetry.access import AccessLog
 from proxy.telemetry.metrics import Metrics
+from proxy.wire.ratelimit import limiter
+from proxy.wire.stale_retry import Reuse, StaleRetry
+from proxy.wire.upstream_keys import Gate
 
 _ALPN = ("http/1.1",)
 """What aiohttp offers in the TLS handshake (HTTP/1.1 only), as its default contexts do."""
@@ -46,7 +46,7 @@ SWITCH_INTERVAL = 0.002
 def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
     """The pooled upstream transport (aiohttp by default: httpx's pool collapses under load),
     with one retry on a new connection for a request a reused connection's close cut off
-    (proxy.pool)."""
+    (proxy.wire.stale_retry)."""
     up = settings.upstream
     reuse = Reuse()
     if up.transport == "httpx":
@@ -82,7 +82,7 @@ def build_transport(settings: Settings) -> httpx.AsyncBaseTransport:
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-            # Past these the upstream's response is refused as a 502 (proxy.forward).
+            # Past these the upstream's response is refused as a 502 (proxy.wire.forward).
             max_line_size=up.max_response_header_bytes,
             max_field_size=up.max_response_header_bytes,
         )

@@ -23,7 +23,7 @@ from proxy.config import (
     admin_key_weakness,
     data_dir,
 )
-from proxy.tenant import SECRET_FILE
+from proxy.wire.tenant import SECRET_FILE
 
 log = logging.getLogger("compactd.startup")
 

@@ -174,7 +174,7 @@ def _providers(args: argparse.Namespace) -> int:
 def _key_id(args: argparse.Namespace) -> int:
     from proxy.banner import secret_source  # noqa: PLC0415
     from proxy.config import data_dir  # noqa: PLC0415
-    from proxy.tenant import key_fingerprint, load_or_create_secret  # noqa: PLC0415
+    from proxy.wire.tenant import key_fingerprint, load_or_create_secret  # noqa: PLC0415
 
     key = sys.stdin.buffer.readline().strip() if args.key == "-" else args.key
     if not key:
@@ -236,7 +236,7 @@ def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
         # `--key "$KEY"` with $KEY unset: scoping to nobody must not widen to every tenant.
         raise CommandError("--key: the key is empty")
     from proxy.config import data_dir  # noqa: PLC0415
-    from proxy.tenant import load_or_create_secret, tenant_id  # noqa: PLC0415
+    from proxy.wire.tenant import load_or_create_secret, tenant_id  # noqa: PLC0415
 
     secret = load_or_create_secret(settings.server.secret, data_dir(settings))
     return tenant_id(secret, key)
@@ -244,7 +244,7 @@ def _tenant(args: argparse.Namespace, settings: Settings) -> str | None:
 
 def _credential(typed: str | bytes) -> str | None:
     """A key as typed (`sk-…`, `Bearer sk-…`, `Basic …`): the credential a request would carry."""
-    from proxy.tenant import credential, header_text  # noqa: PLC0415
+    from proxy.wire.tenant import credential, header_text  # noqa: PLC0415
 
     # The server reads a header's bytes, not text: a client sends the bytes typed here (argv's
     # own, as fsencode gives them back), so the key id is computed from those, as it reads them.

@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 
 import orjson
 
-from proxy import rewrite
 from proxy.bodycache import BodyCache
 from proxy.checkpoint import (
     CompactionError,
@@ -72,7 +71,6 @@ from proxy.store.base import (
 )
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.telemetry.metrics import Metrics
-from proxy.tenant import Tenancy
 from proxy.tokens.budget import (
     Budget,
     ModelInfo,
@@ -84,6 +82,8 @@ from proxy.tokens.budget import (
 from proxy.tokens.calibration import HIGH, LOW, Calibration, scaled
 from proxy.tokens.counter import TokenCounter, Tokenizers
 from proxy.tokens.windows import LearnedWindows, counted_prompt, retry_window, validated_window
+from proxy.wire import rewrite
+from proxy.wire.tenant import Tenancy
 
 log = logging.getLogger("compactd.compaction")
 

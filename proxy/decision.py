@@ -24,14 +24,14 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from proxy import rewrite
 from proxy.dialects.native import Counting
 from proxy.expand import ExpandPlan
 from proxy.providers.base import CompactionResult
 from proxy.runtime.digest import conversation_id, message_digest
 from proxy.store.base import valid_id
-from proxy.tenant import Identity, Tenancy, raw_header_map
 from proxy.tokens.counter import TokenCounter
+from proxy.wire import rewrite
+from proxy.wire.tenant import Identity, Tenancy, raw_header_map
 
 Message = dict[str, Any]
 Action = Literal[
@@ -78,7 +78,7 @@ class Dialect(Protocol):
         """What the request costs besides its messages (tool schemas, response format)."""
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
-        """The request's bytes with its messages replaced (see `proxy.rewrite.with_messages`)."""
+        """The request's bytes with its messages replaced (`proxy.wire.rewrite.with_messages`)."""
 
     def history_elsewhere(self, body: Mapping[str, Any]) -> bool:
         """Whether the request continues history the server keeps (it is then never compacted:
@@ -118,7 +118,7 @@ class ChatCompletions:
         return counter.count_tools(body) + counter.count_response_format(body)
 
     def with_messages(self, body: Mapping[str, Any], messages: Sequence[Message]) -> bytes:
-        """Only `messages` replaced; see `proxy.rewrite.with_messages`."""
+        """Only `messages` replaced; see `proxy.wire.rewrite.with_messages`."""
         return rewrite.with_messages(body, messages)
 
     def history_elsewhere(self, body: Mapping[str, Any]) -> bool:

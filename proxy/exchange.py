@@ -21,20 +21,20 @@ from proxy.dialects.apis import RESPONSES_API, Api
 from proxy.dialects.errors import Feed, send_api_error, stream_end
 from proxy.errors import ProxyError
 from proxy.expand import Expander, ExpandPlan, add_usage
-from proxy.forward import Upstream, is_event_stream, peek, relay
-from proxy.gate import Gate
-from proxy.headers import RawHeaders, compactd_headers, header, response_headers
 from proxy.opening import read_opening
 from proxy.refscope import resolve_within
-from proxy.rewrite import upstream_headers
 from proxy.store.base import ActivityDelta, Store, UsageRecord
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.logs import log_request, request_log
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.stats import fail_open_reason
-from proxy.tenant import ANONYMOUS
 from proxy.tokens.budget import context_overflow_message
-from proxy.usage import SSEUsageTap, Usage, inflated, usage_from_json
+from proxy.wire.forward import Upstream, is_event_stream, peek, relay
+from proxy.wire.headers import RawHeaders, compactd_headers, header, response_headers
+from proxy.wire.rewrite import upstream_headers
+from proxy.wire.tenant import ANONYMOUS
+from proxy.wire.upstream_keys import Gate
+from proxy.wire.usage import SSEUsageTap, Usage, inflated, usage_from_json
 
 # The relay's log lines keep the logger they always had.
 log = logging.getLogger("compactd.handler")

@@ -35,11 +35,11 @@ import httpx
 import orjson
 
 from proxy.errors import ProxyError
-from proxy.forward import peek
 from proxy.providers.base import Message
 from proxy.providers.markers import expanded_marker
 from proxy.providers.units import message_text
-from proxy.usage import Usage, chat_usage
+from proxy.wire.forward import peek
+from proxy.wire.usage import Usage, chat_usage
 
 TOOL_NAME = "compactd_expand"
 TOOL: dict[str, Any] = {

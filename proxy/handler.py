@@ -8,13 +8,6 @@ from dataclasses import dataclass
 import httpx
 from starlette.types import Message, Receive, Scope, Send
 
-from proxy.asgi import (
-    BodyStream,
-    ClientDisconnectedError,
-    content_length,
-    read_body,
-    until_disconnect,
-)
 from proxy.compaction import Compactor
 from proxy.decision import ChatRequest
 from proxy.dialects.apis import compacted_api, is_anthropic
@@ -24,16 +17,23 @@ from proxy.dialects.count import count_tokens
 from proxy.dialects.errors import send_api_error, stream_end
 from proxy.errors import BodyTooLargeError, ProxyError, RateLimitedError
 from proxy.exchange import ChatExchange, Route
-from proxy.forward import Upstream, relay, route
-from proxy.gate import Gate
-from proxy.headers import RawHeaders, request_headers
-from proxy.ratelimit import RateLimiter
 from proxy.store.base import Store
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.metrics import Metrics
-from proxy.tenant import ANONYMOUS, raw_header_map
-from proxy.usage import MAX_EVENT_BYTES
-from proxy.websocket import POLICY_VIOLATION, relay_websocket, ws_url
+from proxy.wire.asgi import (
+    BodyStream,
+    ClientDisconnectedError,
+    content_length,
+    read_body,
+    until_disconnect,
+)
+from proxy.wire.forward import Upstream, relay, route
+from proxy.wire.headers import RawHeaders, request_headers
+from proxy.wire.ratelimit import RateLimiter
+from proxy.wire.tenant import ANONYMOUS, raw_header_map
+from proxy.wire.upstream_keys import Gate
+from proxy.wire.usage import MAX_EVENT_BYTES
+from proxy.wire.websocket import POLICY_VIOLATION, relay_websocket, ws_url
 
 
 @dataclass
@@ -134,7 +134,7 @@ class Handler:
 
     async def websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A WebSocket upgrade under /v1 (the Responses API's WebSocket mode), relayed
-        untouched to the path's upstream (`proxy.websocket`)."""
+        untouched to the path's upstream (`proxy.wire.websocket`)."""
         sub_path = _sub_path(scope)
         anthropic = is_anthropic(sub_path, scope["headers"])
         upstream = self.anthropic if anthropic and self.anthropic is not None else self.upstream

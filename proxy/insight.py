@@ -12,8 +12,8 @@ from starlette.routing import Route
 
 from proxy.api import _caller, _Json, _services, usage_answer, visible_conversation
 from proxy.telemetry.stats import series_json
-from proxy.tenant import credential, key_fingerprint
 from proxy.views import inspection
+from proxy.wire.tenant import credential, key_fingerprint
 
 
 async def me(request: Request) -> Response:

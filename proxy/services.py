@@ -14,24 +14,24 @@ import orjson
 
 from proxy.compaction import Compactor, CompleterFactory
 from proxy.config import ConfigError, Settings, data_dir
-from proxy.forward import Timeouts, Upstream
 from proxy.heavy import HeavyWork
 from proxy.policy import PolicyResolver
-from proxy.pool import StaleRetry
 from proxy.providers.base import Completer, ContextProvider, Message, OptionError
 from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
-from proxy.ratelimit import RateLimiter, limiter
 from proxy.store.base import Store
 from proxy.store.factory import open_store
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.caches import CacheWatch
 from proxy.telemetry.metrics import MULTIPROC_ENV, Metrics
 from proxy.telemetry.storecheck import StoreWarnings, store_warnings
-from proxy.tenant import ClientKey, Tenancy, load_or_create_secret
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.calibration import Calibration
 from proxy.tokens.counter import Tokenizers
 from proxy.tokens.windows import LearnedWindows
+from proxy.wire.forward import Timeouts, Upstream
+from proxy.wire.ratelimit import RateLimiter, limiter
+from proxy.wire.stale_retry import StaleRetry
+from proxy.wire.tenant import ClientKey, Tenancy, load_or_create_secret
 
 log = logging.getLogger("compactd.services")
 

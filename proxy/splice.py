@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from proxy.bodycache import BodyCache
-from proxy.rewrite import with_messages
 from proxy.store.base import Checkpoint
 from proxy.telemetry.metrics import Metrics
+from proxy.wire.rewrite import with_messages
 
 Message = dict[str, Any]
 Frame = tuple[bytes, bytes]

@@ -173,14 +173,14 @@ def test_check_config_names_the_bad_key(tmp_path: Path) -> None:
 
 
 def test_key_id_prints_the_fingerprint_policies_match(tmp_path: Path) -> None:
-    from proxy.tenant import key_fingerprint
+    from proxy.wire.tenant import key_fingerprint
 
     result = run("key-id", "sk-abc", data=tmp_path)
     assert result.stdout.decode().strip() == key_fingerprint(b"test-secret", "sk-abc")
 
 
 def test_key_id_ignores_how_the_scheme_is_spelled(tmp_path: Path) -> None:
-    from proxy.tenant import Tenancy
+    from proxy.wire.tenant import Tenancy
 
     result = run("key-id", "basic\tdXNlcg==", data=tmp_path)
     served = Tenancy(b"test-secret").identify({"authorization": "Basic dXNlcg=="})

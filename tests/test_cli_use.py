@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from proxy.store.sqlite.store import SqliteStore
-from proxy.tenant import key_fingerprint
+from proxy.wire.tenant import key_fingerprint
 from tests.store.test_contract import compaction
 from tests.store.test_contract import history as short_history
 from tests.test_cli import PY, _env, _free_port, run

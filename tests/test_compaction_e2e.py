@@ -326,7 +326,7 @@ async def test_upstream_key_mode_admits_listed_keys_only(
 ) -> None:
     import logging
 
-    from proxy.tenant import key_fingerprint, load_or_create_secret
+    from proxy.wire.tenant import key_fingerprint, load_or_create_secret
 
     caplog.set_level(logging.DEBUG)
 

@@ -14,8 +14,8 @@ from proxy.runtime.digest import message_digest
 from proxy.store.base import UsageRecord
 from proxy.store.sqlite.store import SqliteStore
 from proxy.telemetry.stats import SERIES_METRICS, compute_stats, fail_open_reason
-from proxy.tenant import key_fingerprint, tenant_id
 from proxy.ui import SECURITY_HEADERS
+from proxy.wire.tenant import key_fingerprint, tenant_id
 from tests import dashboard_data as dd
 from tests.inprocess import Proxy, running
 

@@ -22,7 +22,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.config import load_settings
-from proxy.tenant import tenant_id
+from proxy.wire.tenant import tenant_id
 from tests import dashboard_data as dd
 from tests.test_dashboard import restored
 from tests.upstream import serve

@@ -287,7 +287,7 @@ async def test_the_upstream_transport_reads_no_ca_bundle_of_its_own_and_still_ve
 
     from proxy.app import build_transport
     from proxy.config import load_settings
-    from proxy.pool import StaleRetry
+    from proxy.wire.stale_retry import StaleRetry
 
     loads: list[str] = []
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.rewrite import inject_include_usage, upstream_headers, with_include_usage, with_messages
+from proxy.wire.rewrite import (
+    inject_include_usage,
+    upstream_headers,
+    with_include_usage,
+    with_messages,
+)
 
 
 def test_inject_include_usage_adds_option_to_streaming_request() -> None:

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from bench import body_shapes
 from proxy import splice
 from proxy.compaction import Compactor
-from proxy.rewrite import with_messages
 from proxy.store.base import Checkpoint
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.counter import TokenCounter
+from proxy.wire.rewrite import with_messages
 from tests.inprocess import running
 
 json_values = st.recursive(

@@ -4,7 +4,7 @@ The upstream here is a raw asyncio server that answers the first request of each
 keep-alive and closes the connection on the next request's bytes without answering: exactly the
 race of an upstream's idle timeout, made deterministic. compactd sends such a request once more,
 on a new connection, when it still holds the body; never a fresh connection's failure, a timeout
-or a response that had started (proxy.pool).
+or a response that had started (proxy.wire.stale_retry).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import aiohttp
 import httpx
 import pytest
 
-from proxy.pool import ALREADY_RETRIED_BY_AIOHTTP
+from proxy.wire.stale_retry import ALREADY_RETRIED_BY_AIOHTTP
 from tests.conftest import ProxyFactory
 from tests.test_access import _metric
 from tests.test_compaction_e2e import history

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.gate import Gate
-from proxy.tenant import (
+from proxy.wire.tenant import (
     Tenancy,
     bearer_key,
     credential,
@@ -17,6 +16,7 @@ from proxy.tenant import (
     raw_header_map,
     tenant_id,
 )
+from proxy.wire.upstream_keys import Gate
 
 
 def test_the_configured_secret_wins_over_the_file(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.dialects.usage import responses_usage
-from proxy.usage import SSEUsageTap, Usage, usage_from_json
+from proxy.wire.usage import SSEUsageTap, Usage, usage_from_json
 
 HEAD = (
     b'{"id":"chatcmpl-AY1Jtq3yFGx9kQp0sSgXm3lZ8bC2d","object":"chat.completion.chunk",'

@@ -20,9 +20,9 @@ import httpx
 import orjson
 
 from proxy.errors import ProxyError
-from proxy.forward import Upstream, peek
-from proxy.headers import RawHeaders
-from proxy.rewrite import upstream_headers
+from proxy.wire.forward import Upstream, peek
+from proxy.wire.headers import RawHeaders
+from proxy.wire.rewrite import upstream_headers
 
 log = logging.getLogger("compactd.confirm")
 

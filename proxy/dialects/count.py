@@ -16,15 +16,15 @@ import dataclasses
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.asgi import content_length, read_body, until_disconnect
 from proxy.compaction import Compactor
 from proxy.dialects.confirm import PATH
 from proxy.dialects.errors import stream_end
 from proxy.dialects.messages import MESSAGES
-from proxy.forward import Upstream, relay
-from proxy.gate import Gate
-from proxy.headers import compactd_headers
-from proxy.rewrite import upstream_headers
+from proxy.wire.asgi import content_length, read_body, until_disconnect
+from proxy.wire.forward import Upstream, relay
+from proxy.wire.headers import compactd_headers
+from proxy.wire.rewrite import upstream_headers
+from proxy.wire.upstream_keys import Gate
 
 __all__ = ["PATH", "count_tokens"]
 

@@ -361,7 +361,8 @@ class Metrics:
             self._ttfb.observe(ttfb_seconds)
 
     def upstream_retry(self, outcome: str) -> None:
-        """A request was sent again on a new connection (proxy.pool): `ok` or `failed`."""
+        """A request was sent again on a new connection (`proxy.wire.stale_retry`): `ok` or
+        `failed`."""
         self._retries.labels(outcome).inc()
 
     def observe_usage(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from proxy.config import admin_key_weakness
-from proxy.ratelimit import RateLimiter
+from proxy.wire.ratelimit import RateLimiter
 from tests.inprocess import running
 from tests.security.conftest import history
 from tests.test_cli import run

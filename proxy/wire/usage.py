@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from proxy.skim import Skim
+from proxy.wire.long_events import Skim
 
 _EOL = re.compile(rb"\r\n|\r|\n")
 _USAGE_KEY = b'"usage"'
@@ -24,7 +24,7 @@ _USAGE_NULL = b'"usage":null'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 MAX_EVENT_BYTES = 1 << 20
 """Longest SSE event the tap holds (`accounting.max_sse_event_bytes`); a longer one is read
-without its long strings (`proxy.skim`), or passed over."""
+without its long strings (`proxy.wire.long_events`), or passed over."""
 MAX_JSON_BYTES = 16 << 20
 """Most bytes a compressed JSON body is inflated to when reading its usage."""
 # zlib with 32 + MAX_WBITS accepts both gzip and zlib-wrapped deflate streams.

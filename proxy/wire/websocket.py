@@ -17,8 +17,8 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.gate import Gate
-from proxy.headers import request_headers
+from proxy.wire.headers import request_headers
+from proxy.wire.upstream_keys import Gate
 
 log = logging.getLogger("compactd.websocket")
 

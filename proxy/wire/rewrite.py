@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from proxy.headers import RawHeaders, request_headers
+from proxy.wire.headers import RawHeaders, request_headers
 
 Message = dict[str, Any]
 

@@ -24,7 +24,7 @@ from proxy.errors import (
     UpstreamUnreachableError,
     sse_error_event,
 )
-from proxy.headers import RawHeaders, header, response_headers
+from proxy.wire.headers import RawHeaders, header, response_headers
 
 log = logging.getLogger("compactd.forward")
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from proxy.config import UpstreamSettings
 from proxy.errors import UnauthorizedError
-from proxy.headers import RawHeaders
-from proxy.tenant import Tenancy, credential, key_fingerprint, raw_header_map
+from proxy.wire.headers import RawHeaders
+from proxy.wire.tenant import Tenancy, credential, key_fingerprint, raw_header_map
 
 
 @dataclass
