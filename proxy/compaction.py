@@ -36,19 +36,18 @@ from proxy.checkpoint import (
 )
 from proxy.config import PolicySettings, Settings
 from proxy.decision import (
-    CHAT,
     REWRITTEN,
     Action,
     ChatRequest,
-    Dialect,
     Outcome,
     TooManyMessagesError,
     cannot_compact,
     read_request,
     with_conversation,
 )
-from proxy.dialects.confirm import Confirm, near
-from proxy.dialects.native import Counting, NativeCounter
+from proxy.dialects.anthropic_count import Confirm, near
+from proxy.dialects.chat import CHAT, Dialect
+from proxy.dialects.projection import Counting, NativeCounter
 from proxy.expand import ExpandPlan, with_tool
 from proxy.lossless import Lossless, LosslessTier, StoredForms
 from proxy.policy import PolicyResolver
@@ -242,7 +241,7 @@ class Compactor:
         `window`: the context window the upstream reported (a retry); the request is then
         compacted under it even below the trigger, since the upstream refused it as it was.
         `confirm`: the upstream's own count of the request, asked for near the trigger
-        (`proxy.dialects.confirm`).
+        (`proxy.dialects.anthropic_count`).
         """
         if request.body is None or (request.messages is None and not request.oversized):
             # Not ours to judge: the upstream is. Without a credential it was not even parsed.

@@ -10,8 +10,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from proxy.compaction import Compactor
 from proxy.decision import ChatRequest
+from proxy.dialects.anthropic_count import Confirm, confirmer
 from proxy.dialects.apis import compacted_api, is_anthropic
-from proxy.dialects.confirm import Confirm, confirmer
 from proxy.dialects.count import PATH as COUNT_PATH
 from proxy.dialects.count import count_tokens
 from proxy.dialects.errors import send_api_error, stream_end

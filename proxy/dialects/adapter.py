@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.breakpoints import Breakpoints, Place
-from proxy.dialects.native import (
+from proxy.dialects.projection import (
     Marks,
     Message,
     NativeCounter,
@@ -40,7 +40,7 @@ def _never(body: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Adapter:
-    """A `proxy.decision.Dialect` for an API whose items are projected onto chat messages."""
+    """A `proxy.dialects.chat.Dialect` for an API whose items are projected onto chat messages."""
 
     name: str
     field: str

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.decision import CHAT, Dialect
+from proxy.dialects.chat import CHAT, Dialect
 from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES
 from proxy.dialects.usage import messages_usage, responses_usage

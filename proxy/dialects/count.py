@@ -17,7 +17,7 @@ import dataclasses
 from starlette.types import Receive, Scope, Send
 
 from proxy.compaction import Compactor
-from proxy.dialects.confirm import PATH
+from proxy.dialects.anthropic_count import PATH
 from proxy.dialects.errors import stream_end
 from proxy.dialects.messages import MESSAGES
 from proxy.wire.asgi import content_length, read_body, until_disconnect

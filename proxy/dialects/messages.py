@@ -36,7 +36,7 @@ import orjson
 
 from proxy.dialects.adapter import Adapter, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
-from proxy.dialects.native import (
+from proxy.dialects.projection import (
     NATIVE,
     Marks,
     Message,
@@ -488,4 +488,4 @@ def _chat_tool(tool: Mapping[str, Any]) -> Message | None:
 
 _WAY = Way(project, _project_native, _piece_items, _rebuilt_items, _stand_in, MARK, 300, _place)
 MESSAGES = Adapter(NAME, "messages", project, _cost, pending_turn, _fixed, _emit)
-"""The Anthropic Messages API adapter (a `proxy.decision.Dialect`)."""
+"""The Anthropic Messages API adapter (a `proxy.dialects.chat.Dialect`)."""

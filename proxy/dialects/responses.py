@@ -33,7 +33,7 @@ from typing import Any
 
 from proxy.dialects.adapter import Adapter, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
-from proxy.dialects.native import (
+from proxy.dialects.projection import (
     NATIVE,
     Marks,
     Message,
@@ -541,4 +541,4 @@ def _chat_tool(tool: Mapping[str, Any]) -> Message | None:
 
 _WAY = Way(project, _project_native, _native_items, _rebuild, _stand_in, MARK, 1800, _place)
 RESPONSES = Adapter(NAME, "input", project, _cost, pending_assistant, _fixed, _emit, _history)
-"""The Responses API adapter (a `proxy.decision.Dialect`)."""
+"""The Responses API adapter (a `proxy.dialects.chat.Dialect`)."""

@@ -416,7 +416,8 @@ class Metrics:
         self._precompute.labels(outcome).inc()
 
     def count_confirmed(self, result: str) -> None:
-        """One `count_tokens` confirmation (`proxy.dialects.confirm`): confirmed or failed."""
+        """One `count_tokens` confirmation (`proxy.dialects.anthropic_count`): confirmed or
+        failed."""
         self._count_confirms.labels(result).inc()
 
     def context_overflow(self, where: str, outcome: str) -> None:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from proxy.dialects.messages import MESSAGES, pending_turn, project
-from proxy.dialects.native import native
+from proxy.dialects.projection import native
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import with_text
 from proxy.runtime.digest import message_digest

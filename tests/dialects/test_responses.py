@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.native import NATIVE, Marks, native
+from proxy.dialects.projection import NATIVE, Marks, native
 from proxy.dialects.responses import RESPONSES, project
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import split_units, with_text
