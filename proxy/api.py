@@ -14,7 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.decision import CONVERSATION_HEADER
+from proxy.chat.refscope import find_scope
+from proxy.chat.request import CONVERSATION_HEADER
 from proxy.dialects import restore
 from proxy.errors import (
     BodyTooLargeError,
@@ -30,7 +31,6 @@ from proxy.errors import (
 from proxy.providers.uncompress import Bounds
 from proxy.providers.uncompress import ResultTooLargeError as RestoreTooLargeError
 from proxy.providers.uncompress import uncompress as uncompress_messages
-from proxy.refscope import find_scope
 from proxy.services import Services
 from proxy.store.base import ConversationInfo, StoreError
 from proxy.telemetry.stats import GROUP_BY, GroupBy, parse_since, period_json

@@ -18,10 +18,10 @@ from starlette.types import Receive, Scope, Send
 
 from proxy import ui
 from proxy.api import EXCEPTION_HANDLERS, ROUTES
+from proxy.chat.handler import Handler
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
 from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
-from proxy.handler import Handler
 from proxy.insight import ROUTES as INSIGHT_ROUTES
 from proxy.openapi import PATH as OPENAPI_PATH
 from proxy.openapi import openapi

@@ -293,7 +293,7 @@ def _conversation_id(args: argparse.Namespace) -> str:
 
 
 def _restore(args: argparse.Namespace) -> int:
-    from proxy.checkpoint import restore  # noqa: PLC0415
+    from proxy.chat.checkpoint import restore  # noqa: PLC0415
     from proxy.views import restored_json  # noqa: PLC0415
 
     conversation = _conversation_id(args)

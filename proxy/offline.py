@@ -12,7 +12,7 @@ from typing import IO, Any, TextIO
 
 import orjson
 
-from proxy.compaction import compression_config
+from proxy.chat.compactor import compression_config
 from proxy.config import PolicySettings, Settings
 from proxy.progress import counter
 from proxy.providers.bound import bound_chain

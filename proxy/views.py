@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from proxy.checkpoint import Restored, restore
+from proxy.chat.checkpoint import Restored, restore
 from proxy.dialects import restore as shapes
 from proxy.providers.units import refs_in
 from proxy.store.base import Checkpoint, ConversationInfo, Message

@@ -114,7 +114,7 @@ def test_profile_summary_ranks_self_time_and_our_own_functions(tmp_path: Path) -
     raw = tmp_path / "p.txt"
     raw.write_text(
         "main (/x/proxy/cli.py:1);send (/v/site-packages/aiohttp/client.py:9) 30\n"
-        "main (/x/proxy/cli.py:1);prepare (/x/proxy/compaction.py:5) 10\n"
+        "main (/x/proxy/cli.py:1);prepare (/x/proxy/chat/compactor.py:5) 10\n"
     )
     md = spy.summarise(raw)
     assert "samples: 40" in md

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench import body_shapes
-from proxy.bodycache import BodyCache
+from proxy.chat.bodycache import BodyCache
 
 TRICKY = ['"messages": [', "]]]", '],"tools":[', "{", "\\", '"', "é", "\u2028", "}]}"]
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from proxy import bodycache
-from proxy.bodycache import BodyCache
+from proxy.chat import bodycache
+from proxy.chat.bodycache import BodyCache
 from proxy.runtime.digest import RollingPrefixes, prefix_digests
 
 TRICKY = ['"messages": [', "]", '],"model":"x"}', ",{", "\\", '"', "é", "\u2028", "}]}"]

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from proxy import bodycache, compaction, decision
-from proxy.checkpoint import CompactionError
-from proxy.decision import MAX_MESSAGES, Outcome
+from proxy.chat import bodycache
+from proxy.chat import compactor as compactor_module
+from proxy.chat import request as request_module
+from proxy.chat.checkpoint import CompactionError
+from proxy.chat.request import MAX_MESSAGES, Outcome
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.chain import LONG_HISTORY
 from proxy.providers.registry import ProviderRegistry
@@ -209,9 +211,13 @@ async def test_a_long_history_is_digested_and_recorded_off_the_event_loop(
 
         return work
 
-    monkeypatch.setattr(decision, "conversation_id", spied("root", decision.conversation_id))
+    monkeypatch.setattr(
+        request_module, "conversation_id", spied("root", request_module.conversation_id)
+    )
     monkeypatch.setattr(bodycache, "message_digest", spied("messages", bodycache.message_digest))
-    monkeypatch.setattr(compaction, "compaction_for", spied("record", compaction.compaction_for))
+    monkeypatch.setattr(
+        compactor_module, "compaction_for", spied("record", compactor_module.compaction_for)
+    )
     # No user message: the conversation's root is the whole history.
     msgs: list[Message] = [{"role": "assistant", "content": f"step {i} " * 9} for i in range(turns)]
     async with running(tmp_path, **SMALL) as proxy:
@@ -373,7 +379,7 @@ async def test_a_result_that_cannot_be_recorded_fails_open_and_says_so(
     def unrecordable(**kw: Any) -> Any:
         raise CompactionError("the chain's result does not align with its input")
 
-    monkeypatch.setattr(compaction, "compaction_for", unrecordable)
+    monkeypatch.setattr(compactor_module, "compaction_for", unrecordable)
     raw = body(history(6))
     caplog.set_level(logging.WARNING, logger="compactd")
     async with running(tmp_path, **SMALL) as proxy:
@@ -502,7 +508,7 @@ def test_a_dot_segment_conversation_id_is_hashed_as_ids_no_path_can_name_are() -
     # "." and ".." are URL dot-segments: /compactd/v1/conversations/.. never reaches such an id,
     # so the API and the dashboard could not find the conversation again.
     for header in (".", "..", " .. "):
-        conversation = decision.conversation_of(header, [], b"")
+        conversation = request_module.conversation_of(header, [], b"")
         assert conversation.startswith("h-"), header
-    assert decision.conversation_of("...", [], b"") == "..."
-    assert decision.conversation_of("my.conv", [], b"") == "my.conv"
+    assert request_module.conversation_of("...", [], b"") == "..."
+    assert request_module.conversation_of("my.conv", [], b"") == "my.conv"

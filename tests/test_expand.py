@@ -12,7 +12,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.expand import TOOL, TOOL_NAME, cut, render
+from proxy.chat.expand import TOOL, TOOL_NAME, cut, render
 from proxy.providers.units import refs_in
 from tests.inprocess import MockUpstream, Proxy, Reply, reply, running
 from tests.test_restore import turn

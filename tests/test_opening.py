@@ -16,7 +16,7 @@ import httpx
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy.opening import read_opening
+from proxy.chat.stream_overflow import read_opening
 
 OVERFLOW = "Your input exceeds the context window of this model. Please adjust your input."
 RESPONSE = {"id": "resp_1", "object": "response", "status": "in_progress", "output": []}

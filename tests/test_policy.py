@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from starlette.datastructures import Headers
 
+from proxy.chat.policy import PolicyResolver
 from proxy.config import ConfigError, PolicySettings, Settings, load_settings
-from proxy.policy import PolicyResolver
 
 KEY_A = "0123456789ab"
 KEY_B = "ba9876543210"

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from proxy.checkpoint import restore
+from proxy.chat.checkpoint import restore
 from proxy.config import PolicySettings
 from tests.inprocess import Proxy, running
 from tests.test_restore import turn

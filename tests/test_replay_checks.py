@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.checkpoint import replay_problem
-from proxy.replay import ReplayChecks
+from proxy.chat.checkpoint import replay_problem
+from proxy.chat.replay import ReplayChecks
 from proxy.runtime.digest import message_digest, prefix_digests
 from proxy.store.base import Checkpoint
 

@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from proxy.checkpoint import restore
+from proxy.chat.checkpoint import restore
 from proxy.providers.units import final_unit_start
 from proxy.providers.validate import pairing_problems
 from proxy.runtime.digest import message_digest, prefix_digests

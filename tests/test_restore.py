@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from proxy.checkpoint import restore
+from proxy.chat.checkpoint import restore
 from proxy.runtime.digest import message_digest
 from tests.inprocess import Proxy, running
 from tests.test_cli import run, run_into_a_closed_pipe

@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench import body_shapes
-from proxy import splice
-from proxy.compaction import Compactor
+from proxy.chat import splice
+from proxy.chat.compactor import Compactor
 from proxy.store.base import Checkpoint
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.counter import TokenCounter
@@ -63,7 +63,7 @@ def test_the_prefix_cache_is_bounded_and_counts_what_it_does() -> None:
 
 
 def test_a_checkpoint_that_does_not_begin_the_messages_is_not_spliced() -> None:
-    from proxy.bodycache import BodyCache
+    from proxy.chat.bodycache import BodyCache
 
     splicer = splice.Splicer(BodyCache(), 1 << 20, Metrics())
     body = {"model": "m", "messages": [], "tools": [1]}

@@ -63,7 +63,7 @@ def prefix_digests(digests: Sequence[str]) -> list[str]:
 
 class RollingPrefixes:
     """`prefix_digests` kept as it grows: extending by more messages' digests hashes only
-    those (a long conversation's next turn, see proxy.bodycache)."""
+    those (a long conversation's next turn, see proxy.chat.bodycache)."""
 
     def __init__(self) -> None:
         # One attribute, replaced whole: a long history is extended in a thread, and a copy

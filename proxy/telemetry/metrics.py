@@ -406,13 +406,13 @@ class Metrics:
         self._fail_open.labels(reason).inc()
 
     def expand_call(self, outcome: str, tokens: int) -> None:
-        """One call of the expand tool answered by compactd (`proxy.expand`)."""
+        """One call of the expand tool answered by compactd (`proxy.chat.expand`)."""
         self._expand_calls.labels(outcome).inc()
         if tokens:
             self._expand_tokens.inc(tokens)
 
     def precomputed(self, outcome: str) -> None:
-        """One precomputation finished, or was skipped (`proxy.precompute`)."""
+        """One precomputation finished, or was skipped (`proxy.chat.precompute`)."""
         self._precompute.labels(outcome).inc()
 
     def count_confirmed(self, result: str) -> None:

@@ -1,6 +1,7 @@
 """One chat request's exchange with its upstream: the send, the retry after a context overflow
-(an upstream 400, or a Responses stream that reports one as it opens, see `proxy.opening`), the
-relay with its usage tap, and the request's metrics, log line and accounting."""
+(an upstream 400, or a Responses stream that reports one as it opens, see
+`proxy.chat.stream_overflow`), the relay with its usage tap, and the request's metrics, log line
+and accounting."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ from typing import Protocol
 import httpx
 from starlette.types import Send
 
-from proxy.compaction import Compactor
-from proxy.decision import ChatRequest, Outcome
+from proxy.chat.compactor import Compactor
+from proxy.chat.expand import Expander, ExpandPlan, add_usage
+from proxy.chat.refscope import resolve_within
+from proxy.chat.request import ChatRequest, Outcome
+from proxy.chat.stream_overflow import read_opening
 from proxy.dialects.apis import RESPONSES_API, Api
 from proxy.dialects.errors import Feed, send_api_error, stream_end
 from proxy.errors import ProxyError
-from proxy.expand import Expander, ExpandPlan, add_usage
-from proxy.opening import read_opening
-from proxy.refscope import resolve_within
 from proxy.store.base import ActivityDelta, Store, UsageRecord
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.logs import log_request, request_log
@@ -66,7 +67,7 @@ class _Copy:
 
 
 class Relaying(Protocol):
-    """What an exchange reads of the handler that runs it (`proxy.handler.Handler`)."""
+    """What an exchange reads of the handler that runs it (`proxy.chat.handler.Handler`)."""
 
     compactor: Compactor
     store: Store
@@ -149,8 +150,8 @@ class ChatExchange:
 
     def _holds_opening(self, response: httpx.Response) -> bool:
         """Whether this answer may be a Responses stream reporting an overflow that a retry
-        could fix (`proxy.opening`): a stream of a request near its window that compactd would
-        decide again (not bypassed, shadowed or holding server-side history)."""
+        could fix (`proxy.chat.stream_overflow`): a stream of a request near its window that
+        compactd would decide again (not bypassed, shadowed or holding server-side history)."""
         out, raw = self.outcome, response.headers.raw
         if (
             self.route.api is not RESPONSES_API

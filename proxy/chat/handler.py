@@ -8,15 +8,15 @@ from dataclasses import dataclass
 import httpx
 from starlette.types import Message, Receive, Scope, Send
 
-from proxy.compaction import Compactor
-from proxy.decision import ChatRequest
+from proxy.chat.compactor import Compactor
+from proxy.chat.count_tokens import PATH as COUNT_PATH
+from proxy.chat.count_tokens import count_tokens
+from proxy.chat.exchange import ChatExchange, Route
+from proxy.chat.request import ChatRequest
 from proxy.dialects.anthropic_count import Confirm, confirmer
 from proxy.dialects.apis import compacted_api, is_anthropic
-from proxy.dialects.count import PATH as COUNT_PATH
-from proxy.dialects.count import count_tokens
 from proxy.dialects.errors import send_api_error, stream_end
 from proxy.errors import BodyTooLargeError, ProxyError, RateLimitedError
-from proxy.exchange import ChatExchange, Route
 from proxy.store.base import Store
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.metrics import Metrics

@@ -19,8 +19,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from proxy.chat.lossless import Lossless
 from proxy.config import PolicySettings
-from proxy.lossless import Lossless
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
 from proxy.providers.uncompress import uncompress
@@ -141,7 +141,7 @@ def compaction_for(
     request (`base` None: over the request itself). Raises CompactionError if the result cannot
     stand for the originals (it then must not be forwarded either).
 
-    `lossless`: the chain ran on the request's lossless forms (`proxy.lossless`); a form the
+    `lossless`: the chain ran on the request's lossless forms (`proxy.chat.lossless`); a form the
     result keeps is recorded under its ref, which maps to its original like any other ref."""
     replayed = list(base.messages) if base is not None else []
     offset = base.covered_through + 1 if base is not None else 0

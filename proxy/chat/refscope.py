@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.decision import conversation_of
+from proxy.chat.request import conversation_of
 from proxy.providers.units import message_text, refs_in
 from proxy.runtime.digest import message_digest
 from proxy.store.base import ConversationInfo, Store, resolve_readable

@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.chat.expand import ExpandPlan
 from proxy.dialects.chat import CHAT, Dialect
-from proxy.expand import ExpandPlan
 from proxy.runtime.digest import conversation_id, message_digest
 from proxy.store.base import valid_id
 from proxy.wire.tenant import Identity, Tenancy, raw_header_map
@@ -94,7 +94,7 @@ def read_request(
 ) -> ChatRequest:
     """Parse the body once and derive everything the decision needs from it and the headers
     (the tenant in one call, `Tenancy.identify`). `parse`: orjson.loads or a drop-in that
-    reuses earlier parses (proxy.bodycache). `identify=False`: without the conversation id
+    reuses earlier parses (proxy.chat.bodycache). `identify=False`: without the conversation id
     (`with_conversation` adds it). `started`: when reading began, if before this call."""
     started = time.perf_counter() if started is None else started
     headers = raw_header_map(raw_headers)
@@ -207,7 +207,7 @@ class Outcome:
     injected_usage: bool = False
     """compactd added stream_options.include_usage, so the relay strips the usage chunk."""
     expand: ExpandPlan | None = None
-    """The request offers the expand tool: how its answer is continued (`proxy.expand`)."""
+    """The request offers the expand tool: how its answer is continued (`proxy.chat.expand`)."""
 
     @property
     def tokens_sent(self) -> int:

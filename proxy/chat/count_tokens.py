@@ -16,7 +16,7 @@ import dataclasses
 
 from starlette.types import Receive, Scope, Send
 
-from proxy.compaction import Compactor
+from proxy.chat.compactor import Compactor
 from proxy.dialects.anthropic_count import PATH
 from proxy.dialects.errors import stream_end
 from proxy.dialects.messages import MESSAGES

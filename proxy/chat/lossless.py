@@ -17,7 +17,7 @@ rewriting it then would change bytes the cache already holds).
 Cache stability. A message's form depends only on the message and the messages before it, which
 a client only ever appends to: the same message maps to the same bytes on every turn. A
 compaction works on these forms, so a message it keeps, and the prefix it replays later, are the
-same forms; `proxy.checkpoint.compaction_for` records each rewritten message under its ref (the
+same forms; `proxy.chat.checkpoint.compaction_for` records each rewritten message under its ref (the
 id of its original), with the original stored like any other, so a restore gives back the exact
 original whether the message was kept, summarized or dropped. Forms outside every checkpoint are
 recomputed from the client's own message on each turn, and their originals are stored before the

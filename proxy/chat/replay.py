@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.checkpoint import kept_originals, replay_problem
+from proxy.chat.checkpoint import kept_originals, replay_problem
 from proxy.providers.base import Message
 from proxy.providers.units import INSTRUCTION_ROLES, final_unit_start, last_index
 from proxy.providers.validate import PairingScan, pairing_problems, pairing_scan

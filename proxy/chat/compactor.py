@@ -2,7 +2,7 @@
 
 Everything here runs before the request goes upstream. A request under its trigger is forwarded
 as the original bytes after one (cached) count. Above the trigger, the longest stored checkpoint
-of the conversation that is safe for this request (see `proxy.checkpoint.replay_problem`) is
+of the conversation that is safe for this request (see `proxy.chat.checkpoint.replay_problem`) is
 replayed first, so every later turn sends the same bytes for the same prefix (prompt caches stay
 warm), and a new compaction happens only when even the replayed form is over budget. Any failure
 in here, a provider's included, forwards the original bytes (`x-compactd-action: error`), counts
@@ -27,15 +27,20 @@ from typing import Any, TypeVar
 
 import orjson
 
-from proxy.bodycache import BodyCache
-from proxy.checkpoint import (
+from proxy.chat.bodycache import BodyCache
+from proxy.chat.checkpoint import (
     CompactionError,
     compaction_for,
     replay_problem,
     worth_it,
 )
-from proxy.config import PolicySettings, Settings
-from proxy.decision import (
+from proxy.chat.expand import ExpandPlan, with_tool
+from proxy.chat.lossless import Lossless, LosslessTier, StoredForms
+from proxy.chat.policy import PolicyResolver
+from proxy.chat.precompute import PRECOMPUTED, Precomputer
+from proxy.chat.quota import Quota, QuotaExceededError
+from proxy.chat.replay import ReplayChecks
+from proxy.chat.request import (
     REWRITTEN,
     Action,
     ChatRequest,
@@ -45,21 +50,16 @@ from proxy.decision import (
     read_request,
     with_conversation,
 )
+from proxy.chat.splice import Splicer
+from proxy.config import PolicySettings, Settings
 from proxy.dialects.anthropic_count import Confirm, near
 from proxy.dialects.chat import CHAT, Dialect
 from proxy.dialects.projection import Counting, NativeCounter
-from proxy.expand import ExpandPlan, with_tool
-from proxy.lossless import Lossless, LosslessTier, StoredForms
-from proxy.policy import PolicyResolver
-from proxy.precompute import PRECOMPUTED, Precomputer
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
-from proxy.quota import Quota, QuotaExceededError
-from proxy.replay import ReplayChecks
 from proxy.runtime.digest import root_length
 from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
-from proxy.splice import Splicer
 from proxy.store.base import (
     Checkpoint,
     Compaction,
@@ -518,8 +518,9 @@ class Compactor:
         tokens: int,
         generation: int,
     ) -> None:
-        """Schedule the next checkpoint of a conversation near its trigger (`proxy.precompute`):
-        the plan the request would get over its trigger, stored, off the request path."""
+        """Schedule the next checkpoint of a conversation near its trigger
+        (`proxy.chat.precompute`): the plan the request would get over its trigger, stored, off
+        the request path."""
         tenant = request.tenant
         if policy.mode != "enforce" or tenant is None:
             return

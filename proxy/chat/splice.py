@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from proxy.bodycache import BodyCache
+from proxy.chat.bodycache import BodyCache
 from proxy.store.base import Checkpoint
 from proxy.telemetry.metrics import Metrics
 from proxy.wire.rewrite import with_messages
