@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import locations, quality_apis
 from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
 from bench.probes import CUT_SHARE, agent_probes, answer_items, probes, rare_items
-from proxy.app import SWITCH_INTERVAL
+from proxy.app.application import SWITCH_INTERVAL
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.engine import EngineProvider
 from proxy.providers.registry import get_context_provider

@@ -58,7 +58,7 @@ from bench.session_replay import (
     op_rows,
     summarize,
 )
-from proxy.app import create_app
+from proxy.app.application import create_app
 from proxy.config import APIS, Settings, StoreSettings, load_settings
 from proxy.runtime.digest import canonical_bytes
 from proxy.store.factory import open_store

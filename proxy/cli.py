@@ -60,9 +60,9 @@ def _serve(args: argparse.Namespace) -> int:
             restart_with_jemalloc(s.allocator)  # returns only if it does not apply
         except AllocatorError as exc:
             raise ConfigError(str(exc)) from None
+    from proxy.app.server import head_limits, protocol_options  # noqa: PLC0415
+    from proxy.app.services import check_settings  # noqa: PLC0415
     from proxy.banner import describe, emit  # noqa: PLC0415
-    from proxy.server import head_limits, protocol_options  # noqa: PLC0415
-    from proxy.services import check_settings  # noqa: PLC0415
     from proxy.telemetry.logs import configure_logging  # noqa: PLC0415
 
     configure_logging(s.log_level)
@@ -97,7 +97,7 @@ def _serve(args: argparse.Namespace) -> int:
             app = "proxy.factory:app_from_env"
             run_workers(uvicorn.Config(app, factory=True, workers=s.workers, **common))
         return 0
-    from proxy.app import create_app  # noqa: PLC0415
+    from proxy.app.application import create_app  # noqa: PLC0415
 
     uvicorn.run(create_app(settings), **common)
     return 0
@@ -123,9 +123,9 @@ async def _store_warnings(settings: Settings) -> list[str]:
 
 
 def _check_config(args: argparse.Namespace) -> int:
+    from proxy.app.services import check_settings  # noqa: PLC0415
     from proxy.banner import warnings  # noqa: PLC0415
     from proxy.config import admin_key_weakness  # noqa: PLC0415
-    from proxy.services import check_settings  # noqa: PLC0415
 
     settings = _settings(args)
     # Everything start-up would build from the config, so check-config fails where serve would.
@@ -153,7 +153,7 @@ def _compress(args: argparse.Namespace) -> int:
         budget=args.budget,
         target_ratio=args.target_ratio,
     )
-    from proxy.services import check_settings  # noqa: PLC0415
+    from proxy.app.services import check_settings  # noqa: PLC0415
 
     settings = _settings(args)
     check_settings(settings)
@@ -253,8 +253,8 @@ def _credential(typed: str | bytes) -> str | None:
 
 
 def _conversations(args: argparse.Namespace) -> int:
+    from proxy.app.views import conversation_summary  # noqa: PLC0415
     from proxy.progress import waiting  # noqa: PLC0415
-    from proxy.views import conversation_summary  # noqa: PLC0415
 
     async def work(store: Store, settings: Settings) -> int:
         infos = await waiting(
@@ -293,8 +293,8 @@ def _conversation_id(args: argparse.Namespace) -> str:
 
 
 def _restore(args: argparse.Namespace) -> int:
+    from proxy.app.views import restored_json  # noqa: PLC0415
     from proxy.chat.checkpoint import restore  # noqa: PLC0415
-    from proxy.views import restored_json  # noqa: PLC0415
 
     conversation = _conversation_id(args)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from proxy.app import CompactdApp, create_app
+from proxy.app.application import CompactdApp, create_app
 from proxy.config import load_settings
 from proxy.telemetry.logs import configure_logging, mute_uvicorn_access
 

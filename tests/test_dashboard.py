@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
+from proxy.app.ui import SECURITY_HEADERS
 from proxy.runtime.digest import message_digest
 from proxy.store.base import UsageRecord
 from proxy.store.sqlite.store import SqliteStore
 from proxy.telemetry.stats import SERIES_METRICS, compute_stats, fail_open_reason
-from proxy.ui import SECURITY_HEADERS
 from proxy.wire.tenant import key_fingerprint, tenant_id
 from tests import dashboard_data as dd
 from tests.inprocess import Proxy, running
 
-STATIC = Path(__file__).resolve().parent.parent / "proxy" / "ui" / "static"
+STATIC = Path(__file__).resolve().parents[1] / "proxy" / "app" / "ui" / "static"
 
 
 def auth(key: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.app import create_app
+from proxy.app.application import create_app
 from proxy.config import load_settings
 from proxy.wire.tenant import tenant_id
 from tests import dashboard_data as dd

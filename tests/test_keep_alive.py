@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from proxy.app import UPSTREAM_KEEP_ALIVE_SECONDS
-from proxy.server import KEEP_ALIVE_SECONDS, HeadLimits, protocol_options
+from proxy.app.application import UPSTREAM_KEEP_ALIVE_SECONDS
+from proxy.app.server import KEEP_ALIVE_SECONDS, HeadLimits, protocol_options
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

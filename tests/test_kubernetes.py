@@ -24,8 +24,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.app.openapi import document
 from proxy.config import ServerSettings
-from proxy.openapi import document
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBE = ROOT / "deploy" / "kubernetes"

@@ -75,7 +75,7 @@ def test_a_trimmed_encoding_encodes_exactly_as_tiktoken_built_afresh() -> None:
 
 WORKER = """
 import asyncio, sys
-from proxy.app import create_app
+from proxy.app.application import create_app
 from proxy.config import load_settings
 
 async def main():
@@ -285,7 +285,7 @@ async def test_the_upstream_transport_reads_no_ca_bundle_of_its_own_and_still_ve
 ) -> None:
     import ssl
 
-    from proxy.app import build_transport
+    from proxy.app.application import build_transport
     from proxy.config import load_settings
     from proxy.wire.stale_retry import StaleRetry
 
@@ -361,7 +361,7 @@ def test_aiohttp_s_context_for_unverified_requests_holds_no_ca_store_and_verifie
 ) -> None:
     import ssl
 
-    from proxy.app import build_transport
+    from proxy.app.application import build_transport
     from proxy.config import load_settings
 
     connector = aiohttp.connector

@@ -11,10 +11,10 @@ import httpx
 from openapi_spec_validator import validate
 from starlette.routing import Route
 
-from proxy.app import create_app
+from proxy.app.application import create_app
+from proxy.app.openapi import PATH, document
+from proxy.app.ui import PREFIX
 from proxy.config import load_settings
-from proxy.openapi import PATH, document
-from proxy.ui import PREFIX
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
@@ -74,4 +74,4 @@ def test_the_docs_page_renders_the_document() -> None:
 
 def test_the_docs_copy_is_the_served_document() -> None:
     copy = json.loads((DOCS.parent / "openapi.json").read_text())
-    assert copy == document(), "regenerate: python -m proxy.openapi > docs/openapi.json"
+    assert copy == document(), "regenerate: python -m proxy.app.openapi > docs/openapi.json"

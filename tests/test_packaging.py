@@ -68,7 +68,7 @@ def test_the_wheel_carries_the_licence_metadata_and_run_time_data(dist: Path) ->
         "proxy/data/compactd.toml",
         "proxy/data/models.toml",
         "proxy/py.typed",
-        "proxy/ui/static/index.html",
+        "proxy/app/ui/static/index.html",
     } <= names
     assert "compactd = proxy.cli:main" in entry_points
     assert re.search(r"^engine = proxy\.providers\.engine:EngineProvider$", entry_points, re.M)

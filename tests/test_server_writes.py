@@ -1,4 +1,4 @@
-"""A response's head goes out with its body's first bytes, in one send (`proxy.server`).
+"""A response's head goes out with its body's first bytes, in one send (`proxy.app.server`).
 
 uvicorn writes the status line and headers, then the body, as two sends: two TCP segments for
 every small answer, and the client woken twice to read one. `HeadWithBody` holds the head until
@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from proxy.server import HeadLimits, HeadWithBody, protocol_options
+from proxy.app.server import HeadLimits, HeadWithBody, protocol_options
 from tests.upstream import serve
 
 
@@ -258,7 +258,7 @@ async def test_compactd_s_protocol_sends_a_small_answer_s_head_and_body_at_once(
     import uvicorn
     from uvicorn.server import ServerState
 
-    from proxy.server import BoundedHttpToolsProtocol
+    from proxy.app.server import BoundedHttpToolsProtocol
 
     config = uvicorn.Config(streaming_app(asyncio.Event()), access_log=False)
     config.load()

@@ -240,7 +240,7 @@ async def test_file_upload_is_streamed_not_buffered(upstream, make_proxy) -> Non
 async def test_start_up_shortens_the_thread_switch_interval(upstream, make_proxy) -> None:
     # Providers run in worker threads: the event loop must get the GIL back within ~2 ms, not
     # Python's default 5 ms, or every compaction stretches other requests' latency.
-    from proxy.app import SWITCH_INTERVAL
+    from proxy.app.application import SWITCH_INTERVAL
 
     _fake, base = upstream
     sys.setswitchinterval(0.005)

@@ -291,7 +291,7 @@ async def openapi(request: Request) -> Response:
     return Response(orjson.dumps(document()), media_type="application/json")
 
 
-if __name__ == "__main__":  # `python -m proxy.openapi > docs/openapi.json`
+if __name__ == "__main__":  # `python -m proxy.app.openapi > docs/openapi.json`
     import sys
 
     sys.stdout.write(orjson.dumps(document(), option=orjson.OPT_INDENT_2).decode() + "\n")

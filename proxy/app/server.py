@@ -33,8 +33,8 @@ import httptools
 from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from proxy.app.connection import Deadline
 from proxy.config import Settings
-from proxy.connection import Deadline
 from proxy.dialects.apis import is_anthropic
 from proxy.dialects.errors import anthropic_error_body
 from proxy.errors import (

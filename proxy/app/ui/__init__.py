@@ -95,7 +95,7 @@ async def _to_dashboard(request: Request) -> Response:
 
 
 def routes() -> list[Route]:
-    """The dashboard's routes (its data comes from /compactd/v1, see `proxy.insight`)."""
+    """The dashboard's routes (its data comes from /compactd/v1, see `proxy.app.dashboard_api`)."""
     assets = Assets()
     return [
         Route("/", _to_dashboard, methods=["GET", "HEAD"]),

@@ -10,9 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from proxy.api import _caller, _Json, _services, usage_answer, visible_conversation
+from proxy.app.api import _caller, _Json, _services, usage_answer, visible_conversation
+from proxy.app.views import inspection
 from proxy.telemetry.stats import series_json
-from proxy.views import inspection
 from proxy.wire.tenant import credential, key_fingerprint
 
 

@@ -16,18 +16,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy import ui
-from proxy.api import EXCEPTION_HANDLERS, ROUTES
+from proxy.app import ui
+from proxy.app.api import EXCEPTION_HANDLERS, ROUTES
+from proxy.app.dashboard_api import ROUTES as INSIGHT_ROUTES
+from proxy.app.openapi import PATH as OPENAPI_PATH
+from proxy.app.openapi import openapi
+from proxy.app.server import HeadLimits, anthropic_target, head_limits, head_too_large
+from proxy.app.services import build_services
 from proxy.chat.handler import Handler
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
 from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
-from proxy.insight import ROUTES as INSIGHT_ROUTES
-from proxy.openapi import PATH as OPENAPI_PATH
-from proxy.openapi import openapi
 from proxy.providers.registry import ProviderRegistry
-from proxy.server import HeadLimits, anthropic_target, head_limits, head_too_large
-from proxy.services import build_services
 from proxy.store.base import Store
 from proxy.telemetry.access import AccessLog
 from proxy.telemetry.metrics import Metrics

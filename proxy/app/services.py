@@ -12,10 +12,10 @@ from pathlib import Path
 import httpx
 import orjson
 
+from proxy.app.heavy import HeavyWork
 from proxy.chat.compactor import Compactor, CompleterFactory
 from proxy.chat.policy import PolicyResolver
 from proxy.config import ConfigError, Settings, data_dir
-from proxy.heavy import HeavyWork
 from proxy.providers.base import Completer, ContextProvider, Message, OptionError
 from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
 from proxy.store.base import Store

@@ -14,6 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from proxy.app.services import Services
+from proxy.app.views import conversation_json, conversation_list
 from proxy.chat.refscope import find_scope
 from proxy.chat.request import CONVERSATION_HEADER
 from proxy.dialects import restore
@@ -31,10 +33,8 @@ from proxy.errors import (
 from proxy.providers.uncompress import Bounds
 from proxy.providers.uncompress import ResultTooLargeError as RestoreTooLargeError
 from proxy.providers.uncompress import uncompress as uncompress_messages
-from proxy.services import Services
 from proxy.store.base import ConversationInfo, StoreError
 from proxy.telemetry.stats import GROUP_BY, GroupBy, parse_since, period_json
-from proxy.views import conversation_json, conversation_list
 from proxy.wire.tenant import credential
 from proxy.wire.upstream_keys import admitted
 
