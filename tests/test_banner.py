@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy.banner import describe, masked_url, render
+from proxy.cli.banner import describe, masked_url, render
 from proxy.config import load_settings
 from tests.store.redis_server import RedisServer
 from tests.test_cli import PY, _env, _free_port

@@ -113,13 +113,13 @@ def test_target_checks_mark_met_and_missed_targets() -> None:
 def test_profile_summary_ranks_self_time_and_our_own_functions(tmp_path: Path) -> None:
     raw = tmp_path / "p.txt"
     raw.write_text(
-        "main (/x/proxy/cli.py:1);send (/v/site-packages/aiohttp/client.py:9) 30\n"
-        "main (/x/proxy/cli.py:1);prepare (/x/proxy/chat/compactor.py:5) 10\n"
+        "main (/x/proxy/cli/main.py:1);send (/v/site-packages/aiohttp/client.py:9) 30\n"
+        "main (/x/proxy/cli/main.py:1);prepare (/x/proxy/chat/compactor.py:5) 10\n"
     )
     md = spy.summarise(raw)
     assert "samples: 40" in md
     assert "| 75.0 | `send (aiohttp/client.py)` |" in md
-    assert "| 100.0 | `main (proxy/cli.py)` |" in md
+    assert "| 100.0 | `main (proxy/cli/main.py)` |" in md
 
 
 def test_rounds_merge_into_one_result_with_summed_time_and_counts() -> None:

@@ -12,7 +12,7 @@ import select
 import subprocess
 from pathlib import Path
 
-from proxy.cli import build_parser
+from proxy.cli.main import build_parser
 from tests.test_cli import PY, _env, run
 from tests.test_compaction_e2e import history
 

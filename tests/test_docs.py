@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-from proxy.cli import build_parser
+from proxy.cli.main import build_parser
 from proxy.config import PolicySettings, Settings, load_settings
 from proxy.providers.base import ContextProvider
 from proxy.telemetry.metrics import Metrics

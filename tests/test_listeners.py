@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.listeners import SUPPORTED, claim
+from proxy.cli.listeners import SUPPORTED, claim
 from tests.instances import Instance, instances
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "overhead"))

@@ -11,7 +11,7 @@ import orjson
 import pytest
 import uvicorn
 
-from proxy.factory import app_from_env
+from proxy.cli.factory import app_from_env
 from proxy.telemetry.logs import (
     ADOPTED_LOGGERS,
     REQUEST_LOGGER,
@@ -218,7 +218,7 @@ def test_a_worker_the_factory_builds_writes_no_uvicorn_access_line(
     monkeypatch.delenv("COMPACTD_CONFIG_FILE", raising=False)
     monkeypatch.setenv("COMPACTD_DATA_DIR", str(tmp_path))
     uvicorn.Config(
-        "proxy.factory:app_from_env", access_log=False, log_config=None
+        "proxy.cli.factory:app_from_env", access_log=False, log_config=None
     ).configure_logging()
     app_from_env()
     assert not logging.getLogger("uvicorn.access").hasHandlers()

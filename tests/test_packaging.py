@@ -70,7 +70,7 @@ def test_the_wheel_carries_the_licence_metadata_and_run_time_data(dist: Path) ->
         "proxy/py.typed",
         "proxy/app/ui/static/index.html",
     } <= names
-    assert "compactd = proxy.cli:main" in entry_points
+    assert "compactd = proxy.cli.main:main" in entry_points
     assert re.search(r"^engine = proxy\.providers\.engine:EngineProvider$", entry_points, re.M)
 
 

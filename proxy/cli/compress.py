@@ -13,8 +13,8 @@ from typing import IO, Any, TextIO
 import orjson
 
 from proxy.chat.compactor import compression_config
+from proxy.cli.progress import counter
 from proxy.config import PolicySettings, Settings
-from proxy.progress import counter
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry

@@ -62,7 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
     from proxy.app.server import head_limits, protocol_options  # noqa: PLC0415
     from proxy.app.services import check_settings  # noqa: PLC0415
-    from proxy.banner import describe, emit  # noqa: PLC0415
+    from proxy.cli.banner import describe, emit  # noqa: PLC0415
     from proxy.telemetry.logs import configure_logging  # noqa: PLC0415
 
     configure_logging(s.log_level)
@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
         **protocol_options(head_limits(settings)),
     }
     if s.workers > 1:
-        from proxy.listeners import run_workers  # noqa: PLC0415
+        from proxy.cli.listeners import run_workers  # noqa: PLC0415
         from proxy.telemetry.metrics import multiprocess_dir  # noqa: PLC0415
 
         # Each worker process rebuilds the app from the same config through the factory.
@@ -94,7 +94,7 @@ def _serve(args: argparse.Namespace) -> int:
             os.environ["COMPACTD_UPSTREAM_URL"] = args.upstream
         with multiprocess_dir():
             # A listening socket per worker, so the kernel balances connections between them.
-            app = "proxy.factory:app_from_env"
+            app = "proxy.cli.factory:app_from_env"
             run_workers(uvicorn.Config(app, factory=True, workers=s.workers, **common))
         return 0
     from proxy.app.application import create_app  # noqa: PLC0415
@@ -124,7 +124,7 @@ async def _store_warnings(settings: Settings) -> list[str]:
 
 def _check_config(args: argparse.Namespace) -> int:
     from proxy.app.services import check_settings  # noqa: PLC0415
-    from proxy.banner import warnings  # noqa: PLC0415
+    from proxy.cli.banner import warnings  # noqa: PLC0415
     from proxy.config import admin_key_weakness  # noqa: PLC0415
 
     settings = _settings(args)
@@ -143,11 +143,11 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _compress(args: argparse.Namespace) -> int:
-    from proxy import offline  # noqa: PLC0415
+    from proxy.cli import compress  # noqa: PLC0415
 
     if args.budget <= 0 or not 0 < args.target_ratio <= 1:
         raise CommandError("--budget must be > 0 and --target-ratio in (0, 1]")
-    defaults = offline.Defaults(
+    defaults = compress.Defaults(
         model=args.model,
         provider=args.provider or "",
         budget=args.budget,
@@ -158,7 +158,7 @@ def _compress(args: argparse.Namespace) -> int:
     settings = _settings(args)
     check_settings(settings)
     progress = sys.stderr if sys.stderr.isatty() else None
-    return offline.main(settings, defaults, sys.stdin.buffer, sys.stdout.buffer, progress)
+    return compress.main(settings, defaults, sys.stdin.buffer, sys.stdout.buffer, progress)
 
 
 def _providers(args: argparse.Namespace) -> int:
@@ -172,7 +172,7 @@ def _providers(args: argparse.Namespace) -> int:
 
 
 def _key_id(args: argparse.Namespace) -> int:
-    from proxy.banner import secret_source  # noqa: PLC0415
+    from proxy.cli.banner import secret_source  # noqa: PLC0415
     from proxy.config import data_dir  # noqa: PLC0415
     from proxy.wire.tenant import key_fingerprint, load_or_create_secret  # noqa: PLC0415
 
@@ -212,7 +212,7 @@ def _with_store(args: argparse.Namespace, work: Callable[[Store, Settings], Awai
 
 def _store_name(settings: Settings) -> str:
     """`store sqlite /path/compactd.db (data dir /path)`: what a store command reads."""
-    from proxy.banner import store_location  # noqa: PLC0415
+    from proxy.cli.banner import store_location  # noqa: PLC0415
     from proxy.config import data_dir  # noqa: PLC0415
 
     kind, where = store_location(settings)
@@ -254,7 +254,7 @@ def _credential(typed: str | bytes) -> str | None:
 
 def _conversations(args: argparse.Namespace) -> int:
     from proxy.app.views import conversation_summary  # noqa: PLC0415
-    from proxy.progress import waiting  # noqa: PLC0415
+    from proxy.cli.progress import waiting  # noqa: PLC0415
 
     async def work(store: Store, settings: Settings) -> int:
         infos = await waiting(
@@ -336,7 +336,7 @@ def _purge(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from proxy.progress import waiting  # noqa: PLC0415
+    from proxy.cli.progress import waiting  # noqa: PLC0415
     from proxy.telemetry.stats import compute_stats, format_table, parse_since, stats_json  # noqa: PLC0415
     from proxy.tokens.budget import ModelTable  # noqa: PLC0415
 
