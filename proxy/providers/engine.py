@@ -15,7 +15,9 @@ Five principles, each a stage a reviewer can read on its own:
    stands first, and the output of a call that is made again later is worth a tenth.
 4. **Salience** (`salience.Scorer`). Pieces are worth their specificity (rare ids, numbers,
    dates, paths, URLs, names) plus their relevance to the tail (BM25 against the last user
-   message and the newest exchanges), plus a little for being there at all.
+   message and the newest exchanges), plus a little for being there at all. A tool's output
+   counts a quarter (`RAW`): it is what the user and the model read, and their own turns after
+   it say what mattered in it.
 5. **Fill the budget** (`selection.py`). Pieces are kept best value per token first until the
    target is reached, counted exactly and adjusted; a request that can fit does. The final tool
    results are cut (head and tail) only when nothing else makes it fit.
@@ -84,6 +86,11 @@ AGE_SPAN = 1.0
 # The output of a call made again later (same tool, same arguments) keeps this share of its
 # value: the later output says what it says now.
 SUPERSEDED = 0.1
+# A line of a tool's output counts this share of a line the user or the model wrote: the output
+# is raw material the turns after it read, and they say in their own words what mattered in it
+# (on coding-agent runs, what later tool calls pass is 2-7 times denser in the model's own
+# messages than in the outputs they read).
+RAW = 0.25
 # A piece repeated later keeps this share of its value (it may still serve as context).
 REPEATED = 0.02
 # Pieces shorter than this (non-space characters) are never counted as repeated: a brace, a
@@ -261,6 +268,8 @@ def _texts(
         full = layout.costs[i]
         per_char = full / max(len(bodies[i]), 1)
         weight = weights[unit_of[i]] * (SUPERSEDED if i in superseded else 1.0)
+        if messages[i].get("role") == "tool":
+            weight *= RAW
         tokens, values, short = [], [], []
         for k, piece in enumerate(piece_texts[i]):
             cost = len(piece) * per_char
@@ -278,7 +287,8 @@ def _texts(
 
 def _body(message: Message, *, foldable: bool) -> str:
     """What a message's pieces are cut from: its text, and in a unit that may be folded into a
-    stand-in, its tool calls as `name(arguments)` (what a later turn may need of them)."""
+    stand-in, its tool calls as `name arguments` (what a later turn may need of them; nothing
+    between the two, so an argument keeps the call's name as its context)."""
     text = message_text(message)
     calls = message.get("tool_calls") if foldable else None
     if not isinstance(calls, list):
@@ -287,7 +297,7 @@ def _body(message: Message, *, foldable: bool) -> str:
     for call in calls:
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
-            written.append(f"{function.get('name')}({function.get('arguments')})")
+            written.append(f"{function.get('name')} {function.get('arguments')}")
     return "\n".join([text, *written]) if text else "\n".join(written)
 
 

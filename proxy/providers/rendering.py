@@ -3,7 +3,7 @@
 A unit that may go and keeps all its pieces stays whole. Every other such unit is folded with
 its neighbours into one stand-in for the run: its marker (`[compactd:ref=<id> … 5 messages,
 3,200 tokens dropped]`), then what the run keeps, message by message under its speaker's label
-(`user:`, `assistant:`, `tool:`; a tool call as `name(arguments)`), whole lines and sentences
+(`user:`, `assistant:`, `tool:`; a tool call as `name arguments`), whole lines and sentences
 joined where they were adjacent, a gap saying how much is missing between them. In a unit that
 must stay, each message keeps its role, tool identity and content type: whole when every piece
 is kept, else headed by its own marker with its kept pieces. Each ref maps to the original

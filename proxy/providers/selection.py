@@ -32,7 +32,7 @@ class Text:
     """The message's index in the conversation."""
     body: str
     """What the pieces cut: the message's text (and, in a unit that may be folded, its tool
-    calls written as `name(arguments)`)."""
+    calls written as `name arguments`)."""
     spans: list[tuple[int, int]]
     tokens: list[float]
     value: list[float]

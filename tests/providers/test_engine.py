@@ -103,7 +103,7 @@ def test_kept_text_is_whole_lines_never_a_list_of_terms() -> None:
             messages[k] = {**m, "content": file_view(f"src/mod_{k}.py", 1, 80)}
     originals = {line for m in messages for line in message_text(m).splitlines()}
     originals |= {
-        f"{c['function']['name']}({c['function']['arguments']})"
+        f"{c['function']['name']} {c['function']['arguments']}"
         for m in messages
         for c in m.get("tool_calls") or ()
     }
