@@ -53,7 +53,7 @@ browser:
 docs: install-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# tests/test_kubernetes.py renders deploy/kubernetes with kubectl kustomize (Debian's
+# tests/project/test_kubernetes.py renders deploy/kubernetes with kubectl kustomize (Debian's
 # kubernetes-client). Without it those tests skip (and say so); under CI they fail.
 kubectl:
 	@command -v kubectl >/dev/null || \

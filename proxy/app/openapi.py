@@ -2,7 +2,7 @@
 
 The /v1/* relay is the upstreams' own APIs (OpenAI's, Anthropic's) and is described by their
 documents; this one covers what compactd itself answers: health, readiness, metrics, the
-conversation and restore API, accounting and the dashboard's data. tests/test_openapi.py
+conversation and restore API, accounting and the dashboard's data. tests/app/test_openapi.py
 validates it with openapi-spec-validator and checks it against the app's routes, both ways.
 """
 

@@ -10,7 +10,7 @@ only the messages after it: a long conversation's next turn costs only its new m
 
 Facts are kept by the checkpoint object's identity, never holding it alive (a weak reference
 tells a reused id from the same object); `ReplayChecks.problem` answers exactly what
-`replay_problem` answers (tests/test_replay_checks.py).
+`replay_problem` answers (tests/chat/test_replay_checks.py).
 """
 
 from __future__ import annotations

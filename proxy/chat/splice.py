@@ -7,7 +7,7 @@ its messages, serialized once per session: `BodyCache.memo`), the checkpoint's m
 (serialized once per stored version of the checkpoint: `PrefixBytes`, bounded), and the messages
 after it (serialized each turn). Joined, they are the bytes `with_messages` gives, exactly:
 orjson's compact output of a list is `[` + its items' outputs joined by `,` + `]`, and of an
-object the same with any one value replaced (tests/test_splice.py).
+object the same with any one value replaced (tests/chat/test_splice.py).
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ async def test_count_tokens_under_budget_and_other_anthropic_paths_are_forwarded
         assert response.status_code == 200
         assert response.json()["input_tokens"] > 0
         assert h.messages.last.body == raw
-        # Counted as compactd would forward it (tests/dialects/test_protocol_items.py): as is.
+        # Counted as compactd would forward it (tests/live/test_protocol_items.py): as is.
         assert response.headers["x-compactd-action"] == "passthrough"
         models = await h.client.get(
             "/v1/models", headers={"x-api-key": "k", "anthropic-version": "2023-06-01"}

@@ -13,7 +13,7 @@ from proxy.config import StoreSettings
 from proxy.store.factory import open_store, sqlite_path
 from proxy.store.redis.store import RedisStore
 from proxy.store.sqlite.store import SqliteStore
-from tests.test_lean_workers import WORKER
+from tests.live.test_lean_workers import WORKER
 
 
 @pytest.mark.parametrize(

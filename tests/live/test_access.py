@@ -14,10 +14,10 @@ import pytest
 
 from proxy.telemetry.access import route_class
 from tests.conftest import ProxyFactory
-from tests.test_compaction_e2e import history
+from tests.live.test_compaction_e2e import history
 from tests.upstream import FakeUpstream, serve_raw
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 # The README's header table says on which responses each header appears; these are the ones it
 # promises on every readable chat request that is not a bypass.
 _ROWS = re.findall(r"^\| `x-compactd-([a-z-]+)` \| [^|]+ \| ([^|]+) \|$", README, re.MULTILINE)

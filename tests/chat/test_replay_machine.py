@@ -19,7 +19,7 @@ request it checks what was forwarded:
 - a request that was not rewritten went out as the client's bytes; nothing failed open.
 
 CI runs the derandomized "ci" profile with the example and step counts below;
-`HYPOTHESIS_PROFILE=explore COMPACTD_MACHINE_EXAMPLES=300 pytest tests/test_replay_machine.py`
+`HYPOTHESIS_PROFILE=explore COMPACTD_MACHINE_EXAMPLES=300 pytest tests/chat/test_replay_machine.py`
 explores further. Every failing sequence it ever found is kept as an explicit test at the end.
 
 Derandomized is not the same sequences everywhere: what else pytest collected into the process

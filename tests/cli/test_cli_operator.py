@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 from proxy.cli.main import build_parser
-from tests.test_cli import PY, _env, run
-from tests.test_compaction_e2e import history
+from tests.cli.test_cli import PY, _env, run
+from tests.live.test_compaction_e2e import history
 
 
 def store_line(data: Path) -> str:

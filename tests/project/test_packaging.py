@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -79,7 +79,7 @@ def test_the_sdist_carries_licence_changelog_and_tests(dist: Path) -> None:
     with tarfile.open(sdist) as tf:
         names = {n.split("/", 1)[1] for n in tf.getnames() if "/" in n}
     assert {"LICENSE", "CHANGELOG.md", "README.md", "pyproject.toml"} <= names
-    assert "tests/test_packaging.py" in names
+    assert "tests/project/test_packaging.py" in names
     assert not any(n.startswith((".venv/", "dist/")) for n in names)
 
 

@@ -24,8 +24,8 @@ from proxy.allocator import MALLOC_CONF, AllocatorError, jemalloc_library, prelo
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.counter import Tokenizers
 from proxy.tokens.encodings import load_encoding
-from tests.dialects.test_websocket import EchoUpstream
 from tests.instances import instances
+from tests.live.test_websocket import EchoUpstream
 from tests.upstream import serve
 
 TEXTS = ["hello world", "def f(x):\n    return x ** 2\n", "naïve café — 😀 " * 50, " " * 300]

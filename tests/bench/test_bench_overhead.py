@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "overhead"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "overhead"
 sys.path.insert(0, str(BENCH))
 
 import bodies  # noqa: E402

@@ -8,8 +8,8 @@ from typing import Any
 
 from proxy.chat.checkpoint import restore
 from proxy.config import PolicySettings
+from tests.app.test_restore import turn
 from tests.inprocess import Proxy, running
-from tests.test_restore import turn
 
 Message = dict[str, Any]
 

@@ -14,8 +14,8 @@ import pytest
 
 from proxy.chat.expand import TOOL, TOOL_NAME, cut, render
 from proxy.providers.units import refs_in
+from tests.app.test_restore import turn
 from tests.inprocess import MockUpstream, Proxy, Reply, reply, running
-from tests.test_restore import turn
 from tests.upstream import chat_completion, respond, sse_chunks, stream
 
 Message = dict[str, Any]

@@ -9,8 +9,8 @@ from typing import Any
 
 from proxy.chat.checkpoint import restore
 from proxy.runtime.digest import message_digest
+from tests.cli.test_cli import run, run_into_a_closed_pipe
 from tests.inprocess import Proxy, running
-from tests.test_cli import run, run_into_a_closed_pipe
 
 Message = dict[str, Any]
 SECRET = {"server": {"secret": "test-secret", "admin_key": "admin-key"}}

@@ -23,8 +23,8 @@ import pytest
 
 from proxy.wire.stale_retry import ALREADY_RETRIED_BY_AIOHTTP
 from tests.conftest import ProxyFactory
-from tests.test_access import _metric
-from tests.test_compaction_e2e import history
+from tests.live.test_access import _metric
+from tests.live.test_compaction_e2e import history
 from tests.upstream import chat_completion, serve_raw
 
 KEY = {"authorization": "Bearer sk-test-key"}

@@ -37,7 +37,7 @@ def test_a_subprocess_a_test_starts_has_no_corpora_directory_either() -> None:
         capture_output=True,
         text=True,
         check=True,
-        cwd=Path(__file__).parents[1],
+        cwd=Path(__file__).parents[2],
     )
     assert out.stdout.strip() == "unset"
 

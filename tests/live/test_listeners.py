@@ -16,7 +16,7 @@ import pytest
 from proxy.cli.listeners import SUPPORTED, claim
 from tests.instances import Instance, instances
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "overhead"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "overhead"))
 
 from procs import connections_per_worker, spawned, tcp_sockets
 

@@ -17,10 +17,10 @@ import pytest
 
 from proxy.store.sqlite.store import SqliteStore
 from proxy.wire.tenant import key_fingerprint
+from tests.cli.test_cli import PY, _env, _free_port, run
+from tests.live.test_compaction_e2e import history
 from tests.store.test_contract import compaction
 from tests.store.test_contract import history as short_history
-from tests.test_cli import PY, _env, _free_port, run
-from tests.test_compaction_e2e import history
 
 
 @contextlib.asynccontextmanager

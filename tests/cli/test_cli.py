@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.inprocess import running
-from tests.test_compaction_e2e import history
+from tests.live.test_compaction_e2e import history
 
 PY = sys.executable
 

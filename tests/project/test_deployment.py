@@ -22,7 +22,7 @@ from proxy.config import load_settings
 from proxy.store.redis.client import cluster_seeds
 from tests.store.redis_cluster import NODE_SETTINGS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.cluster.yml"
 SECRET = "0123456789abcdef0123456789abcdef"
 

@@ -16,7 +16,7 @@ from proxy.app.openapi import PATH, document
 from proxy.app.ui import PREFIX
 from proxy.config import load_settings
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def app_routes() -> dict[str, set[str]]:

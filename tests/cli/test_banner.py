@@ -14,9 +14,9 @@ import httpx
 
 from proxy.cli.banner import describe, masked_url, render
 from proxy.config import load_settings
+from tests.cli.test_cli import PY, _env, _free_port
+from tests.cli.test_cli_use import serving_with
 from tests.store.redis_server import RedisServer
-from tests.test_cli import PY, _env, _free_port
-from tests.test_cli_use import serving_with
 
 
 def test_the_banner_names_everything_an_operator_asks_about_first(tmp_path: Path) -> None:

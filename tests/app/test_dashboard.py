@@ -19,7 +19,7 @@ from proxy.wire.tenant import key_fingerprint, tenant_id
 from tests import dashboard_data as dd
 from tests.inprocess import Proxy, running
 
-STATIC = Path(__file__).resolve().parents[1] / "proxy" / "app" / "ui" / "static"
+STATIC = Path(__file__).resolve().parents[2] / "proxy" / "app" / "ui" / "static"
 
 
 def auth(key: str) -> dict[str, str]:

@@ -21,7 +21,7 @@ from proxy.config import PolicySettings, Settings, load_settings
 from proxy.providers.base import ContextProvider
 from proxy.telemetry.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
 EXAMPLE = ROOT / "config" / "compactd.toml"
 DOCS = ROOT / "docs"

@@ -24,7 +24,7 @@ from proxy.app.application import create_app
 from proxy.config import load_settings
 from proxy.wire.tenant import tenant_id
 from tests import dashboard_data as dd
-from tests.test_dashboard import restored
+from tests.app.test_dashboard import restored
 from tests.upstream import serve
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

@@ -19,7 +19,7 @@ from proxy.tokens.budget import (
 )
 from proxy.tokens.encodings import BUNDLED
 
-REPO_TABLE = Path(__file__).resolve().parent.parent / "config" / "models.toml"
+REPO_TABLE = Path(__file__).resolve().parents[2] / "config" / "models.toml"
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from proxy.app.openapi import document
 from proxy.config import ServerSettings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 GRAFANA = ROOT / "deploy" / "grafana" / "compactd.json"
 VERSION = "1.37.0"
