@@ -44,9 +44,10 @@ EXACT = 1.0
 NAMED = 0.6
 
 
-def terms(text: str) -> list[str]:
-    """The terms of a text, as written, found a window of SCAN characters at a time (cut at a
-    space where there is one): a regex call holds the GIL while it runs."""
+def terms(text: str, pattern: re.Pattern[str] = _TERM) -> list[str]:
+    """The terms of a text (or another pattern's matches), as written, found a window of SCAN
+    characters at a time (cut at a space where there is one): a regex call holds the GIL while
+    it runs."""
     out: list[str] = []
     start = 0
     while start < len(text):
@@ -54,7 +55,7 @@ def terms(text: str) -> list[str]:
         if end < len(text):
             space = text.rfind(" ", start + SCAN // 2, end)
             end = space if space > 0 else end
-        out.extend(_TERM.findall(text, start, end))
+        out.extend(pattern.findall(text, start, end))
         start = end
     return out
 
@@ -68,9 +69,12 @@ def form(term: str) -> float:
     return NAMED if len(term) > 1 and term.isupper() else 0.0
 
 
-def _named(term: str) -> bool:
-    """Whether a term of the tail names something: specific by its form, or capitalized."""
-    return bool(form(term)) or term[:1].isupper()
+def named_terms(text: str) -> set[str]:
+    """What a text names: its terms specific by their form, and its capitalized words that do
+    not start a sentence (the rule specificity uses: `What`, `The`, `THOUGHT:` name nothing)."""
+    out = {t for t in terms(text) if form(t)}
+    out.update(terms(text, _NAME))
+    return out
 
 
 def edges(text: str, reach: int) -> tuple[bool, bool]:
@@ -94,8 +98,8 @@ class Scorer:
         # The working set is what the tail names (its files, functions, ids, numbers, names):
         # plain words match too much to say what a piece is about. The last user message says
         # what is asked now: its names count twice the tail's.
-        self._query = {t.lower(): 1.0 for t in terms(query) if _named(t)}
-        self._query.update({t.lower(): 2.0 for t in terms(focus) if _named(t)})
+        self._query = {t.lower(): 1.0 for t in named_terms(query)}
+        self._query.update({t.lower(): 2.0 for t in named_terms(focus)})
         asked = set(self._query)
         judged: set[str] = set()
         weights: dict[str, float] = {}  # the specific terms as written, by their form
