@@ -7,7 +7,7 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Only what the wheel needs (pyproject's readme and force-included config files). The dashboard's
-# files (proxy/ui/static: HTML, JS, CSS, the vendored uPlot) are package data inside `proxy`.
+# files (proxy/app/ui/static: HTML, JS, CSS, the vendored uPlot) are package data inside `proxy`.
 COPY pyproject.toml README.md ./
 COPY config ./config
 COPY proxy ./proxy

@@ -7,9 +7,8 @@ Several uvicorn workers: prometheus_client decides *when it is imported* whether
 process memory or in per-process mmap files under `PROMETHEUS_MULTIPROC_DIR`. So the CLI must set
 that variable (an empty directory) before the workers start (`multiprocess_dir()` does this), and
 `render()` then merges every worker's files with `MultiProcessCollector`, whichever worker answers
-the scrape (each worker's updates go to its files through `proxy.mpvalue`, a cheaper writer of
-the same files than prometheus_client's own). Only counters and histograms are used, which merge
-by summing; no live gauges, so no `mark_process_dead` bookkeeping is needed when a worker exits.
+the scrape. Only counters and histograms are used, which merge by summing; no live gauges, so no
+`mark_process_dead` bookkeeping is needed when a worker exits.
 """
 
 from __future__ import annotations
@@ -33,13 +32,7 @@ from prometheus_client import (
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from proxy.mpvalue import value_class
-
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-if values.ValueClass is not values.MutexValue and os.environ.get(MULTIPROC_ENV):
-    # Multiprocess mode: the same files, each update ~1.5 µs cheaper (see proxy.mpvalue).
-    # Before any metric exists: compactd's are the only ones, all made by `Metrics` below.
-    values.ValueClass = value_class(os.environ[MULTIPROC_ENV])
 DEFAULT_API = "chat.completions"
 """The `api` label of requests that do not say (see `proxy.dialects.apis`)."""
 OTHER_MODEL = "other"
