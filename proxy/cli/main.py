@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args, overrides)
     s = settings.server
     if getattr(args, "own_process", False):
-        from proxy.allocator import AllocatorError, restart_with_jemalloc  # noqa: PLC0415
+        from proxy.runtime.allocator import AllocatorError, restart_with_jemalloc  # noqa: PLC0415
 
         try:
             restart_with_jemalloc(s.allocator)  # returns only if it does not apply

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import tiktoken
 
-from proxy.allocator import release_freed_memory
+from proxy.runtime.allocator import release_freed_memory
 
 BLOB_BASE = "https://openaipublic.blob.core.windows.net/encodings/"
 BUNDLED = ("cl100k_base", "o200k_base")

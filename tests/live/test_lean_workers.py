@@ -20,7 +20,12 @@ import pytest
 import tiktoken
 import tiktoken_ext.openai_public as public
 
-from proxy.allocator import MALLOC_CONF, AllocatorError, jemalloc_library, preload_environment
+from proxy.runtime.allocator import (
+    MALLOC_CONF,
+    AllocatorError,
+    jemalloc_library,
+    preload_environment,
+)
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.counter import Tokenizers
 from proxy.tokens.encodings import load_encoding
@@ -202,8 +207,8 @@ def test_jemalloc_takes_every_setting_of_the_default_configuration() -> None:
 def test_jemalloc_chosen_but_missing_stops_serve_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("proxy.allocator.jemalloc_library", lambda: None)
-    monkeypatch.setattr("proxy.allocator.running_jemalloc", lambda: False)
+    monkeypatch.setattr("proxy.runtime.allocator.jemalloc_library", lambda: None)
+    monkeypatch.setattr("proxy.runtime.allocator.running_jemalloc", lambda: False)
 
     with pytest.raises(AllocatorError, match="jemalloc was chosen but is not installed"):
         preload_environment("jemalloc", {})
@@ -334,7 +339,7 @@ def stat(name):
 TCACHE = (
     JEMALLOC_STAT
     + """
-from proxy.allocator import release_thread_cache
+from proxy.runtime.allocator import release_thread_cache
 
 def cached():
     return stat(b"stats.arenas.4096.tcache_bytes")

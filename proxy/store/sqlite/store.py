@@ -28,7 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.allocator import release_thread_cache
+from proxy.runtime.allocator import release_thread_cache
 from proxy.store import codec, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
