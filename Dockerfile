@@ -7,7 +7,7 @@ FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 # Only what the wheel needs (pyproject's readme and force-included config files). The dashboard's
-# files (proxy/ui/static: HTML, JS, CSS, the vendored uPlot) are package data inside `proxy`.
+# files (proxy/app/ui/static: HTML, JS, CSS, the vendored uPlot) are package data inside `proxy`.
 COPY pyproject.toml README.md ./
 COPY config ./config
 COPY proxy ./proxy
@@ -31,7 +31,7 @@ RUN apt-get update \
 
 # Bake the tiktoken encodings in at build time, so the container never needs the network to
 # count tokens; loading them here also checks each file against tiktoken's expected sha256.
-RUN python -c "from pathlib import Path; from proxy.encodings import seed_cache, load_encoding; d = seed_cache(Path('/opt/compactd/tiktoken')); [load_encoding(n, d) for n in ('cl100k_base', 'o200k_base')]" \
+RUN python -c "from pathlib import Path; from proxy.tokens.encodings import seed_cache, load_encoding; d = seed_cache(Path('/opt/compactd/tiktoken')); [load_encoding(n, d) for n in ('cl100k_base', 'o200k_base')]" \
     && useradd --system --uid 10001 --user-group --home-dir /data --no-create-home \
        --shell /usr/sbin/nologin compactd \
     && mkdir -p /data \

@@ -9,12 +9,14 @@ BIN := $(VENV)/bin
 run: install
 	$(BIN)/compactd serve
 
-# Install with test extras, make sure a Redis answers, then lint, type-check, build the docs
-# (strict: a broken link or a lost generated section fails) and run every test.
+# Install with test extras, make sure a Redis answers, then lint, type-check, check the layer
+# contract (pyproject's [tool.importlinter]: each folder of proxy/ imports only the ones below
+# it), build the docs (strict: a broken link or a lost generated section fails) and run every test.
 test: install-test redis browser kubectl
 	$(BIN)/ruff check proxy tests bench docs/_hooks
 	$(BIN)/ruff format --check proxy tests bench docs/_hooks
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 	$(BIN)/pytest -q
 
@@ -51,7 +53,7 @@ browser:
 docs: install-test
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-# tests/test_kubernetes.py renders deploy/kubernetes with kubectl kustomize (Debian's
+# tests/project/test_kubernetes.py renders deploy/kubernetes with kubectl kustomize (Debian's
 # kubernetes-client). Without it those tests skip (and say so); under CI they fail.
 kubectl:
 	@command -v kubectl >/dev/null || \

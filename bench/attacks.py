@@ -30,10 +30,10 @@ import httpx
 
 sys.path.insert(0, str(Path.cwd()))  # the tree measured: the one it is run from
 
-from proxy.app import create_app
+from proxy.app.application import create_app
 from proxy.config import Settings, load_settings
 from proxy.store.base import UsageDelta
-from proxy.tenant import key_fingerprint
+from proxy.wire.tenant import key_fingerprint
 from tests.inprocess import lifespan, reply
 from tests.security.conftest import history
 

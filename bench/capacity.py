@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import body_shapes
 from bench.replay import BUDGET, FIRST_TURN, _pct, _session
-from proxy.app import create_app
+from proxy.app.application import create_app
 from proxy.config import load_settings
 from tests.inprocess import lifespan, reply
 from tests.store.redis_cluster import LocalCluster

@@ -68,11 +68,11 @@ from bench.cache_model import (
 )
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
-from proxy.budget import ModelInfo, ModelTable
 from proxy.config import APIS, PolicySettings
-from proxy.encodings import load_encoding
 from proxy.providers.units import refs_in
-from proxy.tokens import TokenCounter, Tokenizers
+from proxy.tokens.budget import ModelInfo, ModelTable
+from proxy.tokens.counter import TokenCounter, Tokenizers
+from proxy.tokens.encodings import load_encoding
 from tests.inprocess import MockUpstream, reply, running
 from tests.upstream import chat_completion
 

@@ -29,8 +29,8 @@ import tiktoken
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import locations
-from proxy.encodings import load_encoding
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.encodings import load_encoding
 
 
 def build_conversation(target_tokens: int, counter: TokenCounter) -> list[dict[str, Any]]:

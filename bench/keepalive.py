@@ -5,7 +5,8 @@ An upstream in another process (a raw asyncio HTTP/1.1 server, keep-alive, fixed
 from three transports, in interleaved rounds:
 
 - `before`: the pooled aiohttp transport as compactd built it before the retry (no trace hook);
-- `pooled`: `proxy.app.build_transport` (the same pool, with the retry's reuse trace and wrapper);
+- `pooled`: `proxy.app.application.build_transport` (the same pool, with the retry's reuse
+  trace and wrapper);
 - `new connection`: the retry's own transport, a new connection per request: what every request
   after a pause longer than `upstream.keepalive_seconds` pays.
 
@@ -113,9 +114,9 @@ async def _round(transport: httpx.AsyncBaseTransport, url: str, n: int) -> tuple
 
 
 async def _run(url: str, requests: int, rounds: int) -> dict[str, list[tuple[float, float]]]:
-    from proxy.app import build_transport  # noqa: PLC0415  (imports aiohttp: see _before)
+    from proxy.app.application import build_transport  # noqa: PLC0415  (imports aiohttp: see _before)
     from proxy.config import load_settings  # noqa: PLC0415
-    from proxy.pool import StaleRetry  # noqa: PLC0415
+    from proxy.wire.stale_retry import StaleRetry  # noqa: PLC0415
 
     settings = load_settings(None, env={}, overrides={"upstream": {"url": url}})
     retrying = build_transport(settings)

@@ -16,7 +16,7 @@ them, so a provider that kept only what it must would lose them all. The candida
 - other chats (`rare_items`): specific items (ids, numbers, dates, URLs in any wrapping, paths,
   quoted strings, names) that occur in at most `RARE` messages: what was said once and matters.
 
-Nothing here reads proxy/providers/facts.py: a provider is not scored by its own rule.
+Nothing here reads proxy/text/facts.py: a provider is not scored by its own rule.
 """
 
 from __future__ import annotations

@@ -64,12 +64,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import locations, quality_apis
 from bench.measure import Windows, kept_verbatim, searchable, squeezed_text
 from bench.probes import CUT_SHARE, agent_probes, answer_items, probes, rare_items
-from proxy.app import SWITCH_INTERVAL
-from proxy.encodings import load_encoding
+from proxy.app.application import SWITCH_INTERVAL
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.engine import EngineProvider
 from proxy.providers.registry import get_context_provider
-from proxy.providers.summary import summarize_text
 from proxy.providers.units import (
     final_unit_start,
     hard_protected,
@@ -77,7 +75,9 @@ from proxy.providers.units import (
     split_units,
 )
 from proxy.providers.validate import check_result, pairing_problems
-from proxy.tokens import TokenCounter
+from proxy.text.extractive_summary import summarize_text
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.encodings import load_encoding
 
 BUDGETS = (0.5, 0.25)
 # One user message holding only `[compactd:ref=<10 hex>]` costs up to 20 tokens (o200k_base):

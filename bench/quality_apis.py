@@ -13,7 +13,7 @@ from bench.api_shapes import Convert
 from bench.session import Session
 from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
 from tests.api_fakes import FakeMessages, FakeResponses
 
 ADAPTERS = {"responses": RESPONSES, "messages": MESSAGES}

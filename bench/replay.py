@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
     sys.path.append(str(ROOT))
 
 from bench import body_shapes  # noqa: E402
-from proxy.app import create_app  # noqa: E402
+from proxy.app.application import create_app  # noqa: E402
 from proxy.config import load_settings  # noqa: E402
 from tests.inprocess import lifespan, reply  # noqa: E402
 from tests.store.redis_server import RedisServer  # noqa: E402

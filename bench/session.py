@@ -58,12 +58,12 @@ from bench.session_replay import (
     op_rows,
     summarize,
 )
-from proxy.app import create_app
-from proxy.budget import ModelTable
+from proxy.app.application import create_app
 from proxy.config import APIS, Settings, StoreSettings, load_settings
-from proxy.digest import canonical_bytes
+from proxy.runtime.digest import canonical_bytes
 from proxy.store.factory import open_store
-from proxy.tokens import TokenCounter, Tokenizers
+from proxy.tokens.budget import ModelTable
+from proxy.tokens.counter import TokenCounter, Tokenizers
 from tests.upstream import serve
 
 REDIS_URL = "redis://127.0.0.1:6379/13"

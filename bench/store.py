@@ -23,10 +23,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from proxy.digest import message_digest, prefix_digests
+from proxy.runtime.digest import message_digest, prefix_digests
 from proxy.store.base import Checkpoint, Compaction, Store
-from proxy.store.redis import RedisStore
-from proxy.store.sqlite import SqliteStore
+from proxy.store.redis.store import RedisStore
+from proxy.store.sqlite.store import SqliteStore
 
 TENANT = "0123456789abcdef01234567"
 TTL = 30 * 86400

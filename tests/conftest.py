@@ -82,9 +82,9 @@ ProxyFactory = Callable[..., AbstractAsyncContextManager[str]]
 def make_proxy(tmp_path: Path) -> ProxyFactory:
     """Start compactd (real uvicorn, with compactd's own bounded HTTP protocol, as `compactd
     serve` runs it) in front of an upstream URL with config overrides."""
-    from proxy.app import create_app
+    from proxy.app.application import create_app
+    from proxy.app.server import head_limits, protocol_options
     from proxy.config import load_settings
-    from proxy.server import head_limits, protocol_options
     from tests.inprocess import embedded_store
 
     def factory(upstream_url: str, **sections: Any) -> AbstractAsyncContextManager[str]:

@@ -15,7 +15,7 @@ import httpx
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.registry import ProviderRegistry
 from proxy.store.base import UsageRecord
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite.store import SqliteStore
 from tests.inprocess import MockUpstream, _Body
 from tests.upstream import chat_completion
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from proxy.app import CompactdApp, create_app
+from proxy.app.application import CompactdApp, create_app
+from proxy.app.services import Services
 from proxy.config import load_settings
 from proxy.providers.registry import ProviderRegistry
-from proxy.services import Services
 from proxy.store.base import Store
 from tests.upstream import chat_completion
 

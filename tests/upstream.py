@@ -243,7 +243,7 @@ async def serve(app: Any, *, lifespan: str = "off", **options: Any) -> AsyncIter
 
     import uvicorn
 
-    from proxy.server import KEEP_ALIVE_SECONDS
+    from proxy.app.server import KEEP_ALIVE_SECONDS
 
     # Idle connections are kept as `compactd serve` keeps them, longer than the clients here keep
     # theirs (the tests' httpx 5 s, compactd's upstream pool 30 s). uvicorn's own 5 s equals

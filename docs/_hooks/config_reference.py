@@ -4,7 +4,7 @@ The settings' names, types and defaults come from the dataclasses in `proxy.conf
 the loader enforces); each key's description is the comment above it in `config/compactd.toml`
 (which must show every key anyway). The page `configuration.md` holds the marker below, and the
 hook puts the tables in its place at build time, so the reference cannot drift from the code.
-`tests/test_docs.py` imports this file to check that every key has a row and a description.
+`tests/project/test_docs.py` imports this file to check that every key has a row and a description.
 """
 
 from __future__ import annotations

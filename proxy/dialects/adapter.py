@@ -16,7 +16,7 @@ import orjson
 
 from proxy.dialects.breakpoints import Breakpoints, Place
 from proxy.dialects.incremental import Incremental
-from proxy.dialects.native import (
+from proxy.dialects.projection import (
     Marks,
     Message,
     NativeCounter,
@@ -29,7 +29,7 @@ from proxy.dialects.native import (
     repair_result,
 )
 from proxy.providers.base import CompactionResult
-from proxy.tokens import TokenCounter
+from proxy.tokens.counter import TokenCounter
 
 Projector = Callable[[Mapping[str, Any]], "tuple[list[Message], Marks] | None"]
 Current = tuple[Sequence[Message], Marks]
@@ -46,7 +46,7 @@ def _never(body: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class Adapter:
-    """A `proxy.decision.Dialect` for an API whose items are projected onto chat messages."""
+    """A `proxy.dialects.chat.Dialect` for an API whose items are projected onto chat messages."""
 
     name: str
     field: str

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from proxy.decision import CHAT, Dialect
+from proxy.dialects.chat import CHAT, Dialect
 from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES
 from proxy.dialects.usage import messages_usage, responses_usage
-from proxy.usage import UsageReader, chat_usage
+from proxy.wire.usage import UsageReader, chat_usage
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Anthropic's `cache_control` (and the Responses API's `prompt_cache_breakpoint`) mark where a
 cached prefix ends. The client places them on each request (and moves them every turn), so they
-are kept out of the history's digests (`proxy.dialects.native.Marks`) and put back here:
+are kept out of the history's digests (`proxy.dialects.projection.Marks`) and put back here:
 
 - every breakpoint on a message that goes upstream as it was is put back where it was;
 - if the client had breakpoints on messages a compaction rewrote or dropped, the last of them is
@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.dialects.native import Marks, Path, put_mark, ttl_seconds
+from proxy.dialects.projection import Marks, Path, put_mark, ttl_seconds
 
 Place = Callable[[list[Any], str, Any], bool]
 """Puts a breakpoint on the last part of these items that may carry one; False if none may."""

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import orjson
 from starlette.types import Send
 
-from proxy.asgi import send_error, send_json
 from proxy.errors import ProxyError
+from proxy.wire.asgi import send_error, send_json
 
 _TYPES = {
     400: "invalid_request_error",

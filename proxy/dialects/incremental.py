@@ -5,7 +5,7 @@ call and the outputs after it, a reasoning reference and the run after it, a too
 the `tool_use` before it). The pass over items `[0, n)` reaches a point `p` (the start of the
 projection of item `c`) where everything it decided before `p` depended only on items up to
 `c`, and from where it goes on as a pass over items `[c, n)` alone would: a *restart*. So the
-next turn, whose first items are this turn's (the same objects: `proxy.bodycache`), keeps the
+next turn, whose first items are this turn's (the same objects: `proxy.chat.bodycache`), keeps the
 projection before the last restart whose item it shares and projects only from there. The
 adapter says where its pass restarts (`Projected.restarts`) and which items reach back over
 everything before them (`Projected.reach`: Anthropic's compaction blocks, which supersede the
@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.dialects.native import Marks, Message
+from proxy.dialects.projection import Marks, Message
 
 LONG_TAIL = 1000
 """Items projected off the event loop past this many (Python work per item)."""
@@ -58,7 +58,7 @@ class Projected:
 
 
 class Keeper(Protocol):
-    """Where a body's projection is kept for the next turn (`proxy.bodycache.BodyCache`)."""
+    """Where a body's projection is kept for the next turn (`proxy.chat.bodycache.BodyCache`)."""
 
     def recall(self, items: Sequence[Any], name: str) -> Any:
         """What was kept under `name` with the body whose array is `items`, or None."""

@@ -37,7 +37,7 @@ from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
 from proxy.dialects.breakpoints import mark_path
 from proxy.dialects.incremental import Incremental, Projected
 from proxy.dialects.messages_pieces import SUPERSEDED, has_compaction, split_pieces
-from proxy.dialects.native import (
+from proxy.dialects.projection import (
     NATIVE,
     Marks,
     Message,
@@ -47,9 +47,9 @@ from proxy.dialects.native import (
     opaque_tokens,
     rebuild_parts,
 )
-from proxy.media import file_data_tokens
-from proxy.tokens import TokenCounter
-from proxy.toolschema import dump
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.media import file_data_tokens
+from proxy.tokens.toolschema import dump
 
 NAME = "messages"
 MARK = "cache_control"
@@ -428,4 +428,4 @@ MESSAGES = Adapter(
     INCREMENTAL,
     continued=_continued,
 )
-"""The Anthropic Messages API adapter (a `proxy.decision.Dialect`)."""
+"""The Anthropic Messages API adapter (a `proxy.dialects.chat.Dialect`)."""

@@ -31,7 +31,7 @@ from typing import Any
 
 from proxy.dialects.adapter import Adapter, Current, Way, emit_all, tools_tokens
 from proxy.dialects.incremental import Incremental, Projected
-from proxy.dialects.native import (
+from proxy.dialects.projection import (
     NATIVE,
     Marks,
     Message,
@@ -50,9 +50,9 @@ from proxy.dialects.responses_items import (
     part_to_chat,
 )
 from proxy.dialects.responses_rebuild import place, rebuild, stand_in
-from proxy.media import image_part_tokens
-from proxy.tokens import TokenCounter
-from proxy.toolschema import dump
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.media import image_part_tokens
+from proxy.tokens.toolschema import dump
 
 NAME = "responses"
 MARK = "prompt_cache_breakpoint"
@@ -282,4 +282,4 @@ RESPONSES = Adapter(
     INCREMENTAL,
     _history,
 )
-"""The Responses API adapter (a `proxy.decision.Dialect`)."""
+"""The Responses API adapter (a `proxy.dialects.chat.Dialect`)."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.dialects.native import Message, content_to_chat
+from proxy.dialects.projection import Message, content_to_chat
 
 CALLS = frozenset(
     {

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from proxy.dialects.breakpoints import mark_path
-from proxy.dialects.native import Message, new_texts, rebuild_parts
+from proxy.dialects.projection import Message, new_texts, rebuild_parts
 from proxy.dialects.responses_items import TEXT_OUTPUTS, part_to_chat
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.dialects.messages import MESSAGES
-from proxy.dialects.native import native
+from proxy.dialects.projection import native
 from proxy.dialects.responses import RESPONSES
 
 Message = dict[str, Any]

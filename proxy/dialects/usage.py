@@ -1,4 +1,4 @@
-"""The upstream's own `usage` in the Responses and Messages shapes (see `proxy.usage`).
+"""The upstream's own `usage` in the Responses and Messages shapes (see `proxy.wire.usage`).
 
 - Responses: a response object's `usage` (`input_tokens`, `input_tokens_details.cached_tokens`,
   `output_tokens`), in a JSON body or in the `response.completed` (`.incomplete`, `.failed`)
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.usage import Usage, usage_of
+from proxy.wire.usage import Usage, usage_of
 
 _RESPONSE_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 

@@ -15,18 +15,7 @@ from proxy.providers.base import (
     CompressionConfig,
     Message,
 )
-from proxy.providers.facts import name_matches
 from proxy.providers.markers import ref_marker, short_marker
-from proxy.providers.prose import (
-    condense,
-    fact_tokens,
-    facts,
-    has_name,
-    looks_like_error,
-    paths_in,
-    preview,
-    strip_reasoning,
-)
 from proxy.providers.units import (
     final_tool_results,
     message_text,
@@ -35,6 +24,17 @@ from proxy.providers.units import (
     protection,
     split_units,
     with_text,
+)
+from proxy.text.facts import name_matches
+from proxy.text.prose import (
+    condense,
+    fact_tokens,
+    facts,
+    has_name,
+    looks_like_error,
+    paths_in,
+    preview,
+    strip_reasoning,
 )
 
 if TYPE_CHECKING:

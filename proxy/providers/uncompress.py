@@ -11,7 +11,7 @@ batched: one call per round, each id asked for once, so a store answers with one
 A restore is bounded (`Bounds`): past `max_messages` messages or `max_bytes` bytes of restored
 originals it stops with ResultTooLargeError, and a recursive one expands at most `max_depth`
 rounds (the refs left are reported missing). `refs_of(message, depth)` says which of a message's
-markers count (the API counts only those compactd wrote: `proxy.refscope`).
+markers count (the API counts only those compactd wrote: `proxy.chat.refscope`).
 
 A message may also quote a marker it does not stand for (a summary quoting an earlier summary's
 marker). Such a ref is not expanded a second time: it is nested in another of the message's refs,

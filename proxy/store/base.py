@@ -84,7 +84,8 @@ class Checkpoint:
     tenant: str
     conversation: str
     source_digest: str
-    """Rolling prefix digest of the original messages [0..covered_through] (see proxy.digest)."""
+    """Rolling prefix digest of the original messages [0..covered_through]
+    (see proxy.runtime.digest)."""
     covered_through: int
     messages: list[Message]
     """The compacted prefix, replayed verbatim on every later turn."""
@@ -274,8 +275,8 @@ class Store(Protocol):
         """Every unexpired learned window of a scope: model -> window."""
 
     async def put_calibration(self, api: str, model: str, ratio: float, ttl_seconds: int) -> None:
-        """Record an API's learned token-count ratio for a model (`proxy.calibration`), expiring
-        after `ttl_seconds`; the latest write wins."""
+        """Record an API's learned token-count ratio for a model (`proxy.tokens.calibration`),
+        expiring after `ttl_seconds`; the latest write wins."""
 
     async def calibrations(self, api: str) -> dict[str, float]:
         """Every unexpired calibration ratio of an API: model -> ratio."""

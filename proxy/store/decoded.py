@@ -6,7 +6,7 @@ wrote is found at once); only the decoding is skipped when the bytes it returned
 bytes decoded before. A stored checkpoint never changes in place (first writer wins), but a
 purged conversation may get a different one under the same source digest: the full comparison
 of the bytes (memcmp) makes that a miss, never a stale hit. The result is one Checkpoint object
-for as long as its bytes stay the same, so what is derived from it (`proxy.replay`) can be
+for as long as its bytes stay the same, so what is derived from it (`proxy.chat.replay`) can be
 remembered by its identity, and its messages' strings keep their cached hashes (token counts).
 
 Shared checkpoints are read, never mutated (as the request path treats every message).

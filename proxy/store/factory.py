@@ -26,7 +26,7 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
     url = settings.url
     if url.startswith(REDIS_SCHEMES):
         # Imported here: redis-py costs a worker ~6 MB that an embedded-store worker never uses.
-        from proxy.store.redis import RedisStore  # noqa: PLC0415
+        from proxy.store.redis.store import RedisStore  # noqa: PLC0415
 
         return await RedisStore.open(
             url,
@@ -38,7 +38,7 @@ async def open_store(settings: StoreSettings, data_dir: Path) -> Store:
     if url and not url.startswith("sqlite://"):
         raise ValueError(f"store.url: unsupported scheme in {url!r}")
     # Imported here too: sqlite3 and its library (~1 MB) are a Redis-backed worker's dead weight.
-    from proxy.store.sqlite import SqliteStore  # noqa: PLC0415
+    from proxy.store.sqlite.store import SqliteStore  # noqa: PLC0415
 
     return await SqliteStore.open(
         sqlite_path(url, data_dir),

@@ -15,13 +15,13 @@ import orjson
 if TYPE_CHECKING:  # each store's library is imported only by that store (see store.factory)
     import sqlite3
 
-    from proxy.store.redis_client import Client
-    from proxy.store.redis_keys import KeyLayout
+    from proxy.store.redis.client import Client
+    from proxy.store.redis.keys import KeyLayout
 
 MAX_WINDOWS = 1024
 CALIBRATION_SCALE = 10_000
-"""Calibration ratios (`proxy.calibration`) live beside the windows, as integers in 1/10,000ths,
-under the scope `calibration:<api>`."""
+"""Calibration ratios (`proxy.tokens.calibration`) live beside the windows, as integers in
+1/10,000ths, under the scope `calibration:<api>`."""
 
 
 def calibration_scope(api: str) -> str:
@@ -31,7 +31,7 @@ def calibration_scope(api: str) -> str:
 
 def sqlite_put(con: sqlite3.Connection, scope: str, model: str, window: int, ttl: int) -> None:
     """Record (or replace) one window; a full scope takes no new models."""
-    from proxy.store.sqlite_ops import transaction  # noqa: PLC0415 (sqlite3: a SQLite store's)
+    from proxy.store.sqlite.ops import transaction  # noqa: PLC0415 (sqlite3: a SQLite store's)
 
     now = time.time()
     with transaction(con):

@@ -16,10 +16,10 @@ from typing import Any
 
 import httpx
 
-from proxy.app import CompactdApp, create_app
+from proxy.app.application import CompactdApp, create_app
+from proxy.app.services import Services
 from proxy.config import APIS, load_settings
 from proxy.providers.registry import ProviderRegistry
-from proxy.services import Services
 from tests.api_fakes import FakeMessages, FakeResponses
 from tests.inprocess import lifespan
 

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 from proxy.dialects.messages import MESSAGES, pending_turn, project
-from proxy.dialects.native import native
-from proxy.digest import message_digest
+from proxy.dialects.projection import native
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import with_text
+from proxy.runtime.digest import message_digest
 from tests.api_fakes import FakeMessages
 from tests.dialects.conversations import STAND_IN, messages_history
 
@@ -139,7 +139,7 @@ def test_the_assistant_turn_a_pending_result_continues_must_not_change() -> None
 
 
 def test_system_and_tools_are_the_fixed_cost() -> None:
-    from proxy.tokens import Tokenizers
+    from proxy.tokens.counter import Tokenizers
 
     base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
     tool = {
@@ -155,7 +155,7 @@ def test_system_and_tools_are_the_fixed_cost() -> None:
 
 
 def test_text_and_content_documents_count_as_their_text() -> None:
-    from proxy.tokens import Tokenizers
+    from proxy.tokens.counter import Tokenizers
 
     base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
     counter = MESSAGES.counter(base)
@@ -184,8 +184,8 @@ def test_images_in_pinned_messages_count_as_images_not_as_their_base64() -> None
     import struct
     from base64 import b64encode
 
-    from proxy.media import IMAGE_UNKNOWN, image_tokens
-    from proxy.tokens import Tokenizers
+    from proxy.tokens.counter import Tokenizers
+    from proxy.tokens.media import IMAGE_UNKNOWN, image_tokens
 
     counter = MESSAGES.counter(Tokenizers(encodings=["o200k_base"]).counter("o200k_base"))
     ihdr = struct.pack(">IIBBBBB", 1280, 800, 8, 2, 0, 0, 0)
@@ -208,8 +208,8 @@ def test_a_claude_image_counts_by_anthropics_pixel_rule_not_openais_tiles() -> N
     import struct
     from base64 import b64encode
 
-    from proxy.budget import ModelTable
-    from proxy.tokens import Tokenizers
+    from proxy.tokens.budget import ModelTable
+    from proxy.tokens.counter import Tokenizers
 
     info = ModelTable.load().lookup("claude-sonnet-4-5")
     counter = MESSAGES.counter(Tokenizers(encodings=["o200k_base"]).for_model(info))

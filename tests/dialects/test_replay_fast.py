@@ -21,14 +21,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from proxy.bodycache import MIN_BYTES, BodyCache
+from proxy.chat.bodycache import MIN_BYTES, BodyCache
+from proxy.chat.splice import Splicer
 from proxy.dialects.adapter import Adapter
 from proxy.dialects.messages import MESSAGES
-from proxy.dialects.native import NATIVE
+from proxy.dialects.projection import NATIVE
 from proxy.dialects.responses import RESPONSES
-from proxy.metrics import Metrics
-from proxy.splice import Splicer
 from proxy.store.base import Checkpoint
+from proxy.telemetry.metrics import Metrics
 from tests.api_fakes import sign
 from tests.dialects.harness import harness
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.native import NATIVE, Marks, native
+from proxy.dialects.projection import NATIVE, Marks, native
 from proxy.dialects.responses import RESPONSES, project
-from proxy.digest import message_digest
-from proxy.media import image_tokens
 from proxy.providers.base import CompactionResult
 from proxy.providers.units import split_units, with_text
-from proxy.tokens import Tokenizers
+from proxy.runtime.digest import message_digest
+from proxy.tokens.counter import Tokenizers
+from proxy.tokens.media import image_tokens
 from tests.api_fakes import FakeResponses
 from tests.dialects.conversations import STAND_IN, responses_input
 
@@ -240,7 +240,7 @@ def test_a_one_for_one_rewrite_must_keep_its_items() -> None:
 
 
 def test_counting_includes_what_only_the_items_carry() -> None:
-    from proxy.tokens import Tokenizers
+    from proxy.tokens.counter import Tokenizers
 
     base = Tokenizers(encodings=["o200k_base"]).counter("o200k_base")
     counter = RESPONSES.counter(base)

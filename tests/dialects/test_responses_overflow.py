@@ -2,7 +2,7 @@
 
 The API answers a streamed request over its model's window with `response.created`,
 `response.in_progress`, an `error` event (`context_length_exceeded`) and `response.failed`
-(`proxy.opening`). The first tests run compactd in-process before the fake Responses API; those
+(`proxy.chat.stream_overflow`). The first tests run compactd in-process before the fake Responses API; those
 about what reaches the client when run compactd and a scripted upstream on real sockets.
 """
 

@@ -19,9 +19,9 @@ import pytest
 
 from proxy.store.base import ConversationInfo
 from tests.api_fakes import FakeMessages, FakeResponses
+from tests.cli.test_cli import run
 from tests.dialects.conversations import tool_output
 from tests.dialects.harness import KEY, Harness, harness
-from tests.test_cli import run
 
 Json = dict[str, Any]
 SMALL = {"default_policy": {"budget_tokens": 6000}}

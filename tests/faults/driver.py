@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.digest import canonical_message
+from proxy.runtime.digest import canonical_message
 from tests.security.conftest import history
 from tests.upstream import Ctx, chat_completion
 

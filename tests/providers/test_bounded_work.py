@@ -15,27 +15,18 @@ from typing import Any
 
 import pytest
 
-from proxy.providers import (
-    engine,
-    facts,
-    markers,
-    pieces,
-    prose,
-    rendering,
-    salience,
-    summary,
-    trim_plan,
-    units,
-)
+from proxy.providers import engine, markers, pieces, rendering, salience, trim_plan, units
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.engine import EngineProvider
 from proxy.providers.trim import TrimProvider
 from proxy.providers.validate import check_result
+from proxy.text import extractive_summary, facts, prose
 from tests.providers.build import assistant, system, tool, user
 from tests.providers.tokens import count_tokens, make_config
 
 MODULES: tuple[ModuleType, ...] = (
-    engine, facts, markers, pieces, prose, rendering, salience, summary, trim_plan, units,
+    engine, facts, markers, pieces, prose, rendering, salience, extractive_summary, trim_plan,
+    units,
 )  # fmt: skip
 # scan_spans cuts pieces of SCAN_CHARS to twice that; nothing else may see more.
 BOUND = 2 * facts.SCAN_CHARS
@@ -123,7 +114,7 @@ def test_no_regex_sees_more_than_a_piece_of_a_huge_message(
 
 
 TEXT_OPERATIONS: dict[str, Callable[[str], object]] = {
-    "summary": lambda text: summary.summarize_text(text, 0.4),
+    "summary": lambda text: extractive_summary.summarize_text(text, 0.4),
     "condense": lambda text: prose.condense(text, 0.5),
     "facts": facts.all_matches,
     "names": facts.name_matches,

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.app.services import check_provider_options, check_settings
 from proxy.config import ConfigError, load_settings
 from proxy.providers.base import (
     CompactionResult,
@@ -19,7 +20,6 @@ from proxy.providers.base import (
     parse_options,
 )
 from proxy.providers.registry import ProviderRegistry, check_options
-from proxy.services import check_provider_options, check_settings
 
 
 @dataclass(frozen=True)

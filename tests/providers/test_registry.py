@@ -170,7 +170,7 @@ async def test_a_pip_installed_third_party_provider_is_found_and_used() -> None:
 async def test_a_pip_installed_provider_runs_inside_the_proxy(upstream, make_proxy) -> None:
     import httpx
 
-    from proxy.digest import canonical_message
+    from proxy.runtime.digest import canonical_message
 
     fake, base = upstream
     msgs = agent_run(6, result_tokens=400)

@@ -19,9 +19,9 @@ from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
 from tests.inprocess import MockUpstream, reply, running
+from tests.live.test_compaction_e2e import history
 from tests.providers.build import agent_run, assistant, system, user, words
 from tests.providers.tokens import count_tokens, make_config
-from tests.test_compaction_e2e import history
 from tests.upstream import chat_completion
 
 SUMMARY = "User asked to fix src/app.py; KeyError user_7 traced to warm_cache(); decided to retry."

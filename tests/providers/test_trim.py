@@ -7,11 +7,11 @@ import re
 import pytest
 
 from proxy.providers.base import REF_PATTERN, Message
-from proxy.providers.prose import fact_tokens, facts, paths_in
 from proxy.providers.trim import TrimOptions, TrimProvider
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
+from proxy.text.prose import fact_tokens, facts, paths_in
 from tests.providers.build import agent_run, assistant, developer, system, tool, user, words
 from tests.providers.tokens import count_message, count_tokens, make_config
 

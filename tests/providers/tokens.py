@@ -8,8 +8,8 @@ from typing import Any
 
 import tiktoken
 
-from proxy.encodings import load_encoding
 from proxy.providers.base import CompressionConfig, Message
+from proxy.tokens.encodings import load_encoding
 
 
 @functools.cache

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from proxy import stats
-from proxy.budget import ModelTable
 from proxy.store.base import UsageDelta
+from proxy.telemetry import stats
+from proxy.tokens.budget import ModelTable
 from tests.inprocess import running
 
 ADMIN = "admin-key-of-the-attack-suite"
@@ -114,7 +114,7 @@ async def test_savings_are_computed_in_a_thread_not_on_the_event_loop(
         threads.append(threading.current_thread())
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("proxy.insight.series_json", spied)
+    monkeypatch.setattr("proxy.app.dashboard_api.series_json", spied)
     async with running(tmp_path, server={"admin_key": ADMIN}) as proxy:
         r = await proxy.client.get(
             "/compactd/v1/savings", headers={"authorization": f"Bearer {ADMIN}"}

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from proxy.digest import message_digest
-from proxy.expand import TOOL_NAME
+from proxy.chat.expand import TOOL_NAME
+from proxy.chat.refscope import RefScope
 from proxy.providers.markers import dropped_marker, short_marker
 from proxy.providers.uncompress import Bounds, ResultTooLargeError, uncompress
 from proxy.providers.units import refs_in
-from proxy.refscope import RefScope
+from proxy.runtime.digest import message_digest
 from proxy.store.base import Checkpoint, ConversationInfo
+from tests.app.test_restore import grow, turn
+from tests.chat.test_expand import a_ref, calls, compacted
 from tests.inprocess import MockUpstream, reply, running
-from tests.test_expand import a_ref, calls, compacted
-from tests.test_restore import grow, turn
 from tests.upstream import chat_completion
 
 Message = dict[str, Any]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.digest import conversation_id
+from proxy.runtime.digest import conversation_id
 from tests.inprocess import running
 
 MESSAGES = [

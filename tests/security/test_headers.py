@@ -94,7 +94,7 @@ async def test_headers_under_the_limits_pass_untouched(upstream, make_proxy) -> 
 
 
 async def test_the_app_itself_refuses_too_many_headers_under_any_server(tmp_path) -> None:
-    from proxy.app import create_app
+    from proxy.app.application import create_app
     from proxy.config import load_settings
 
     settings = load_settings(

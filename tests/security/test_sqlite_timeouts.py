@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from proxy.store.base import StoreError
-from proxy.store.sqlite import SqliteStore
+from proxy.store.sqlite.store import SqliteStore
 from tests.security.conftest import add_slow_table
 from tests.store.test_contract import A, compaction, history
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.store import sqlite as sqlite_store
+from proxy.store.sqlite import store as sqlite_store
 from tests.inprocess import running
 from tests.store.redis_server import RedisServer
 from tests.store.test_contract import A, compaction, history

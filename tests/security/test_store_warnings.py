@@ -9,7 +9,7 @@ import httpx
 import pytest
 import redis
 
-from proxy import storecheck
+from proxy.telemetry import storecheck
 from tests.store.redis_server import RedisServer
 
 

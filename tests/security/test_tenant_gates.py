@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from proxy.tenant import host_name, key_fingerprint
+from proxy.wire.tenant import host_name, key_fingerprint
 from tests.inprocess import running
 
 SECRET = "attack-suite-secret"

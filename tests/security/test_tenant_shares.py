@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from proxy.config import admin_key_weakness
-from proxy.ratelimit import RateLimiter
+from proxy.wire.ratelimit import RateLimiter
+from tests.cli.test_cli import run
 from tests.inprocess import running
 from tests.security.conftest import history
-from tests.test_cli import run
 
 STRONG = "f3b1c9e07a5d42c8b6e1d0a9f7c3b5e2"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.encodings import load_encoding
-from proxy.tokens import TokenCounter, pieces
+from proxy.tokens.counter import TokenCounter, pieces
+from proxy.tokens.encodings import load_encoding
 
 SIZE, RUN = 1 << 16, 1 << 13
 SHAPES = {

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from proxy.bodycache import BodyCache
-from proxy.decision import MAX_MESSAGES
+from proxy.chat.bodycache import BodyCache
+from proxy.chat.request import MAX_MESSAGES
 from tests.inprocess import running
 
 

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.usage import SSEUsageTap, usage_from_json
+from proxy.wire.usage import SSEUsageTap, usage_from_json
 from tests.upstream import chat_completion, respond
 
 KEY = {"authorization": "Bearer sk-upstream"}

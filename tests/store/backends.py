@@ -15,10 +15,10 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from proxy.store.base import Store
-from proxy.store.redis import RedisStore
-from proxy.store.redis_client import open_client
-from proxy.store.redis_keys import KeyLayout
-from proxy.store.sqlite import SqliteStore
+from proxy.store.redis.client import open_client
+from proxy.store.redis.keys import KeyLayout
+from proxy.store.redis.store import RedisStore
+from proxy.store.sqlite.store import SqliteStore
 from tests.store.cutting_proxy import CuttingProxy
 from tests.store.redis_cluster import LocalCluster
 

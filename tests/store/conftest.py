@@ -14,9 +14,9 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from proxy.store.redis import RedisStore
-from proxy.store.redis_keys import KeyLayout
-from proxy.store.sqlite import SqliteStore
+from proxy.store.redis.keys import KeyLayout
+from proxy.store.redis.store import RedisStore
+from proxy.store.sqlite.store import SqliteStore
 from tests.store.backends import (
     Backend,
     ClusterBackend,

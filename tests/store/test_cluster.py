@@ -17,7 +17,7 @@ import httpx
 import orjson
 from redis.cluster import key_slot
 
-from proxy.store.redis_keys import KeyLayout
+from proxy.store.redis.keys import KeyLayout
 from tests.store.redis_cluster import LocalCluster
 from tests.upstream import FakeUpstream
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from proxy.digest import message_digest, prefix_digests
 from proxy.providers import canonical
+from proxy.runtime.digest import message_digest, prefix_digests
 from proxy.store.base import (
     Checkpoint,
     Compaction,

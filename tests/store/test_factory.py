@@ -11,9 +11,9 @@ import pytest
 
 from proxy.config import StoreSettings
 from proxy.store.factory import open_store, sqlite_path
-from proxy.store.redis import RedisStore
-from proxy.store.sqlite import SqliteStore
-from tests.test_lean_workers import WORKER
+from proxy.store.redis.store import RedisStore
+from proxy.store.sqlite.store import SqliteStore
+from tests.live.test_lean_workers import WORKER
 
 
 @pytest.mark.parametrize(

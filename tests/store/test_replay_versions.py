@@ -24,8 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, rule
 
 from proxy.store.base import Store, version_length, version_of
 from proxy.store.decoded import DecodedCheckpoints
-from proxy.store.redis import RedisStore
-from proxy.store.sqlite import SqliteStore
+from proxy.store.redis.store import RedisStore
+from proxy.store.sqlite.store import SqliteStore
 from tests.store.conftest import MACHINE_REDIS
 from tests.store.redis_server import RedisServer
 from tests.store.test_contract import TTL, A, compaction, history, prefixes

@@ -1,0 +1,1 @@
+"""The Redis store: one server or a Redis Cluster, through redis-py's asyncio client."""
