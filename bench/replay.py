@@ -17,7 +17,8 @@ in the same way: each round runs every tree in a child process, the tree going f
 so load from elsewhere on a shared machine falls on both alike. The table gives, per tree,
 shape and tool count: replayed turns, overhead p50/p99 (ms), CPU ms p50 of a replayed turn,
 store bytes per replayed, compacted and passthrough request; then the same per API (the shapes
-of one API together) and per action.
+of one API together, with compactd's own CPU: the event loop thread's time in
+`Compactor.read` and `Compactor.decide`) and per action.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ if str(ROOT) not in sys.path:
 
 from bench import body_shapes  # noqa: E402
 from proxy.app.application import create_app  # noqa: E402
+from proxy.chat.compactor import Compactor  # noqa: E402
 from proxy.config import load_settings  # noqa: E402
 from tests.inprocess import lifespan, reply  # noqa: E402
 from tests.store.redis_server import RedisServer  # noqa: E402
@@ -64,9 +66,27 @@ def _session(turns: int) -> list[dict[str, Any]]:
     return msgs
 
 
+def _timed(spent: list[float], method: Any) -> Any:
+    """`method`, adding the event loop thread's CPU time spent in it to `spent`."""
+
+    async def timed(*args: Any, **kw: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return await method(*args, **kw)
+        finally:
+            spent.append(time.thread_time() - t0)
+
+    return timed
+
+
 async def _child(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One tree's measurements (run with that tree's `proxy` first on sys.path)."""
     out: list[dict[str, Any]] = []
+    # compactd's own CPU: reading the request and deciding what to send (the thread's time,
+    # so not the store's or the event loop's waits; the relay and the client are apart).
+    own: list[float] = []
+    for name in ("read", "decide"):
+        setattr(Compactor, name, _timed(own, getattr(Compactor, name)))
     counters = redis.Redis.from_url(args.redis) if args.store == "redis" else None
 
     def net() -> tuple[int, int]:
@@ -103,6 +123,7 @@ async def _child(args: argparse.Namespace) -> list[dict[str, Any]]:
                             base = net()
                             probe = net()  # what one INFO itself adds
                             before, cpu = net(), time.process_time()
+                            own.clear()
                             r = await c.post(body_shapes.path(shape), content=raw, headers={
                                 "authorization": "Bearer sk-bench", "x-api-key": "sk-bench",
                                 "content-type": "application/json",
@@ -119,6 +140,7 @@ async def _child(args: argparse.Namespace) -> list[dict[str, Any]]:
                                 "action": r.headers.get("x-compactd-action", "?"),
                                 "overhead_ms": float(r.headers["x-compactd-overhead-ms"]),
                                 "store_bytes": moved, "store_cmds": cmds, "cpu_ms": cpu * 1000,
+                                "own_ms": sum(own) * 1000,
                             })  # fmt: skip
     if counters is not None:
         stats = counters.info("commandstats")
@@ -164,8 +186,9 @@ def _report(rows: dict[str, list[dict[str, Any]]]) -> str:
 def _per_api(rows: dict[str, list[dict[str, Any]]]) -> str:
     """Per API and tool count, over its shapes: what a replayed turn costs."""
     lines = [
-        "| API | tools | tree | replayed | CPU ms p50 | overhead ms p50 | store B/replayed |",
-        "|---|---|---|---|---|---|---|",
+        "| API | tools | tree | replayed | CPU ms p50 | compactd CPU ms p50 | overhead ms p50 | "
+        "store B/replayed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     apis = {"/v1/chat/completions": "chat.completions", "/v1/responses": "responses"}
     apis["/v1/messages"] = "messages"
@@ -183,11 +206,12 @@ def _per_api(rows: dict[str, list[dict[str, Any]]]) -> str:
             if not mine:
                 continue
             cpu = _pct([r["cpu_ms"] for r in mine], 0.5)
+            own = _pct([r.get("own_ms", float("nan")) for r in mine], 0.5)
             overhead = _pct([r["overhead_ms"] for r in mine], 0.5)
             moved = statistics.mean(r["store_bytes"] for r in mine)
             lines.append(
-                f"| {api} | {tools} | {tree} | {len(mine)} | {cpu:.2f} | {overhead:.2f} | "
-                f"{moved:,.0f} |"
+                f"| {api} | {tools} | {tree} | {len(mine)} | {cpu:.2f} | {own:.2f} | "
+                f"{overhead:.2f} | {moved:,.0f} |"
             )
     return "\n".join(lines)
 
