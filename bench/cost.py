@@ -58,18 +58,12 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.cache_model import (
-    ANTHROPIC_READ,
-    ANTHROPIC_WRITE,
-    Priced,
-    PromptCache,
-    Rule,
-    Segment,
-)
+from bench.cache_model import Priced, PromptCache, Rule, Segment
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
 from proxy.config import APIS, PolicySettings
 from proxy.providers.units import refs_in
+from proxy.telemetry.pricing import RULES, CacheRule, Prices
 from proxy.tokens.budget import ModelInfo, ModelTable
 from proxy.tokens.counter import TokenCounter, Tokenizers
 from proxy.tokens.encodings import load_encoding
@@ -80,7 +74,6 @@ POLICY_HEADER = "x-bench-policy"
 PROBE = "Before we finish: sum up everything above that I may still need, with exact details."
 CAPS = (4, 8, 16, 32, 64)
 FRACTIONS = (0.25, 0.5)
-_MILLION = 1_000_000
 LOSSLESS_ALONE = "no-cap+lossless"
 
 
@@ -190,35 +183,29 @@ class SessionResult(Figures):
     actions: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pricing:
-    """A model's prices, per token, under a cache rule."""
+    """A model's prices, per token, under a cache rule (`proxy.telemetry.pricing`)."""
 
-    input: float
-    cached: float
-    written: float
-    output: float
+    prices: Prices
 
     @classmethod
-    def of(cls, info: ModelInfo, rule: Rule) -> Pricing:
-        p_in = info.input_price / _MILLION
-        cached = info.cached_input_price / _MILLION
-        if rule == "anthropic":
-            # The table's cache prices where it has them, else Anthropic's published multiples.
-            write = info.cache_write_price / _MILLION
-            if write <= p_in:
-                write = p_in * ANTHROPIC_WRITE
-            if cached >= p_in:
-                cached = p_in * ANTHROPIC_READ
-            return cls(p_in, cached, write, info.output_price / _MILLION)
-        return cls(p_in, cached, p_in, info.output_price / _MILLION)
+    def of(cls, info: ModelInfo, rule: Rule | CacheRule) -> Pricing:
+        """The table's prices, its cache prices where it has them, else the rule's multiples."""
+        cache_rule = RULES[rule] if isinstance(rule, str) else rule
+        return cls(
+            Prices.of(
+                cache_rule,
+                input_price=info.input_price,
+                cached_input_price=info.cached_input_price,
+                output_price=info.output_price,
+                cache_write_price=info.cache_write_price,
+            )
+        )
 
     def cost(self, priced: Priced, output: int) -> float:
-        return (
-            priced.uncached * self.input
-            + priced.cached * self.cached
-            + priced.written * self.written
-            + output * self.output
+        return self.prices.cost(
+            uncached=priced.uncached, cached=priced.cached, written=priced.written, output=output
         )
 
 

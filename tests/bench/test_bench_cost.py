@@ -153,3 +153,13 @@ def test_lossless_alone_and_per_session_tables() -> None:
         f"| c · s1 · {LOSSLESS_ALONE}",
         f"| c · s2 · {LOSSLESS_ALONE}",
     ]
+
+
+def test_openai_newer_rule_bills_writes_and_keeps_half_an_hour() -> None:
+    cache = PromptCache("openai-writes")
+    system, a, b = seg("system", 1200), seg("a", 500), seg("b", 500)
+    assert cache.price([system, a], now=0).written == 1700
+    warm = cache.price([system, a, b], now=25 * 60)
+    assert (warm.cached, warm.written) == (1700, 500)
+    cold = cache.price([system, a, b], now=25 * 60 + 31 * 60)
+    assert (cold.cached, cold.written) == (0, 2200)
