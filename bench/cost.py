@@ -1,7 +1,8 @@
 """The cost of real sessions with and without compactd, net of prompt caching.
 
     .venv/bin/python bench/cost.py [--corpus tau-bench,aider,...] [--limit 5] [--model gpt-5.4]
-        [--rule openai|anthropic] [--policies default,cap-16k,...] [--json out.json]
+        [--rule openai|openai-writes|anthropic|anthropic-1h] [--seed 0] [--gap S] [--ttl S]
+        [--policies default,cap-16k,...] [--json out.json]
         [--plot out.png] [--sessions [--session-policies default,cap-16k]]
 
 Every session of the chosen corpora (bench/quality's loaders and fact probes; longest first,
@@ -9,9 +10,13 @@ Every session of the chosen corpora (bench/quality's loaders and fact probes; lo
 the real app, store and providers, an `httpx.MockTransport` upstream answering each request with
 the recorded assistant message), once per policy, each policy under its own API key (tenant).
 Every request the client sends and every request compactd forwards is priced with a prompt-cache
-model of the provider's published rules (bench/cache_model.py; one cache per session and arm, a
-turn every `--gap` seconds, entries living `--ttl` seconds) at the model's prices from
-config/models.toml. Output tokens are the recorded reply's tokens, the same in both arms.
+model of the provider's published rules (bench/cache_model.py on proxy/telemetry/pricing.py; one
+cache per session and arm, entries living the rule's lifetime or `--ttl` seconds) at the model's
+prices from config/models.toml. Requests are sent at the corpus's real times where it has them
+and a seeded gap model's otherwise (bench/timing.py; `--gap S`: a turn every S seconds instead);
+compactd's clock follows the same times, so its cold-cache compaction sees the gaps. Output
+tokens are the recorded reply's tokens, the same in both arms; the savings are also given per
+kind of gap (the turns after an agent's tool call, a human's message, a return, a new day).
 
 Every fail-open is counted per policy with its reason (`x-compactd-error`); a policy with any is
 not eligible as a default. The store's timeout is `--store-timeout-ms` (5 s: on a shared VM a
@@ -61,6 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.cache_model import Priced, PromptCache, Rule, Segment
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
+from bench.timing import KINDS, timing
 from proxy.config import APIS, PolicySettings
 from proxy.providers.units import refs_in
 from proxy.telemetry.pricing import RULES, CacheRule, Prices
@@ -181,6 +187,14 @@ class SessionResult(Figures):
     session: str = ""
     policy: str = ""
     actions: dict[str, int] = field(default_factory=dict)
+    gaps: dict[str, list[float]] = field(default_factory=dict)
+    """Per kind of gap (bench/timing.py): turns, USD without, USD with."""
+
+    def add_gap(self, kind: str, without: float, with_: float) -> None:
+        row = self.gaps.setdefault(kind, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += without
+        row[2] += with_
 
 
 @dataclass(frozen=True)
@@ -259,8 +273,8 @@ class Replayer:
         self,
         model: str,
         rule: Rule,
-        ttl: float,
-        gap: float,
+        ttl: float | None,
+        gap: float | None,
         policies: Sequence[Policy],
         store_timeout_ms: int = 5000,
     ) -> None:
@@ -268,6 +282,8 @@ class Replayer:
         self.rule: Rule = rule
         self.ttl = ttl
         self.gap = gap
+        """Seconds between turns; None: the corpus's times, else bench/timing's gap model."""
+        self.seed = 0
         self.policies = list(policies)
         table = ModelTable.load()
         info = table.lookup(model)
@@ -323,7 +339,9 @@ class Replayer:
         without, with_ = PromptCache(self.rule, self.ttl), PromptCache(self.rule, self.ttl)
         key = f"sk-bench-{policy.name}"
         headers = {POLICY_HEADER: policy.name} if policy.name != "default" else {}
-        for turn, index in enumerate(turns_of(case)):
+        turns = turns_of(case)
+        times = timing(case.corpus, case.id, case.messages, turns, self.seed)
+        for turn, index in enumerate(turns):
             body = self._body(case, case.messages[:index])
             self.reply = case.messages[index]
             response = await proxy.chat(body, key=key, **headers)
@@ -342,15 +360,17 @@ class Replayer:
             before = int(response.headers.get("x-compactd-tokens-before") or 0)
             after = int(response.headers.get("x-compactd-tokens-after") or before)
             result.overhead_ms.append(float(response.headers.get("x-compactd-overhead-ms") or 0))
-            now = turn * self.gap
+            now = times.times[turn] if self.gap is None else turn * self.gap
             plain = without.price(self.segmenter.request(body), now, _head(body)).scale(before)
             sent = with_.price(self.segmenter.request(forwarded), now, _head(forwarded)).scale(
                 after
             )
             output = self.counter.count_message(self.reply)
             result.turns += 1
-            result.plain.add(plain, self.pricing.cost(plain, output))
-            result.sent.add(sent, self.pricing.cost(sent, output))
+            usd = self.pricing.cost(plain, output), self.pricing.cost(sent, output)
+            result.plain.add(plain, usd[0])
+            result.sent.add(sent, usd[1])
+            result.add_gap(times.kinds[turn] if self.gap is None else "fixed", *usd)
         await self._probe(proxy, case, result, key, headers)
         return result
 
@@ -503,6 +523,27 @@ def per_session(results: Sequence[SessionResult], policies: Sequence[str]) -> st
     return table(rows, COLUMNS)
 
 
+def by_gap(results: Sequence[SessionResult], policies: Sequence[str]) -> str:
+    """Net saving per policy (rows) and kind of gap (columns): the turns after such a gap."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        for kind, (n, without, with_) in r.gaps.items():
+            row = sums.setdefault((r.policy, kind), [0, 0.0, 0.0])
+            row[0] += n
+            row[1] += without
+            row[2] += with_
+    kinds = [k for k in (*KINDS, "fixed") if any(k == kk for _, kk in sums)]
+    lines = ["| policy | " + " | ".join(kinds) + " |", "|" + "---|" * (len(kinds) + 1)]
+    for p in policies:
+        cells = []
+        for k in kinds:
+            n, without, with_ = sums.get((p, k), [0, 0.0, 0.0])
+            saving = 1 - with_ / without if without else 0.0
+            cells.append(f"{saving * 100:+.1f} % ({int(n)} turns)" if n else "—")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def error_reasons(results: Sequence[SessionResult]) -> str:
     """Every fail-open of the replay, per policy and reason."""
     counts: dict[tuple[str, str], int] = {}
@@ -599,9 +640,17 @@ async def main() -> None:
     parser.add_argument("--corpus", default=",".join(CORPUS_NAMES))
     parser.add_argument("--limit", type=int, default=5, help="sessions per corpus (0: all)")
     parser.add_argument("--model", default="gpt-5.4")
-    parser.add_argument("--rule", choices=("openai", "anthropic"), default="openai")
-    parser.add_argument("--ttl", type=float, default=300.0, help="cache entry lifetime (s)")
-    parser.add_argument("--gap", type=float, default=30.0, help="seconds between turns")
+    parser.add_argument("--rule", choices=tuple(RULES), default="openai")
+    parser.add_argument(
+        "--ttl", type=float, default=None, help="cache entry lifetime (s; default: the rule's)"
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=None,
+        help="seconds between turns (default: the corpora's times and bench/timing's gap model)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the gap model")
     parser.add_argument("--policies", default="", help="comma-separated names (default: all)")
     parser.add_argument("--providers", default="", help="chain for every policy, e.g. engine")
     parser.add_argument(
@@ -619,7 +668,7 @@ async def main() -> None:
         replot(args.replot, args.plot or args.replot.with_suffix(".png"))
         return
     policies = all_policies()
-    if args.rule == "anthropic" and _has_key("cap_apis"):
+    if args.rule.startswith("anthropic") and _has_key("cap_apis"):
         # Anthropic's rule stands for Messages traffic: `default` as the shipped default
         # budgets a Messages request (the chat replay is capped only if it caps that API).
         capped = ["chat.completions"] if "messages" in PolicySettings().cap_apis else []
@@ -639,15 +688,18 @@ async def main() -> None:
     replayer = Replayer(
         args.model, args.rule, args.ttl, args.gap, policies, store_timeout_ms=args.store_timeout_ms
     )
+    replayer.seed = args.seed
     started = time.perf_counter()
     results: list[SessionResult] = []
     for name in names:
         cases = longest_first(load([name], None), replayer.counter, args.limit)
         results += await replayer.run(cases)
     seconds = time.perf_counter() - started
+    when = "the corpora's times + gap model" if args.gap is None else f"a turn every {args.gap:g} s"
+    ttl = RULES[args.rule].lifetime if args.ttl is None else args.ttl
     print(
-        f"model {args.model} ({args.rule} cache rule, ttl {args.ttl:g} s, a turn every "
-        f"{args.gap:g} s); {args.limit or 'all'} longest sessions per corpus; "
+        f"model {args.model} ({args.rule} cache rule, ttl {ttl:g} s, {when}, seed {args.seed});"
+        f" {args.limit or 'all'} longest sessions per corpus; "
         f"providers {args.providers or 'as configured'}; {seconds:.0f} s\n"
     )
     print(table([t.row(k) for k, t in totals(results).items()], COLUMNS))
@@ -656,6 +708,8 @@ async def main() -> None:
     if any(r.policy == LOSSLESS_ALONE for r in results):
         print("\nthe lossless tier alone (no-cap+lossless), per corpus:\n")
         print(lossless_alone(results, names))
+    print("\nper kind of gap (bench/timing.py), each turn's cost in both arms:\n")
+    print(by_gap(results, ["default", *(p.name for p in policies if p.name != "default")][:6]))
     failed = error_reasons(results)
     if failed:
         print("\nfailed open (policy: reason x times):", failed)

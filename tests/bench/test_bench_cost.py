@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from bench.cost import (
     totals,
 )
 from bench.quality import Case
+from bench.timing import DAY_START, timing
 
 
 def seg(name: str, n: int) -> Segment:
@@ -163,3 +165,40 @@ def test_openai_newer_rule_bills_writes_and_keeps_half_an_hour() -> None:
     assert (warm.cached, warm.written) == (1700, 500)
     cold = cache.price([system, a, b], now=25 * 60 + 31 * 60)
     assert (cold.cached, cold.written) == (0, 2200)
+
+
+def _chat(*turns: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"role": role, "content": text} for role, text in turns]
+
+
+def test_timing_uses_real_days_and_is_seeded() -> None:
+    messages = _chat(
+        ("system", "s"),
+        ("user", "[2023-04-27] hi"),
+        ("assistant", "a"),
+        ("user", "more"),
+        ("assistant", "b"),
+        ("user", "[2023-04-29] back"),
+        ("assistant", "c"),
+    )
+    turns = [2, 4, 6]
+    first = timing("memorybank", "x", messages, turns, seed=1)
+    assert first == timing("memorybank", "x", messages, turns, seed=1)
+    assert first.kinds[2] == "day"
+    assert first.times[2] == 2 * 86400 + DAY_START  # two real days later, at 09:00
+    assert first.kinds[1] in ("human", "return")
+
+
+def test_timing_tool_gaps_are_seconds_and_sessions_a_day() -> None:
+    tool_call = {"role": "assistant", "content": "", "tool_calls": []}
+    agent = [{"role": "user", "content": "go"}, tool_call]
+    for _ in range(30):
+        agent += [{"role": "tool", "content": "out"}, dict(tool_call)]
+    turns = [i for i, m in enumerate(agent) if m["role"] == "assistant"]
+    run = timing("swe-agent", "y", agent, turns, seed=0)
+    assert set(run.kinds[1:]) == {"tool"}
+    assert max(b - a for a, b in itertools.pairwise(run.times)) < 300
+    sessions = _chat(("user", "(session 1) hi"), ("assistant", "a"), ("user", "(session 2) x"))
+    sessions.append({"role": "assistant", "content": "b"})
+    split = timing("memory-tests", "z", sessions, [1, 3], seed=0)
+    assert (split.kinds[1], split.times[1]) == ("session", 86400.0)
