@@ -333,6 +333,10 @@ class PolicySettings:
     expand_max_calls: int = 3
     expand_max_tokens: int = 4000
     precompute_ratio: float = 0.0
+    cold_budget_tokens: int = 0
+    """The budget of a turn whose prompt cache has expired (on every API; 0: as any turn)."""
+    cold_after_seconds: float = 0.0
+    """Silence after which the cache counts as expired (0: the model's published lifetime)."""
     compaction_timeout_ms: int = 60_000
     """How long the provider chain may run; past it the request is forwarded as sent. Above
     summarize's two 20 s model calls (its `timeout` option) and the engine pass after them."""
@@ -376,6 +380,8 @@ class PolicySettings:
         _check(
             0 <= self.precompute_ratio < 1, f"{p}.precompute_ratio", "must be in [0, 1) (0 = off)"
         )
+        _check(self.cold_budget_tokens >= 0, f"{p}.cold_budget_tokens", "must be >= 0 (0 = off)")
+        _check(self.cold_after_seconds >= 0, f"{p}.cold_after_seconds", "must be >= 0")
         _check(self.expand_max_tokens >= 100, f"{p}.expand_max_tokens", "must be >= 100")
         _check(
             1 <= self.compaction_timeout_ms <= MAX_COMPACTION_TIMEOUT_MS,

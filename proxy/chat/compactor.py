@@ -34,6 +34,7 @@ from proxy.chat.checkpoint import (
     replay_problem,
     worth_it,
 )
+from proxy.chat.cold_cache import WARM, ColdCache, ColdTurn
 from proxy.chat.expand import ExpandPlan, with_tool
 from proxy.chat.lossless import Lossless, LosslessTier, StoredForms
 from proxy.chat.policy import PolicyResolver
@@ -131,6 +132,7 @@ class _Counted:
     tokens: int
     raw: Budget
     """The budget in the upstream's units (before calibration)."""
+    cold: ColdTurn = WARM
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ class Compactor:
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
         self.replay_checks = ReplayChecks()
+        self.cold = ColdCache(metrics)
         quota_mb = settings.limits.tenant_quota_mb
         self.quota = Quota(store, quota_mb << 20) if quota_mb else None
         self._chains = {
@@ -358,7 +361,11 @@ class Compactor:
         elif self.windows is not None:
             info = self.windows.apply(request.model, info)
         margin = self.settings.tokens.safety_margin
-        budget = compute_budget(info, request.body, policy, margin, request.dialect.name)
+        api, tenant = request.dialect.name, request.tenant
+        cold = (
+            self.cold.turn(tenant, request.conversation, policy, info, api) if not window else WARM
+        )
+        budget = compute_budget(info, request.body, cold.policy or policy, margin, api)
         base = self.tokenizers.for_model(info)
         counter = self._counter(request.dialect, base)
         body, dialect = request.body, request.dialect
@@ -377,7 +384,7 @@ class Compactor:
             counted = await asyncio.to_thread(counter.count_messages, request.messages)
         else:
             counted = counter.count_messages(request.messages)
-        return _Counted(budget, counter, fixed, fixed + counted, raw)
+        return _Counted(budget, counter, fixed, fixed + counted, raw, cold)
 
     def input_window(self, request: ChatRequest) -> int:
         """The most input tokens the request's model takes, as far as compactd knows (a window
@@ -446,6 +453,7 @@ class Compactor:
             "policy": policy.name,
             "tokens_before": counted.tokens,
             "tokens_after": counted.tokens,
+            "cold": counted.cold.cold,
         }
         if policy.mode == "off":
             return self._outcome(request, "passthrough", **figures)
@@ -455,7 +463,11 @@ class Compactor:
         forms = self._lossless(request, policy)
         if forms is not None:
             figures["tokens_after"] = counted.fixed + counted.counter.count_messages(forms.messages)
-        if figures["tokens_after"] <= counted.budget.trigger and not forced:
+        if (
+            figures["tokens_after"] <= counted.budget.trigger
+            and not forced
+            and not counted.cold.replay
+        ):
             tokens = figures["tokens_after"]
             self._maybe_precompute(request, policy, counted, forms, tokens=tokens, generation=-1)
             if forms is None:
@@ -517,6 +529,8 @@ class Compactor:
             cp = plan.compaction.checkpoint if plan.compaction is not None else None
             after = cp.covered_through if cp is not None else plan.generation
             unstored = await self._store_forms(request, policy, forms, after=after) or unstored
+        if counted.cold.cold and plan.action in ("compacted", "replayed"):
+            self.cold.compacted(request.tenant, request.conversation)
         return self._outcome(
             request, plan.action, content, unstored=unstored, expand=expand, **figures
         )
