@@ -67,6 +67,7 @@ from bench.cache_model import Priced, PromptCache, Rule, Segment
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
 from bench.timing import KINDS, timing
+from proxy.chat.cold_cache import ColdCache
 from proxy.config import APIS, PolicySettings
 from proxy.providers.units import refs_in
 from proxy.telemetry.pricing import RULES, CacheRule, Prices
@@ -79,6 +80,10 @@ from tests.upstream import chat_completion
 POLICY_HEADER = "x-bench-policy"
 PROBE = "Before we finish: sum up everything above that I may still need, with exact details."
 CAPS = (4, 8, 16, 32, 64)
+COLD_BUDGET = 8000
+"""The `+cold` policies' cold_budget_tokens (proxy/chat/cold_cache.py)."""
+PEAK = 32_000
+"""The issue's target is over sessions whose largest request exceeds this many tokens."""
 FRACTIONS = (0.25, 0.5)
 LOSSLESS_ALONE = "no-cap+lossless"
 
@@ -122,11 +127,18 @@ def all_policies() -> list[Policy]:
         variants.append(("+expand", {"expand_tool": True}))
         if _has_key("lossless"):
             variants.append(("+lossless+expand", {"lossless": True, "expand_tool": True}))
-    return [
+    grid = [
         Policy(b.name + suffix, {**b.keys, **extra}, b.cap)
         for b in bases
         for suffix, extra in variants
     ]
+    if _has_key("cold_budget_tokens"):
+        # Cold-cache compaction on top of each base (no-cap+cold: cold-cache compaction alone).
+        grid += [
+            Policy(b.name + "+cold", {**b.keys, "cold_budget_tokens": COLD_BUDGET}, b.cap)
+            for b in bases
+        ]
+    return grid
 
 
 @dataclass
@@ -189,6 +201,8 @@ class SessionResult(Figures):
     actions: dict[str, int] = field(default_factory=dict)
     gaps: dict[str, list[float]] = field(default_factory=dict)
     """Per kind of gap (bench/timing.py): turns, USD without, USD with."""
+    peak: int = 0
+    """The largest request the client sent (tokens)."""
 
     def add_gap(self, kind: str, without: float, with_: float) -> None:
         row = self.gaps.setdefault(kind, [0, 0.0, 0.0])
@@ -266,6 +280,15 @@ def probe_request(case: Case) -> list[dict[str, Any]]:
     return messages
 
 
+class _Clock:
+    """compactd's clock in the replay: the simulated send time of the current request."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Replayer:
     """Replays sessions through one in-process compactd that knows every policy."""
 
@@ -284,6 +307,7 @@ class Replayer:
         self.gap = gap
         """Seconds between turns; None: the corpus's times, else bench/timing's gap model."""
         self.seed = 0
+        self.clock = _Clock()
         self.policies = list(policies)
         table = ModelTable.load()
         info = table.lookup(model)
@@ -313,6 +337,11 @@ class Replayer:
             if p.name != "default"
         ]
         default = next((p.keys for p in self.policies if p.name == "default"), {})
+        if _has_key("cold_after_seconds"):
+            # compactd takes the cache as gone after the priced rule's surely-gone bound.
+            after = {"cold_after_seconds": RULES[self.rule].cold_after}
+            policies = [{**p, **after} for p in policies]
+            default = {**default, **after}
         return {
             "default_policy": default,
             "policies": policies,
@@ -341,7 +370,11 @@ class Replayer:
         headers = {POLICY_HEADER: policy.name} if policy.name != "default" else {}
         turns = turns_of(case)
         times = timing(case.corpus, case.id, case.messages, turns, self.seed)
+        # compactd's clock follows the session's times; its cold-cache memory starts empty.
+        compactor = proxy.services.compactor
+        compactor.cold = ColdCache(compactor.metrics, self.clock)
         for turn, index in enumerate(turns):
+            self.clock.now = times.times[turn] if self.gap is None else turn * self.gap
             body = self._body(case, case.messages[:index])
             self.reply = case.messages[index]
             response = await proxy.chat(body, key=key, **headers)
@@ -360,7 +393,8 @@ class Replayer:
             before = int(response.headers.get("x-compactd-tokens-before") or 0)
             after = int(response.headers.get("x-compactd-tokens-after") or before)
             result.overhead_ms.append(float(response.headers.get("x-compactd-overhead-ms") or 0))
-            now = times.times[turn] if self.gap is None else turn * self.gap
+            now = self.clock.now
+            result.peak = max(result.peak, before)
             plain = without.price(self.segmenter.request(body), now, _head(body)).scale(before)
             sent = with_.price(self.segmenter.request(forwarded), now, _head(forwarded)).scale(
                 after
@@ -703,6 +737,12 @@ async def main() -> None:
         f"providers {args.providers or 'as configured'}; {seconds:.0f} s\n"
     )
     print(table([t.row(k) for k, t in totals(results).items()], COLUMNS))
+    long = [r for r in results if r.peak > PEAK]
+    print(
+        f"\nover the {len({(r.corpus, r.session) for r in long})} sessions whose peak exceeds "
+        f"{PEAK // 1000}k tokens:\n"
+    )
+    print(table([t.row(k) for k, t in totals(long).items()], COLUMNS))
     print("\nnet saving / facts kept, per corpus:\n")
     print(matrix(results, names))
     if any(r.policy == LOSSLESS_ALONE for r in results):
