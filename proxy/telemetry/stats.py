@@ -200,13 +200,8 @@ def _priced(key: str, model: str, s: _Sums, prices: Prices, api: str = DEFAULT_A
     # Cache writes are part of the prompt, billed at their own price where there is one.
     p_write = getattr(prices, "cache_write_price", p_in)
     rule = rule_for(api, input_price=p_in, cache_write_price=p_write)
-    per_token = RulePrices.of(
-        rule,
-        input_price=p_in,
-        cached_input_price=p_cached,
-        output_price=p_out,
-        cache_write_price=p_write,
-    )
+    listed = {"input_price": p_in, "cached_input_price": p_cached, "output_price": p_out}
+    per_token = RulePrices.of(rule, cache_write_price=p_write, **listed)
     # The event's prefix, a cache hit at share h otherwise, is written once at the rule's price.
     loss = hit * compacted_after * max(0.0, per_token.written - per_token.cached)
     cost = (
