@@ -91,6 +91,17 @@ def test_policy_grid_and_default_rule() -> None:
     assert choose_default([good, tier, plain]) == "cap-8k+lossless"
     assert choose_default([good, tier, plain], transparent=True) == "cap-8k"
     assert totals([good, lossy])["cap-4k"].kept_share == 0.5
+    # Cold-cache variants only where the cold budget is under the cap.
+    assert {"no-cap+cold8k", "cap-32k+cold16k", "cap-64k+cold32k"} <= set(names)
+    assert "cap-16k+cold16k" not in names
+    # One long session with many facts lost weighs the same as a short one kept whole.
+    long = SessionResult(corpus="c", session="s2", policy="cap-8k", facts=90, kept=0)
+    long.plain.usd, long.sent.usd = 10, 9
+    many = [good] * 9 + [long]
+    assert totals(many)["cap-8k"].kept_share == 0.5
+    assert totals(many)["cap-8k"].mean_kept == pytest.approx(0.9)
+    assert choose_default([*many, plain]) == "default"
+    assert choose_default([*many, plain], session_mean=True) == "cap-8k"
 
 
 def _case() -> Case:
