@@ -28,8 +28,9 @@ from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.pricing import rule_for
 from proxy.tokens.budget import ModelInfo
 
-MAX_CONVERSATIONS = 200_000
-"""Conversations whose last request time is remembered (oldest forgotten first)."""
+MAX_CONVERSATIONS = 50_000
+"""Conversations whose last request time is remembered, per worker (the least recently seen
+forgotten first; ~250 bytes each)."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class ColdTurn:
 WARM = ColdTurn()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Seen:
     last: float
     compacted_cold: bool = False

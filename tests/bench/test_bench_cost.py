@@ -213,3 +213,25 @@ def test_timing_tool_gaps_are_seconds_and_sessions_a_day() -> None:
     sessions.append({"role": "assistant", "content": "b"})
     split = timing("memory-tests", "z", sessions, [1, 3], seed=0)
     assert (split.kinds[1], split.times[1]) == ("session", 86400.0)
+
+
+@pytest.mark.asyncio
+async def test_replay_drives_compactds_clock_so_cold_turns_compact_deeper() -> None:
+    """A turn an hour after the last one is cold for compactd too: the +cold policy compacts
+    there (and its later warm turns replay it); every turn of the warm replay goes as sent."""
+    policies = [Policy("default", {}), Policy("no-cap+cold4k", {"cold_budget_tokens": 4000})]
+    hourly = Replayer("gpt-5.4", "openai", None, 3600, policies)
+    by = {r.policy: r for r in await hourly.run([_case()], progress=False)}
+    cold = by["no-cap+cold4k"]
+    assert cold.compactions >= 1
+    assert cold.sent.prompt < cold.plain.prompt
+    assert cold.sent.usd < cold.plain.usd  # the cache is gone every turn: fewer tokens, less money
+    assert set(cold.gaps) == {"fixed"}
+    warm = {
+        r.policy: r
+        for r in await Replayer("gpt-5.4", "openai", None, 5, policies).run(
+            [_case()], progress=False
+        )
+    }["no-cap+cold4k"]
+    assert warm.compactions == 0
+    assert warm.sent.prompt == warm.plain.prompt
