@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from proxy.config_errors import ConfigError as ConfigError  # noqa: PLC0414  (re-exported)
 from proxy.config_errors import check as _check
 from proxy.config_errors import collecting, did_you_mean, problem, require
+from proxy.errors import ConfigError
 
 DEFAULT_UPSTREAM = "https://api.openai.com/v1"
 DEFAULT_ANTHROPIC_UPSTREAM = "https://api.anthropic.com"

@@ -12,14 +12,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 
-
-class ConfigError(ValueError):
-    """A setting is unknown or invalid; the message names the key (`problems`: each one)."""
-
-    def __init__(self, message: str, problems: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.problems = problems or [message]
-
+from proxy.errors import ConfigError
 
 _PROBLEMS: ContextVar[list[str] | None] = ContextVar("compactd_config_problems", default=None)
 """While a load runs: where every problem goes, so all are reported together."""

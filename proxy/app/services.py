@@ -15,9 +15,10 @@ import orjson
 from proxy.app.heavy import HeavyWork
 from proxy.chat.compactor import Compactor, CompleterFactory
 from proxy.chat.policy import PolicyResolver
-from proxy.config import ConfigError, Settings, data_dir
-from proxy.providers.base import Completer, ContextProvider, Message, OptionError
-from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
+from proxy.config import Settings, data_dir
+from proxy.errors import CompletionError, ConfigError, OptionError, ProviderLoadError
+from proxy.providers.base import Completer, ContextProvider, Message
+from proxy.providers.registry import ProviderRegistry, check_options
 from proxy.store.base import Store
 from proxy.store.factory import open_store
 from proxy.telemetry.accounting import Accountant
@@ -34,10 +35,6 @@ from proxy.wire.stale_retry import StaleRetry
 from proxy.wire.tenant import ClientKey, Tenancy, load_or_create_secret
 
 log = logging.getLogger("compactd.services")
-
-
-class CompletionError(RuntimeError):
-    """An LLM call made on behalf of a provider failed."""
 
 
 @dataclass

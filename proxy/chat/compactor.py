@@ -28,17 +28,12 @@ from typing import Any, TypeVar
 import orjson
 
 from proxy.chat.bodycache import BodyCache
-from proxy.chat.checkpoint import (
-    CompactionError,
-    compaction_for,
-    replay_problem,
-    worth_it,
-)
+from proxy.chat.checkpoint import compaction_for, replay_problem, worth_it
 from proxy.chat.expand import ExpandPlan, with_tool
 from proxy.chat.lossless import Lossless, LosslessTier, StoredForms
 from proxy.chat.policy import PolicyResolver
 from proxy.chat.precompute import PRECOMPUTED, Precomputer
-from proxy.chat.quota import Quota, QuotaExceededError
+from proxy.chat.quota import Quota
 from proxy.chat.replay import ReplayChecks
 from proxy.chat.request import (
     MAX_MESSAGES,
@@ -46,7 +41,6 @@ from proxy.chat.request import (
     Action,
     ChatRequest,
     Outcome,
-    TooManyMessagesError,
     cannot_compact,
     read_request,
     with_conversation,
@@ -57,19 +51,22 @@ from proxy.dialects.adapter import Adapter
 from proxy.dialects.anthropic_count import Confirm, near
 from proxy.dialects.chat import CHAT, Dialect
 from proxy.dialects.projection import Counting, NativeCounter
-from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
-from proxy.providers.bound import bound_chain
-from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
-from proxy.runtime.digest import root_length
-from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
-from proxy.store.base import (
-    Checkpoint,
-    Compaction,
-    Store,
+from proxy.errors import (
+    ChainTimeoutError,
+    CompactionError,
+    QuotaExceededError,
     StoreError,
     TenantMismatchError,
+    TooManyMessagesError,
     UnreadableValueError,
+    WideIntegerError,
 )
+from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
+from proxy.providers.bound import bound_chain
+from proxy.providers.chain import LONG_HISTORY, ChainOutcome, run_chain
+from proxy.runtime.digest import root_length
+from proxy.runtime.exactjson import holds_wide_int
+from proxy.store.base import Checkpoint, Compaction, Store
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import (

@@ -1,8 +1,9 @@
 """The plugin API: what a compression provider is given and what it must return.
 
-Standard library only, so a third-party provider depends on nothing but this module (and the
-marker forms it re-exports from `proxy.providers.markers`). Messages are plain OpenAI chat message
-dicts; providers must not mutate the lists or dicts they are given.
+Standard library only, so a third-party provider depends on nothing but this module (and what
+it re-exports: the marker forms of `proxy.providers.markers`, `OptionError` of `proxy.errors`).
+Messages are plain OpenAI chat message dicts; providers must not mutate the lists or dicts they
+are given.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from proxy.errors import OptionError  # re-exported: a provider raises it to name a key
 from proxy.providers.markers import (
     DROPPED_PATTERN,
     REF_PATTERN,
@@ -33,6 +35,7 @@ __all__ = [
     "ContextProvider",
     "Message",
     "MessageCounter",
+    "OptionError",
     "RequestCounter",
     "SummaryCache",
     "canonical_json",
@@ -103,15 +106,6 @@ class CompactionResult:
 
 
 T = TypeVar("T")
-
-
-class OptionError(ValueError):
-    """An option of a provider is unknown or has the wrong type or value; `key` names it."""
-
-    def __init__(self, key: str, why: str) -> None:
-        super().__init__(f"{key}: {why}")
-        self.key = key
-        self.why = why
 
 
 def option(

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.app.services import check_provider_options, check_settings
-from proxy.config import ConfigError, load_settings
+from proxy.config import load_settings
+from proxy.errors import ConfigError
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
