@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from proxy.errors import OptionError
@@ -104,74 +106,101 @@ def parse(
     (the environment's values), a string is also read as the bool, number or comma-separated
     list it spells. An unknown key is an "unknown {noun}".
     """
-    if not isinstance(values, Mapping):
-        raise OptionError(prefix or "options", "must be a table")
-    hints = get_type_hints(schema)
-    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, raw in values.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        try:
-            if key not in fields:
-                hint = did_you_mean(key, fields) or f" (known: {', '.join(sorted(fields))})"
-                raise OptionError(path, f"unknown {noun}{hint}")  # noqa: TRY301
-            meta = fields[key].metadata
-            value = _typed(raw, hints[key], path, strings=strings, noun=noun)
-            if "schema" in meta and value is not None:
-                parse(meta["schema"], value, path, noun=noun)
-            _bounded(value, meta, path)
-        except OptionError as exc:
-            problem(exc)  # while collecting, the default stands in and the rest is checked
-        else:
-            kwargs[key] = value
-    try:
-        return schema(**kwargs)
-    except (TypeError, ValueError) as exc:  # a schema's own __post_init__ checks
-        if isinstance(exc, OptionError):
-            raise
-        raise OptionError(prefix or "options", str(exc)) from None
+    return _Reading(strings, noun).parse(schema, values, prefix)
 
 
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 _WORDS = {"1": True, "true": True, "yes": True, "on": True}
 _WORDS |= {"0": False, "false": False, "no": False, "off": False}
+_BOUNDS = (
+    ("minimum", ">=", operator.ge),
+    ("above", ">", operator.gt),
+    ("maximum", "<=", operator.le),
+    ("below", "<", operator.lt),
+)
 
 
-def _typed(value: Any, tp: Any, path: str, *, strings: bool, noun: str) -> Any:
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
+@dataclass(frozen=True)
+class _Reading:
+    """How one `parse` reads its values: whether strings spell other types, and what a key is
+    called in an "unknown" error."""
+
+    strings: bool
+    noun: str
+
+    def parse(self, schema: type[T], values: Any, prefix: str) -> T:
+        if not isinstance(values, Mapping):
+            raise OptionError(prefix or "options", "must be a table")
+        hints = get_type_hints(schema)
+        fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+        kwargs: dict[str, Any] = {}
+        for key, raw in values.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            try:
+                if key not in fields:
+                    hint = did_you_mean(key, fields) or f" (known: {', '.join(sorted(fields))})"
+                    raise OptionError(path, f"unknown {self.noun}{hint}")  # noqa: TRY301
+                kwargs[key] = self.field(raw, hints[key], fields[key].metadata, path)
+            except OptionError as exc:
+                problem(exc)  # while collecting, the default stands in and the rest is checked
+        try:
+            return schema(**kwargs)
+        except OptionError:
+            raise
+        except (TypeError, ValueError) as exc:  # a schema's own __post_init__ checks
+            raise OptionError(prefix or "options", str(exc)) from None
+
+    def field(self, raw: Any, tp: Any, meta: Mapping[str, Any], path: str) -> Any:
+        """One value, typed, then checked against the field's `option()` schema and bounds."""
+        value = self.typed(raw, tp, path)
+        if "schema" in meta and value is not None:
+            _Reading(strings=False, noun=self.noun).parse(meta["schema"], value, path)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            for name, sign, holds in _BOUNDS:
+                if name in meta and not holds(value, meta[name]):
+                    raise OptionError(path, f"must be {sign} {meta[name]}, not {value!r}")
+        return value
+
+    def typed(self, value: Any, tp: Any, path: str) -> Any:
+        """`value` as a `tp`, or an OptionError saying what it must be."""
+        origin = get_origin(tp)
+        if origin in (Union, types.UnionType):
+            return self.optional(value, tp, path)
+        if origin is Literal:
+            if value not in get_args(tp):
+                raise OptionError(path, f"must be one of {get_args(tp)}, not {value!r}")
+            return value
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            return self.parse(tp, value, path)
+        if origin is tuple:
+            return self.list(value, get_args(tp)[0], path)
+        if origin is not None and issubclass(origin, Mapping):
+            if not isinstance(value, Mapping):
+                raise OptionError(path, f"must be a table, not {value!r}")
+            return dict(value) if origin is dict else value
+        return self.scalar(value, tp, path)
+
+    def optional(self, value: Any, tp: Any, path: str) -> Any:
         inner = [a for a in get_args(tp) if a is not type(None)]
         if value is None and len(inner) < len(get_args(tp)):
             return None
-        return (
-            _typed(value, inner[0], path, strings=strings, noun=noun) if len(inner) == 1 else value
-        )
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise OptionError(path, f"must be one of {get_args(tp)}, not {value!r}")
-        return value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return parse(tp, value, path, strings=strings, noun=noun)
-    if origin is tuple:
-        if strings and isinstance(value, str):
+        return self.typed(value, inner[0], path) if len(inner) == 1 else value
+
+    def list(self, value: Any, item: Any, path: str) -> tuple[Any, ...]:
+        if self.strings and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list | tuple):
             raise OptionError(path, f"must be a list, not {value!r}")
-        item = get_args(tp)[0]
-        return tuple(
-            _typed(v, item, f"{path}[{i}]", strings=strings, noun=noun) for i, v in enumerate(value)
-        )
-    if origin is not None and issubclass(origin, Mapping):
-        if not isinstance(value, Mapping):
-            raise OptionError(path, f"must be a table, not {value!r}")
-        return dict(value) if origin is dict else value
-    if strings and isinstance(value, str) and tp in (bool, int, float):
-        value = _from_string(value, tp, path)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in _NAMES and (type(value) is not tp):
-        raise OptionError(path, f"must be {_NAMES[tp]}, not {value!r}")
-    return value
+        return tuple(self.typed(v, item, f"{path}[{i}]") for i, v in enumerate(value))
+
+    def scalar(self, value: Any, tp: Any, path: str) -> Any:
+        if self.strings and isinstance(value, str) and tp in (bool, int, float):
+            value = _from_string(value, tp, path)
+        if tp is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if tp in _NAMES and (type(value) is not tp):
+            raise OptionError(path, f"must be {_NAMES[tp]}, not {value!r}")
+        return value
 
 
 def _from_string(text: str, tp: type[Any], path: str) -> Any:
@@ -182,16 +211,3 @@ def _from_string(text: str, tp: type[Any], path: str) -> Any:
         return tp(text)
     except ValueError:
         raise OptionError(path, f"must be {_NAMES[tp]}, not {text!r}") from None
-
-
-def _bounded(value: Any, meta: Mapping[str, Any], path: str) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return
-    if "minimum" in meta and value < meta["minimum"]:
-        raise OptionError(path, f"must be >= {meta['minimum']}, not {value!r}")
-    if "above" in meta and value <= meta["above"]:
-        raise OptionError(path, f"must be > {meta['above']}, not {value!r}")
-    if "maximum" in meta and value > meta["maximum"]:
-        raise OptionError(path, f"must be <= {meta['maximum']}, not {value!r}")
-    if "below" in meta and value >= meta["below"]:
-        raise OptionError(path, f"must be < {meta['below']}, not {value!r}")
