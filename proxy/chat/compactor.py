@@ -51,10 +51,11 @@ from proxy.chat.request import (
     read_request,
     with_conversation,
 )
+from proxy.chat.sizing import Counted, Sizing
 from proxy.chat.splice import Splicer
 from proxy.config import PolicySettings, Settings
 from proxy.dialects.adapter import Adapter
-from proxy.dialects.anthropic_count import Confirm, near
+from proxy.dialects.anthropic_count import Confirm
 from proxy.dialects.chat import CHAT, Dialect
 from proxy.dialects.projection import Counting, NativeCounter
 from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
@@ -73,24 +74,16 @@ from proxy.store.base import (
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import (
-    Budget,
-    ModelInfo,
     ModelTable,
-    compute_budget,
-    requested_output,
-    requested_window,
 )
-from proxy.tokens.calibration import HIGH, LOW, Calibration, scaled
+from proxy.tokens.calibration import Calibration
 from proxy.tokens.counter import TokenCounter, Tokenizers
-from proxy.tokens.windows import LearnedWindows, counted_prompt, retry_window, validated_window
+from proxy.tokens.windows import LearnedWindows
 from proxy.wire import rewrite
 from proxy.wire.tenant import Tenancy
 
 log = logging.getLogger("compactd.compaction")
 
-# Counting a large body cold takes tens of milliseconds; tiktoken releases the GIL, so a thread
-# keeps the event loop responsive for everyone else.
-COUNT_IN_THREAD_BYTES = 128 * 1024
 PROVIDER_THREADS = 4
 """Threads sync providers run on: their own, not the default executor's, which counts and
 parses long histories; a sync provider's thread cannot be killed, so providers that hang use up
@@ -119,18 +112,6 @@ def compression_config(
         keep_head=policy.keep_head,
         recency_turns=policy.recency_turns,
     )
-
-
-@dataclass(frozen=True)
-class _Counted:
-    """The request's figures under its policy (and the learned window, on a retry)."""
-
-    budget: Budget
-    counter: Counting
-    fixed: int
-    tokens: int
-    raw: Budget
-    """The budget in the upstream's units (before calibration)."""
 
 
 @dataclass(frozen=True)
@@ -192,7 +173,15 @@ class Compactor:
         # Threads are started when a sync provider first runs (none at construction).
         self._providers_pool = ThreadPoolExecutor(PROVIDER_THREADS, "compactd-provider")
         self.calibration = calibration
-        self._counters: dict[tuple[str, TokenCounter], Counting] = {}
+        self.sizing = Sizing(
+            tokens=settings.tokens,
+            tokenizers=tokenizers,
+            models=models,
+            bodies=self.bodies,
+            metrics=metrics,
+            windows=windows,
+            calibration=calibration,
+        )
         self.lossless = LosslessTier()
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
@@ -270,10 +259,10 @@ class Compactor:
             return self._outcome(request, "bypass", policy=policy.name)
         tokens: int | None = None
         try:
-            counted = await self._count(request, policy, window)
+            counted = await self.sizing.count(request, policy, window)
             tokens = counted.tokens
             if confirm is not None and window is None:
-                counted = await self._confirmed(request, counted, confirm)
+                counted = await self.sizing.confirmed(request, counted, confirm)
             return await self._compact(request, policy, counted, forced=window is not None)
         except Exception as exc:  # the single fail-open boundary: forward the original request
             reason = _reason(exc)
@@ -303,13 +292,7 @@ class Compactor:
         if first.retried or request.body is None or not request.model:
             return None
         sent = first.tokens_sent  # what went upstream
-        counted = counted_prompt(upstream_message)
-        if self.calibration is not None and counted is not None:
-            # The upstream's own count of what we sent: the best calibration sample there is.
-            self.calibration.observe(
-                request.dialect.name, request.model, sent, counted, request.body
-            )
-        window = self.learn_window(request, upstream_message, sent)
+        window = self.sizing.overflowed(request, upstream_message, sent)
         if window is None or first.action in ("bypass", "shadow"):
             return None
         retry = await self.decide(request, window=window)
@@ -321,74 +304,6 @@ class Compactor:
             return None
         return dataclasses.replace(retry, retried=True)
 
-    def learn_window(self, request: ChatRequest, upstream_message: str, sent: int) -> int | None:
-        """The window to retry this request under. When the upstream's answer is trustworthy
-        (`proxy.tokens.windows.validated_window`) it is also learned for every later request of the
-        model on this upstream; otherwise it serves this retry only. The one place this is
-        learned."""
-        if sent <= 0:
-            return None
-        info = self._model(request)
-        minimum = self.settings.tokens.min_learned_window
-        learned = validated_window(
-            upstream_message,
-            sent=sent,
-            requested_output=requested_output(request.body or {}) or 0,
-            info=info,
-            minimum=minimum,
-        )
-        retry = retry_window(upstream_message, sent=sent, info=info, minimum=minimum)
-        if learned is None:
-            return retry
-        if self.windows is not None:
-            self.windows.learn(request.model, learned)
-        log.info("learned context window", extra={"model": request.model, "window": learned})
-        return min(learned, retry)  # the retry in our units, the window learned as stated
-
-    async def _count(
-        self, request: ChatRequest, policy: PolicySettings, window: int | None
-    ) -> _Counted:
-        if request.oversized:
-            raise TooManyMessagesError  # every step from here on costs per message
-        assert request.body is not None
-        assert request.messages is not None
-        info = self._model(request)
-        if window is not None:
-            info = info.with_window(window)
-        elif self.windows is not None:
-            info = self.windows.apply(request.model, info)
-        margin = self.settings.tokens.safety_margin
-        budget = compute_budget(info, request.body, policy, margin, request.dialect.name)
-        base = self.tokenizers.for_model(info)
-        counter = self._counter(request.dialect, base)
-        body, dialect = request.body, request.dialect
-        # The tools' count, once per session: the fields around the messages rarely change.
-        key = ("fixed", dialect.name, base)
-        fixed = self.bodies.memo(request.messages, key, lambda: dialect.fixed_tokens(base, body))
-        in_thread = len(request.raw) > COUNT_IN_THREAD_BYTES
-        raw = budget
-        if self.calibration is not None:
-            # An API whose tokenizer is not public: the budget in our estimate's units.
-            budget = self.calibration.budget(request.dialect.name, request.model, budget)
-        known = base if dialect is CHAT else counter
-        if isinstance(known, TokenCounter | NativeCounter):  # a known history: its new messages
-            counted = await self.bodies.count(request.messages, known, in_thread=in_thread)
-        elif in_thread:
-            counted = await asyncio.to_thread(counter.count_messages, request.messages)
-        else:
-            counted = counter.count_messages(request.messages)
-        return _Counted(budget, counter, fixed, fixed + counted, raw)
-
-    def input_window(self, request: ChatRequest) -> int:
-        """The most input tokens the request's model takes, as far as compactd knows (a window
-        learned from the upstream's refusals included)."""
-        info = self._model(request)
-        if self.windows is not None:
-            info = self.windows.apply(request.model, info)
-        if info.max_input:
-            return min(info.context_window, info.max_input)
-        return info.context_window
-
     async def _run_provider(self, fn: Callable[..., T], *args: Any) -> T:
         """`asyncio.to_thread(fn, *args)` on the providers' own threads (`PROVIDER_THREADS`)."""
         call = functools.partial(contextvars.copy_context().run, fn, *args)
@@ -396,14 +311,13 @@ class Compactor:
 
     def cache_entries(self) -> dict[str, int]:
         """Entries each of this compactor's in-memory caches holds (for the metrics)."""
-        natives = [c for c in self._counters.values() if isinstance(c, NativeCounter)]
         return {
             "bodies": self.bodies.entries(),
             "lossless_forms": self.lossless.entries(),
             "stored_forms": self.stored_forms.entries(),
             "precompute": self.precompute.entries(),
             "replay_checks": self.replay_checks.entries(),
-            "native_counts": sum(c.entries() for c in natives),
+            "native_counts": self.sizing.native_counts(),
             "token_counts": sum(c.entries() for c in self.tokenizers.counters()),
         }
 
@@ -411,34 +325,8 @@ class Compactor:
         """Let the providers' threads go (one still running a sync provider finishes first)."""
         self._providers_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _model(self, request: ChatRequest) -> ModelInfo:
-        """The model's table entry, with the window the request opts into (on the Messages
-        API, Anthropic's 1M-context beta)."""
-        info = self.models.lookup(request.model)
-        if request.dialect.name != "messages":
-            return info
-        return requested_window(info, request.headers.get("anthropic-beta", ""))
-
-    async def _confirmed(
-        self, request: ChatRequest, counted: _Counted, confirm: Confirm
-    ) -> _Counted:
-        """The figures with the upstream's own count, if the estimate is near the trigger and
-        the upstream answers; as they were otherwise."""
-        band = self.settings.tokens.count_tokens_band
-        if counted.tokens <= 0 or not near(counted.tokens, counted.budget.trigger, band):
-            return counted
-        actual = await confirm()
-        self.metrics.count_confirmed("failed" if actual is None else "confirmed")
-        if actual is None:
-            return counted
-        if self.calibration is not None:
-            api, model = request.dialect.name, request.model
-            self.calibration.observe(api, model, counted.tokens, actual, request.body)
-        ratio = min(HIGH, max(LOW, actual / counted.tokens))
-        return dataclasses.replace(counted, budget=scaled(counted.raw, ratio))
-
     async def _compact(
-        self, request: ChatRequest, policy: PolicySettings, counted: _Counted, *, forced: bool
+        self, request: ChatRequest, policy: PolicySettings, counted: Counted, *, forced: bool
     ) -> Outcome:
         assert request.body is not None
         shadow = policy.mode == "shadow"
@@ -525,7 +413,7 @@ class Compactor:
         self,
         request: ChatRequest,
         policy: PolicySettings,
-        counted: _Counted,
+        counted: Counted,
         forms: Lossless | None,
         *,
         tokens: int,
@@ -644,7 +532,7 @@ class Compactor:
         request: ChatRequest,
         tenant: str,
         policy: PolicySettings,
-        counted: _Counted,
+        counted: Counted,
         forms: Lossless | None = None,
     ) -> _Plan:
         assert request.messages is not None
@@ -766,7 +654,7 @@ class Compactor:
     async def _candidate_tokens(
         self,
         request: ChatRequest,
-        counted: _Counted,
+        counted: Counted,
         base: Checkpoint | None,
         candidate: Sequence[Message],
         forms: Lossless | None,
@@ -859,20 +747,11 @@ class Compactor:
         finally:
             self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
 
-    def _counter(self, dialect: Dialect, base: TokenCounter) -> Counting:
-        """One counter per API and base counter (encoding and image rule) for the process (each
-        keeps its own cache)."""
-        key = (dialect.name, base)
-        found = self._counters.get(key)
-        if found is None:
-            found = self._counters[key] = dialect.counter(base)
-        return found
-
     def _config(
         self,
         request: ChatRequest,
         tenant: str,
-        counted: _Counted,
+        counted: Counted,
         policy: PolicySettings,
         aside: Sequence[Message] = (),
     ) -> CompressionConfig:

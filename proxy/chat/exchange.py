@@ -167,7 +167,7 @@ class ChatExchange:
             or header(raw, b"content-encoding")
         ):
             return False
-        return out.tokens_sent >= NEAR_WINDOW * self.h.compactor.input_window(self.request)
+        return out.tokens_sent >= NEAR_WINDOW * self.h.compactor.sizing.input_window(self.request)
 
     async def _opened(
         self, response: httpx.Response
