@@ -15,31 +15,25 @@ the same request with that window (never in shadow mode or on bypass).
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
 from proxy.chat.bodycache import BodyCache
 from proxy.chat.checkpoint import (
-    CompactionError,
-    compaction_for,
     replay_problem,
-    worth_it,
 )
 from proxy.chat.expand import ExpandPlan, with_tool
 from proxy.chat.lossless import Lossless, LosslessTier, StoredForms
+from proxy.chat.planner import CompleterFactory, Plan, Planner, per_message, unreadable
 from proxy.chat.policy import PolicyResolver
 from proxy.chat.precompute import PRECOMPUTED, Precomputer
 from proxy.chat.quota import Quota, QuotaExceededError
-from proxy.chat.replay import ReplayChecks
 from proxy.chat.request import (
     MAX_MESSAGES,
     REWRITTEN,
@@ -57,87 +51,27 @@ from proxy.config import PolicySettings, Settings
 from proxy.dialects.adapter import Adapter
 from proxy.dialects.anthropic_count import Confirm
 from proxy.dialects.chat import CHAT, Dialect
-from proxy.dialects.projection import Counting, NativeCounter
-from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
-from proxy.providers.bound import bound_chain
-from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
+from proxy.providers.base import ContextProvider, Message
+from proxy.providers.chain import LONG_HISTORY
 from proxy.runtime.digest import root_length
 from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
 from proxy.store.base import (
-    Checkpoint,
-    Compaction,
     Store,
     StoreError,
     TenantMismatchError,
     UnreadableValueError,
 )
-from proxy.store.summary_cache import TenantSummaryCache
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import (
     ModelTable,
 )
 from proxy.tokens.calibration import Calibration
-from proxy.tokens.counter import TokenCounter, Tokenizers
+from proxy.tokens.counter import Tokenizers
 from proxy.tokens.windows import LearnedWindows
 from proxy.wire import rewrite
 from proxy.wire.tenant import Tenancy
 
 log = logging.getLogger("compactd.compaction")
-
-PROVIDER_THREADS = 4
-"""Threads sync providers run on: their own, not the default executor's, which counts and
-parses long histories; a sync provider's thread cannot be killed, so providers that hang use up
-these and only compactions wait (and fail open at their deadline), not every long request."""
-REPLAY_ATTEMPTS = 4
-"""Stored checkpoints tried, longest first, before the request is compacted afresh."""
-
-CompleterFactory = Callable[[str | None], Completer]
-T = TypeVar("T")
-
-
-def compression_config(
-    policy: PolicySettings, *, counter: Counting, fixed: int, limit: int, budget: int
-) -> CompressionConfig:
-    """What a policy tells its providers (the proxy and `compactd compress` share this).
-
-    `fixed` is what the request costs besides its messages (tool schemas, response format).
-    """
-    return CompressionConfig(
-        limit=limit,
-        budget=budget,
-        count_tokens=lambda msgs: fixed + counter.count_messages(msgs),
-        count_message=counter.count_message,
-        max_tool_result_tokens=policy.max_tool_result_tokens,
-        reasoning_strip_age_threshold=policy.reasoning_strip_age_threshold,
-        keep_head=policy.keep_head,
-        recency_turns=policy.recency_turns,
-    )
-
-
-@dataclass(frozen=True)
-class _History:
-    """The request's messages with their digests and rolling prefix digests."""
-
-    messages: list[Message]
-    digests: list[str]
-    prefixes: list[str]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    messages: Sequence[Message]
-    action: Action
-    providers: tuple[str, ...] = ()
-    compaction: Compaction | None = None
-    failure: str = ""
-    """Why the original must be forwarded instead (a provider failed, the target unreached)."""
-    history: _History | None = None
-    generation: int = -1
-    """The covered_through of the checkpoint it replays (-1: none)."""
-    tokens: int | None = None
-    """What `messages` count, the request's fixed tokens included, where already counted."""
-    checkpoint: Checkpoint | None = None
-    """The stored checkpoint it replays, whose messages begin `messages`."""
 
 
 class Compactor:
@@ -170,8 +104,6 @@ class Compactor:
         self.request_stream_usage = settings.accounting.request_stream_usage
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
         self.splicer = Splicer(self.bodies, settings.tokens.prefix_cache_mb << 20, metrics)
-        # Threads are started when a sync provider first runs (none at construction).
-        self._providers_pool = ThreadPoolExecutor(PROVIDER_THREADS, "compactd-provider")
         self.calibration = calibration
         self.sizing = Sizing(
             tokens=settings.tokens,
@@ -185,13 +117,17 @@ class Compactor:
         self.lossless = LosslessTier()
         self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
-        self.replay_checks = ReplayChecks()
         quota_mb = settings.limits.tenant_quota_mb
         self.quota = Quota(store, quota_mb << 20) if quota_mb else None
-        self._chains = {
-            p.name: bound_chain(p.providers, providers, p.options, self._run_provider)
-            for p in settings.all_policies()
-        }
+        self.planner = Planner(
+            settings=settings,
+            providers=providers,
+            bodies=self.bodies,
+            store=store,
+            metrics=metrics,
+            precompute=self.precompute,
+            completer=completer,
+        )
 
     async def read(
         self, raw: bytes, headers: Sequence[tuple[bytes, bytes]], dialect: Dialect = CHAT
@@ -304,11 +240,6 @@ class Compactor:
             return None
         return dataclasses.replace(retry, retried=True)
 
-    async def _run_provider(self, fn: Callable[..., T], *args: Any) -> T:
-        """`asyncio.to_thread(fn, *args)` on the providers' own threads (`PROVIDER_THREADS`)."""
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._providers_pool, call)
-
     def cache_entries(self) -> dict[str, int]:
         """Entries each of this compactor's in-memory caches holds (for the metrics)."""
         return {
@@ -316,14 +247,14 @@ class Compactor:
             "lossless_forms": self.lossless.entries(),
             "stored_forms": self.stored_forms.entries(),
             "precompute": self.precompute.entries(),
-            "replay_checks": self.replay_checks.entries(),
+            "replay_checks": self.planner.replay_checks.entries(),
             "native_counts": self.sizing.native_counts(),
             "token_counts": sum(c.entries() for c in self.tokenizers.counters()),
         }
 
     def close(self) -> None:
         """Let the providers' threads go (one still running a sync provider finishes first)."""
-        self._providers_pool.shutdown(wait=False, cancel_futures=True)
+        self.planner.close()
 
     async def _compact(
         self, request: ChatRequest, policy: PolicySettings, counted: Counted, *, forced: bool
@@ -359,7 +290,7 @@ class Compactor:
             # No credential, no tenant to keep originals under: never compacted, never stored.
             figures["tokens_after"] = counted.tokens
             return self._outcome(request, "passthrough", no_credential=True, **figures)
-        plan = await self._plan(request, request.tenant, policy, counted, forms)
+        plan = await self.planner.plan(request, request.tenant, policy, counted, forms)
         if plan.failure:
             self.metrics.fail_open("provider")
             return self._outcome(request, "error", error=plan.failure, **figures)
@@ -394,7 +325,7 @@ class Compactor:
             )
         else:  # matched to the request's items and rebuilt in Python, message by message
             history = request.messages or sent
-            content = await _per_message(history, request.dialect.with_messages, request.body, sent)
+            content = await per_message(history, request.dialect.with_messages, request.body, sent)
         expand = self._expand_plan(request, policy, sent, forms)
         if expand is not None:
             content = rewrite.with_messages(expand.body, sent)
@@ -438,7 +369,7 @@ class Compactor:
         )
 
         async def work() -> str:
-            plan = await self._plan(request, tenant, policy, early, forms)
+            plan = await self.planner.plan(request, tenant, policy, early, forms)
             if plan.failure:
                 return "failed"
             if plan.compaction is None:
@@ -527,250 +458,7 @@ class Compactor:
         forms = self.lossless.apply(request.messages, self.bodies.digests(request.messages))
         return forms if forms.changed else None
 
-    async def _plan(
-        self,
-        request: ChatRequest,
-        tenant: str,
-        policy: PolicySettings,
-        counted: Counted,
-        forms: Lossless | None = None,
-    ) -> _Plan:
-        assert request.messages is not None
-        if self.bodies.undigested(request.messages) > LONG_HISTORY:
-            history = await asyncio.to_thread(self._history, request.messages)
-        else:
-            history = self._history(request.messages)
-        messages, digests = history.messages, history.digests
-        base = await self._replayable(request, tenant, history)
-        sent = forms.messages if forms is not None else messages
-        candidate = sent
-        if base is not None:
-            candidate = [*base.messages, *sent[base.covered_through + 1 :]]
-        cand_tokens = await self._candidate_tokens(request, counted, base, candidate, forms)
-        if base is not None and PRECOMPUTED in base.providers:
-            # Computed ahead of time: replayed only from the turn the one before no longer fits,
-            # so the prefix changes when it would have anyway, not earlier.
-            older = await self._replayable(request, tenant, history, base.covered_through)
-            previous = sent
-            if older is not None:
-                previous = [*older.messages, *sent[older.covered_through + 1 :]]
-            tokens = counted.fixed + counted.counter.count_messages(previous)
-            if tokens <= counted.budget.trigger:
-                base, candidate, cand_tokens = older, previous, tokens
-        # The turn that first replays a precomputed checkpoint is its compaction event.
-        switched = (
-            base is not None
-            and PRECOMPUTED in base.providers
-            and self.precompute.first_use((tenant, request.conversation, base.covered_through))
-        )
-        replay = _Plan(
-            candidate,
-            "compacted"
-            if switched
-            else "replayed"
-            if base is not None
-            else "lossless"
-            if forms is not None
-            else "passthrough",
-            (
-                *(p for p in (base.providers if base is not None else ()) if p != PRECOMPUTED),
-                *(("lossless",) if forms else ()),
-            ),
-            generation=base.covered_through if base is not None else -1,
-            tokens=cand_tokens,
-            checkpoint=base,
-        )
-        if cand_tokens <= counted.budget.trigger:
-            return replay
-        # A checkpoint written before checkpoints recorded their structure is replayed but
-        # never built upon: the new compaction starts from the originals.
-        if base is not None and not base.ends:
-            base = None
-            cand_tokens = counted.fixed + counted.counter.count_messages(sent)
-        chain_input = candidate if base is not None else sent
-        # What the dialect sets aside goes upstream as it is; providers see its cost as fixed.
-        kept = len(chain_input) - request.dialect.set_aside(chain_input)
-        aside = chain_input[kept:]
-        config = self._config(request, tenant, counted, policy, aside)
-        t0 = time.perf_counter()
-        try:
-            outcome = await run_chain(
-                chain_input[:kept],
-                self._chains[policy.name],
-                config,
-                check=request.dialect.problems if request.dialect is not CHAT else None,
-                repair=request.dialect.repair if request.dialect is not CHAT else None,
-                deadline=policy.compaction_timeout_ms / 1000,
-                run_provider=self._run_provider,
-            )
-        except ChainTimeoutError as exc:
-            # Fails open at the boundary as `timeout`; this line names the provider that hung.
-            self._log_provider_failure(request, exc.provider, "timeout", str(exc))
-            raise
-        self.metrics.observe_compaction(
-            policy=policy.name,
-            providers="+".join(outcome.providers) or "none",
-            seconds=time.perf_counter() - t0,
-        )
-        failure = self._report_failures(request, outcome)
-        if failure:
-            return dataclasses.replace(replay, failure=failure)
-        result = outcome.result
-        if result is None or not worth_it(outcome, cand_tokens, counted.budget, policy):
-            return replay
-        if aside:
-            result = dataclasses.replace(result, messages=[*result.messages, *aside])
-        try:
-            compaction = await _per_message(
-                messages,
-                compaction_for,
-                messages=messages,
-                digests=digests,
-                prefixes=history.prefixes,
-                base=base,
-                result=result,
-                outcome=outcome,
-                tenant=tenant,
-                conversation=request.conversation,
-                lossless=forms,
-            )
-        except CompactionError as exc:
-            label = "+".join(outcome.providers)
-            self.metrics.invariant_violation(label)
-            log.warning(
-                "compaction result discarded",
-                extra={"provider": label, "problem": str(exc), "tenant": request.key_id},
-            )
-            return dataclasses.replace(replay, failure=f"providers {label}: {exc}"[:200])
-        providers = (*(("lossless",) if forms else ()), *outcome.providers)
-        return _Plan(result.messages, "compacted", providers, compaction, history=history)
-
-    def _history(self, messages: Sequence[Message]) -> _History:
-        """The messages with their digests and prefix digests (of new messages only, for a
-        body the cache knows)."""
-        digests = self.bodies.digests(messages)
-        return _History(list(messages), digests, self.bodies.prefixes(messages, digests))
-
-    async def _candidate_tokens(
-        self,
-        request: ChatRequest,
-        counted: Counted,
-        base: Checkpoint | None,
-        candidate: Sequence[Message],
-        forms: Lossless | None,
-    ) -> int:
-        """What `candidate` counts: a replayed checkpoint's messages, plus what the request's
-        messages after it cost as the body cache counted them (only new messages were), where
-        it did; the whole candidate otherwise (the same figure)."""
-        counter = counted.counter
-        known = request.messages is not None and forms is None
-        if known and base is not None and isinstance(counter, TokenCounter | NativeCounter):
-            assert request.messages is not None
-            after = self.bodies.tokens_from(
-                request.messages, counter.encoding_name, base.covered_through + 1
-            )
-            if after is not None:
-                return counted.fixed + counter.count_messages(base.messages) + after
-        return counted.fixed + await _per_message(candidate, counter.count_messages, candidate)
-
-    def _report_failures(self, request: ChatRequest, outcome: ChainOutcome) -> str:
-        """Count and log every provider that failed; the reason to fail open, unless a later
-        provider reached the target anyway ("" then)."""
-        for failure in outcome.failures:
-            if failure.kind == "raised":
-                self.metrics.provider_error(failure.provider)
-            else:
-                self.metrics.invariant_violation(failure.provider)
-            self._log_provider_failure(request, failure.provider, failure.kind, failure.detail)
-        if not outcome.failures or outcome.reached_target:
-            return ""
-        return outcome.failures[0].describe()
-
-    def _log_provider_failure(
-        self, request: ChatRequest, provider: str, kind: str, detail: str
-    ) -> None:
-        log.warning(
-            "provider failed",
-            extra={
-                "provider": provider,
-                "failure": kind,
-                "detail": detail[:200],
-                "tenant": request.key_id,
-                "model": request.model,
-            },
-        )
-
-    async def _replayable(
-        self, request: ChatRequest, tenant: str, history: _History, below: int | None = None
-    ) -> Checkpoint | None:
-        """The longest stored checkpoint this request may replay (see `replay_problem`);
-        `below`: covering fewer messages than that."""
-        limit = len(history.messages) - 1  # a strict prefix at most; replay_problem says the rest
-        if below is not None:
-            limit = min(limit, below)
-        for _ in range(REPLAY_ATTEMPTS):
-            if limit <= 0:
-                return None
-            cp = await self._find(tenant, request.conversation, history.prefixes[:limit])
-            if cp is None:
-                return None
-            if (cp.tenant, cp.conversation) != (tenant, request.conversation) or (
-                cp.covered_through >= limit
-            ):
-                problem = "the store returned a checkpoint it was not asked for"
-            else:
-                problem = self.replay_checks.problem(
-                    cp, history.messages, history.digests, history.prefixes
-                )
-            if not problem:
-                return cp
-            log.debug("checkpoint not replayed", extra={"problem": problem})
-            if "final unit" not in problem:
-                self.metrics.checkpoint_discarded("invalid")
-            limit = min(limit, cp.covered_through)
-        return None
-
-    async def _find(self, tenant: str, conversation: str, prefixes: list[str]) -> Checkpoint | None:
-        """One store lookup; an unreadable or foreign checkpoint counts as none."""
-        t0 = time.perf_counter()
-        try:
-            return await self.store.find_checkpoint(tenant, conversation, prefixes)
-        except (UnreadableValueError, TenantMismatchError) as exc:
-            reason = _unreadable(exc)
-            self.metrics.checkpoint_discarded(reason)
-            log.warning("stored checkpoint ignored", extra={"reason": reason})
-            return None
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            return None  # availability over reversibility: compact from scratch
-        finally:
-            self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
-
-    def _config(
-        self,
-        request: ChatRequest,
-        tenant: str,
-        counted: Counted,
-        policy: PolicySettings,
-        aside: Sequence[Message] = (),
-    ) -> CompressionConfig:
-        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        config = compression_config(
-            policy,
-            counter=counted.counter,
-            fixed=counted.fixed + sum(counted.counter.count_message(m) for m in aside),
-            limit=counted.budget.target,
-            budget=counted.budget.budget,
-        )
-        return dataclasses.replace(
-            config,
-            model=request.model,
-            complete=self.completer(request.identity.api_key) if self.completer else None,
-            summary_cache=TenantSummaryCache(self.store, tenant, ttl),
-        )
-
-    async def _store(self, plan: _Plan, policy: PolicySettings) -> tuple[_Plan, bool]:
+    async def _store(self, plan: Plan, policy: PolicySettings) -> tuple[Plan, bool]:
         """Originals first: a compacted request is forwarded only once they are durable.
         Returns the plan to send and whether it goes out unstored."""
         compaction = plan.compaction
@@ -784,7 +472,7 @@ class Compactor:
         except (UnreadableValueError, TenantMismatchError) as exc:
             # Written, but the checkpoint already stored for this prefix does not decode (or
             # claims another tenant): ours is durable with its originals, so ours is sent.
-            self.metrics.checkpoint_discarded(_unreadable(exc))
+            self.metrics.checkpoint_discarded(unreadable(exc))
             return plan, False
         except StoreError:
             if self.settings.store.on_store_error != "compact-unstored":
@@ -876,15 +564,6 @@ def _given(body: Any, raw: bytes) -> Any:
     return body
 
 
-async def _per_message(
-    history: Sequence[Message], fn: Callable[..., T], /, *args: Any, **kw: Any
-) -> T:
-    """`fn(*args, **kw)`, work that costs per message of `history`: in a thread if it is long."""
-    if len(history) > LONG_HISTORY:
-        return await asyncio.to_thread(fn, *args, **kw)
-    return fn(*args, **kw)
-
-
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, QuotaExceededError):
         return "quota"
@@ -897,7 +576,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, WideIntegerError):
         return "wide_integer"
     return type(exc).__name__
-
-
-def _unreadable(exc: StoreError) -> str:
-    return "other_tenant" if isinstance(exc, TenantMismatchError) else "unreadable"
