@@ -25,12 +25,10 @@ from typing import Any
 import orjson
 
 from proxy.chat.bodycache import BodyCache
-from proxy.chat.checkpoint import (
-    replay_problem,
-)
 from proxy.chat.expand import ExpandPlan, with_tool
-from proxy.chat.lossless import Lossless, LosslessTier, StoredForms
-from proxy.chat.planner import CompleterFactory, Plan, Planner, per_message, unreadable
+from proxy.chat.lossless import Lossless, LosslessTier
+from proxy.chat.persist import Persister
+from proxy.chat.planner import CompleterFactory, Planner, per_message
 from proxy.chat.policy import PolicyResolver
 from proxy.chat.precompute import PRECOMPUTED, Precomputer
 from proxy.chat.quota import Quota, QuotaExceededError
@@ -58,8 +56,6 @@ from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
 from proxy.store.base import (
     Store,
     StoreError,
-    TenantMismatchError,
-    UnreadableValueError,
 )
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import (
@@ -115,10 +111,16 @@ class Compactor:
             calibration=calibration,
         )
         self.lossless = LosslessTier()
-        self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
         quota_mb = settings.limits.tenant_quota_mb
         self.quota = Quota(store, quota_mb << 20) if quota_mb else None
+        self.persist = Persister(
+            settings=settings.store,
+            store=store,
+            metrics=metrics,
+            bodies=self.bodies,
+            quota=self.quota,
+        )
         self.planner = Planner(
             settings=settings,
             providers=providers,
@@ -245,7 +247,7 @@ class Compactor:
         return {
             "bodies": self.bodies.entries(),
             "lossless_forms": self.lossless.entries(),
-            "stored_forms": self.stored_forms.entries(),
+            "stored_forms": self.persist.stored_forms.entries(),
             "precompute": self.precompute.entries(),
             "replay_checks": self.planner.replay_checks.entries(),
             "native_counts": self.sizing.native_counts(),
@@ -284,7 +286,7 @@ class Compactor:
                 return self._outcome(request, "shadow", shadow_action="lossless", **figures)
             content = request.dialect.with_messages(request.body, forms.messages)
             _exact(request, self.bodies, content)
-            unstored = await self._store_forms(request, policy, forms, after=-1)
+            unstored = await self.persist.forms(request, policy, forms, after=-1)
             return self._outcome(request, "lossless", content, unstored=unstored, **figures)
         if request.tenant is None:
             # No credential, no tenant to keep originals under: never compacted, never stored.
@@ -302,7 +304,7 @@ class Compactor:
         unstored = False
         if plan.compaction is not None:
             _exact(request, self.bodies)  # before its originals are stored
-            plan, unstored = await self._store(plan, policy)
+            plan, unstored = await self.persist.compaction(plan, policy)
             figures["providers"] = plan.providers
         sent = list(plan.messages)
         figures["tokens_after"] = (
@@ -335,7 +337,7 @@ class Compactor:
             # The forms past the checkpoint (or all of them, without one) go out as they are.
             cp = plan.compaction.checkpoint if plan.compaction is not None else None
             after = cp.covered_through if cp is not None else plan.generation
-            unstored = await self._store_forms(request, policy, forms, after=after) or unstored
+            unstored = await self.persist.forms(request, policy, forms, after=after) or unstored
         return self._outcome(
             request, plan.action, content, unstored=unstored, expand=expand, **figures
         )
@@ -377,49 +379,10 @@ class Compactor:
             cp = plan.compaction.checkpoint
             marked = dataclasses.replace(cp, providers=[*cp.providers, PRECOMPUTED])
             compaction = dataclasses.replace(plan.compaction, checkpoint=marked)
-            await self._store(dataclasses.replace(plan, compaction=compaction), policy)
+            await self.persist.compaction(dataclasses.replace(plan, compaction=compaction), policy)
             return "stored"
 
         self.precompute.schedule((tenant, request.conversation, generation), work)
-
-    async def _store_forms(
-        self, request: ChatRequest, policy: PolicySettings, forms: Lossless, *, after: int
-    ) -> bool:
-        """The originals of the lossless forms past message `after` that this worker has not
-        written lately, stored before the forms are forwarded (a checkpoint stores those it
-        covers), so every ref compactd sends resolves and every rewrite can be restored.
-        Returns whether they go out unstored (`compact-unstored`); otherwise a store failure
-        raises and the original request is forwarded."""
-        tenant = request.tenant
-        assert tenant is not None
-        assert request.messages is not None
-        conversation, now = request.conversation, time.time()
-        due = [
-            (i, ref)
-            for i, ref in enumerate(forms.refs)
-            if ref is not None
-            and i > after
-            and self.stored_forms.due(tenant, conversation, ref, now)
-        ]
-        if not due:
-            return False
-        digests = self.bodies.digests(request.messages)
-        originals = {digests[i]: request.messages[i] for i, _ in due}
-        refs = {ref: [digests[i]] for i, ref in due}
-        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        t0 = time.perf_counter()
-        try:
-            await self.store.save_originals(tenant, conversation, originals, refs, ttl)
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            self.metrics.fail_open("store_unstored")
-            log.warning("lossless originals not stored; forwarding the forms (compact-unstored)")
-            return True
-        finally:
-            self.metrics.observe_store("save_originals", time.perf_counter() - t0)
-        self.stored_forms.written(tenant, conversation, list(refs), now)
-        return False
 
     def _expand_plan(
         self,
@@ -457,48 +420,6 @@ class Compactor:
             return None
         forms = self.lossless.apply(request.messages, self.bodies.digests(request.messages))
         return forms if forms.changed else None
-
-    async def _store(self, plan: Plan, policy: PolicySettings) -> tuple[Plan, bool]:
-        """Originals first: a compacted request is forwarded only once they are durable.
-        Returns the plan to send and whether it goes out unstored."""
-        compaction = plan.compaction
-        assert compaction is not None
-        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        if self.quota is not None:
-            self.quota.check(compaction.checkpoint.tenant)  # over it: fails open, nothing saved
-        t0 = time.perf_counter()
-        try:
-            winner = await self.store.save_compaction(compaction, ttl)
-        except (UnreadableValueError, TenantMismatchError) as exc:
-            # Written, but the checkpoint already stored for this prefix does not decode (or
-            # claims another tenant): ours is durable with its originals, so ours is sent.
-            self.metrics.checkpoint_discarded(unreadable(exc))
-            return plan, False
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            self.metrics.fail_open("store_unstored")
-            log.warning("originals not stored; forwarding compacted (compact-unstored)")
-            return plan, True
-        finally:
-            self.metrics.observe_store("save_compaction", time.perf_counter() - t0)
-        mine = compaction.checkpoint
-        if winner.messages == mine.messages:
-            return plan, False
-        # Another request of this conversation compacted the same prefix first: use its bytes,
-        # if they stand for the same originals and this request could replay them (ours were
-        # stored too, so ours are safe to send). Ours may cover this request's final unit (a
-        # final tool result cut in place, the last resort); a longer request's checkpoint of the
-        # same prefix may have dropped that unit as middle messages, so it is never used then.
-        history = plan.history
-        assert history is not None
-        if winner.ends and not replay_problem(winner, history.messages, history.digests):
-            merged = [*winner.messages, *plan.messages[len(mine.messages) :]]
-            return dataclasses.replace(
-                plan, messages=merged, providers=tuple(winner.providers), tokens=None
-            ), False
-        self.metrics.checkpoint_discarded("invalid")
-        return plan, False
 
     def _outcome(
         self, request: ChatRequest, action: Action, content: bytes | None = None, **kw: Any
