@@ -13,7 +13,8 @@ import httpx
 import orjson
 
 from proxy.app.heavy import HeavyWork
-from proxy.chat.compactor import Compactor, CompleterFactory
+from proxy.chat.compactor import Compactor
+from proxy.chat.planner import CompleterFactory
 from proxy.chat.policy import PolicyResolver
 from proxy.config import Settings, data_dir
 from proxy.errors import CompletionError, ConfigError, ProviderLoadError

@@ -12,7 +12,7 @@ from typing import IO, Any, TextIO
 
 import orjson
 
-from proxy.chat.compactor import compression_config
+from proxy.chat.planner import compression_config
 from proxy.cli.progress import counter
 from proxy.config import PolicySettings, Settings
 from proxy.errors import LineError
