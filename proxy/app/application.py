@@ -27,11 +27,12 @@ from proxy.chat.exchange import ExchangeSettings
 from proxy.chat.handler import Handler
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
-from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
+from proxy.errors import MethodNotAllowedError, NotFoundError
 from proxy.providers.registry import ProviderRegistry
 from proxy.store.base import Store
 from proxy.telemetry.access import AccessLog
 from proxy.telemetry.metrics import Metrics
+from proxy.wire.asgi import error_body
 from proxy.wire.ratelimit import limiter
 from proxy.wire.stale_retry import Reuse, StaleRetry
 from proxy.wire.upstream_keys import Gate

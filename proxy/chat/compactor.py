@@ -34,13 +34,12 @@ from proxy.chat.persist import Persister
 from proxy.chat.planner import CompleterFactory, Planner
 from proxy.chat.policy import PolicyResolver
 from proxy.chat.precompute import Precomputer
-from proxy.chat.quota import Quota, QuotaExceededError
+from proxy.chat.quota import Quota
 from proxy.chat.request import (
     MAX_MESSAGES,
     REWRITTEN,
     ChatRequest,
     Outcome,
-    TooManyMessagesError,
     cannot_compact,
     read_request,
     with_conversation,
@@ -51,11 +50,11 @@ from proxy.config import PolicySettings, Settings
 from proxy.dialects.adapter import Adapter
 from proxy.dialects.anthropic_count import Confirm
 from proxy.dialects.chat import CHAT, Dialect
+from proxy.errors import QuotaExceededError, StoreError, TooManyMessagesError, WideIntegerError
 from proxy.providers.base import ContextProvider
 from proxy.providers.chain import LONG_HISTORY
 from proxy.runtime.digest import root_length
-from proxy.runtime.exactjson import WideIntegerError
-from proxy.store.base import Store, StoreError
+from proxy.store.base import Store
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.calibration import Calibration

@@ -17,17 +17,11 @@ from proxy.chat.request import ChatRequest, Outcome
 from proxy.dialects.anthropic_count import Confirm, confirmer
 from proxy.dialects.apis import compacted_api, is_anthropic
 from proxy.dialects.errors import send_api_error, stream_end
-from proxy.errors import BodyTooLargeError, ProxyError, RateLimitedError
+from proxy.errors import BodyTooLargeError, ClientDisconnectedError, ProxyError, RateLimitedError
 from proxy.store.base import Store
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.metrics import Metrics
-from proxy.wire.asgi import (
-    BodyStream,
-    ClientDisconnectedError,
-    content_length,
-    read_body,
-    until_disconnect,
-)
+from proxy.wire.asgi import BodyStream, content_length, read_body, until_disconnect
 from proxy.wire.forward import Upstream, relay, route
 from proxy.wire.headers import RawHeaders, request_headers
 from proxy.wire.ratelimit import RateLimiter

@@ -64,14 +64,11 @@ class Lossless:
         return bool(self.originals)
 
 
-class _DuplicateKeyError(ValueError):
-    pass
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
-        raise _DuplicateKeyError
+        msg = "a duplicate key"
+        raise ValueError(msg)
     return out
 
 

@@ -25,8 +25,9 @@ from proxy.chat.splice import Splicer
 from proxy.config import PolicySettings
 from proxy.dialects.adapter import Adapter
 from proxy.dialects.chat import CHAT
+from proxy.errors import WideIntegerError
 from proxy.providers.base import Message
-from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
+from proxy.runtime.exactjson import holds_wide_int
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.counter import Tokenizers

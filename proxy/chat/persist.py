@@ -20,7 +20,8 @@ from proxy.chat.planner import Plan, unreadable
 from proxy.chat.quota import Quota
 from proxy.chat.request import ChatRequest
 from proxy.config import PolicySettings, StoreSettings
-from proxy.store.base import Store, StoreError, TenantMismatchError, UnreadableValueError
+from proxy.errors import StoreError, TenantMismatchError, UnreadableValueError
+from proxy.store.base import Store
 from proxy.telemetry.metrics import Metrics
 
 log = logging.getLogger("compactd.compaction")

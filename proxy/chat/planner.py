@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from proxy.chat.bodycache import BodyCache
-from proxy.chat.checkpoint import CompactionError, compaction_for, worth_it
+from proxy.chat.checkpoint import compaction_for, worth_it
 from proxy.chat.lossless import Lossless
 from proxy.chat.precompute import PRECOMPUTED, Precomputer
 from proxy.chat.replay import ReplayChecks
@@ -31,17 +31,17 @@ from proxy.chat.sizing import Counted
 from proxy.config import PolicySettings, Settings
 from proxy.dialects.chat import CHAT
 from proxy.dialects.projection import Counting, NativeCounter
-from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
-from proxy.providers.bound import bound_chain
-from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
-from proxy.store.base import (
-    Checkpoint,
-    Compaction,
-    Store,
+from proxy.errors import (
+    ChainTimeoutError,
+    CompactionError,
     StoreError,
     TenantMismatchError,
     UnreadableValueError,
 )
+from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
+from proxy.providers.bound import bound_chain
+from proxy.providers.chain import LONG_HISTORY, ChainOutcome, run_chain
+from proxy.store.base import Checkpoint, Compaction, Store
 from proxy.store.summary_cache import TenantSummaryCache
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.counter import TokenCounter

@@ -15,11 +15,12 @@ import logging
 from dataclasses import dataclass
 
 from proxy.chat.bodycache import BodyCache
-from proxy.chat.request import ChatRequest, TooManyMessagesError
+from proxy.chat.request import ChatRequest
 from proxy.config import PolicySettings, TokenSettings
 from proxy.dialects.anthropic_count import Confirm, near
 from proxy.dialects.chat import CHAT, Dialect
 from proxy.dialects.projection import Counting, NativeCounter
+from proxy.errors import TooManyMessagesError
 from proxy.telemetry.metrics import Metrics
 from proxy.tokens.budget import (
     Budget,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from proxy.errors import StatsTimeoutError
 from proxy.store.base import DEFAULT_API, UsageRecord
 
 GroupBy = Literal["tenant", "policy", "model", "api"]
@@ -26,10 +27,6 @@ _SINCE = re.compile(r"\s*(\d+)\s*([dw])\s*", re.IGNORECASE)
 _MILLION = 1_000_000
 OTHER = "(other)"
 """The group that adds up every group past `limits.stats_max_groups` (the smallest ones)."""
-
-
-class StatsTimeoutError(Exception):
-    """Savings took longer than their deadline to compute (the answer is a 503)."""
 
 
 def _check_deadline(deadline: float | None) -> None:

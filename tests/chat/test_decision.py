@@ -17,8 +17,8 @@ import pytest
 from proxy.chat import bodycache
 from proxy.chat import planner as planner_module
 from proxy.chat import request as request_module
-from proxy.chat.checkpoint import CompactionError
 from proxy.chat.request import MAX_MESSAGES, Outcome
+from proxy.errors import CompactionError
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.chain import LONG_HISTORY
 from proxy.providers.registry import ProviderRegistry
