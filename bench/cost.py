@@ -374,8 +374,8 @@ class Replayer:
         turns = turns_of(case)
         times = timing(case.corpus, case.id, case.messages, turns, self.seed)
         # compactd's clock follows the session's times; its cold-cache memory starts empty.
-        compactor = proxy.services.compactor
-        compactor.cold = ColdCache(compactor.metrics, self.clock)
+        sizing = proxy.services.compactor.sizing
+        sizing.cold = ColdCache(sizing.metrics, self.clock)
         for turn, index in enumerate(turns):
             self.clock.now = times.times[turn] if self.gap is None else turn * self.gap
             body = self._body(case, case.messages[:index])

@@ -1,11 +1,68 @@
-"""OpenAI-shaped errors: what compactd answers when the failure is its own or the upstream's leg."""
+"""Every exception compactd raises on purpose, in one tree under `CompactdError`.
+
+Standard library only, so every layer may import it (it sits below `runtime` in the layer
+contract) and the plugin API can re-export `OptionError` without a dependency. A class keeps
+the standard-library base its callers catch it by (`ConfigError` is a `ValueError`,
+`ChainTimeoutError` a `TimeoutError` …).
+
+```text
+CompactdError
+├── ProxyError                  answered by compactd itself: HTTP status + OpenAI error body
+│   ├── BodyTooLargeError          413  request_too_large
+│   ├── HeadersTooLargeError       431  request_headers_too_large
+│   ├── BadPathError               400  invalid_path
+│   ├── InvalidRequestError        400  invalid_request
+│   ├── NotFoundError              404  not_found
+│   ├── MethodNotAllowedError      405  method_not_allowed
+│   ├── UnauthorizedError          401  invalid_api_key
+│   ├── ResultTooLargeError        413  result_too_large
+│   ├── RequestTimeoutError        408  request_timeout
+│   ├── RateLimitedError           429  rate_limit_exceeded
+│   ├── StoreUnavailableError      503  store_unavailable
+│   ├── WorkTimeoutError           503  timeout
+│   ├── TooManyConnectionsError    503  too_many_connections
+│   ├── UpstreamUnreachableError   502  upstream_unreachable
+│   ├── UpstreamBadResponseError   502  upstream_bad_response
+│   └── UpstreamTimeoutError       504  upstream_timeout
+├── ConfigError (ValueError)    the settings cannot start a server; `problems`: each one
+│   └── OptionError             one setting or provider option, named by its `key`
+├── StoreError                  the store could not do what was asked
+│   ├── TenantMismatchError        a value read back is another tenant's
+│   ├── UnreadableValueError       a stored value does not decode
+│   └── QuotaExceededError         the tenant is over `limits.tenant_quota_mb`
+├── ProviderError               the providers: loading them, running the chain, restoring
+│   ├── ProviderLoadError (RuntimeError)
+│   ├── ChainTimeoutError (TimeoutError)
+│   ├── CompletionError (RuntimeError)     an LLM call made for a provider failed
+│   └── RestoreTooLargeError (ValueError)  an uncompress would pass its bounds
+├── ChatError                   this request is not compacted (it is forwarded as sent)
+│   ├── CompactionError (ValueError)       the chain's result cannot stand for the originals
+│   ├── TooManyMessagesError
+│   └── WideIntegerError                   an integer beyond 64 bits
+├── ClientDisconnectedError     the client went away before the request finished
+├── EncodingUnavailableError (RuntimeError)
+├── StatsTimeoutError           savings took longer than their deadline
+├── AllocatorError (RuntimeError)
+└── CommandError                a CLI command cannot do what was asked
+    └── LineError (ValueError)     one line of `compactd compress` input
+```
+
+Only `ProxyError`s reach a client as themselves (`proxy.wire.asgi.error_body`); the others are
+turned into one where the layer that knows the answer catches them, or fail open around
+compaction (`x-compactd-action: error`, with the reason).
+"""
 
 from __future__ import annotations
 
-import orjson
+
+class CompactdError(Exception):
+    """The root: every error compactd raises on purpose (see the tree above)."""
 
 
-class ProxyError(Exception):
+# --- answered over HTTP -----------------------------------------------------------------------
+
+
+class ProxyError(CompactdError):
     """An error compactd answers itself, with an HTTP status and an OpenAI error body."""
 
     status = 500
@@ -149,13 +206,114 @@ class RateLimitedError(ProxyError):
         self.retry_after = retry_after
 
 
-def error_body(message: str, type_: str, code: str | None) -> bytes:
-    """`{"error": {"message", "type", "param", "code"}}` as OpenAI sends it."""
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+# --- configuration -----------------------------------------------------------------------------
 
 
-def sse_error_event(
-    message: str, type_: str = "server_error", code: str = "upstream_error"
-) -> bytes:
-    """An SSE event the openai SDK raises as APIError; never followed by a fake [DONE]."""
-    return b"data: " + error_body(message, type_, code) + b"\n\n"
+class ConfigError(CompactdError, ValueError):
+    """A setting is unknown or invalid; the message names the key (`problems`: each one)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.problems = problems or [message]
+
+
+class OptionError(ConfigError):
+    """A setting or a provider's option is unknown or has the wrong type or value; `key` names
+    it, `why` says what is wrong."""
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key}: {why}")
+        self.key = key
+        self.why = why
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
+class StoreError(CompactdError):
+    """The store could not do what was asked (down, timed out, inconsistent)."""
+
+
+class TenantMismatchError(StoreError):
+    """A value read back belongs to another tenant; never returned to the caller."""
+
+
+class UnreadableValueError(StoreError):
+    """A stored value does not decode (corrupt, truncated or of an unknown shape)."""
+
+
+class QuotaExceededError(StoreError):
+    """The tenant's stored data is over `limits.tenant_quota_mb`: nothing more is stored."""
+
+
+# --- providers ---------------------------------------------------------------------------------
+
+
+class ProviderError(CompactdError):
+    """A provider could not be loaded, run or restored from."""
+
+
+class ProviderLoadError(ProviderError, RuntimeError):
+    """An enabled provider is unknown or could not be loaded or instantiated."""
+
+
+class ChainTimeoutError(ProviderError, TimeoutError):
+    """The chain ran past its deadline; `provider` was running (or about to)."""
+
+    def __init__(self, provider: str, seconds: float) -> None:
+        super().__init__(f"provider {provider or '(none)'} still running after {seconds:g} s")
+        self.provider = provider
+
+
+class CompletionError(ProviderError, RuntimeError):
+    """An LLM call made on behalf of a provider failed."""
+
+
+class RestoreTooLargeError(ProviderError, ValueError):
+    """A restore (uncompress) would pass its bounds (messages or bytes)."""
+
+
+# --- one chat request --------------------------------------------------------------------------
+
+
+class ChatError(CompactdError):
+    """This request is not compacted; the fail-open boundary forwards it as sent."""
+
+
+class CompactionError(ChatError, ValueError):
+    """A chain's result cannot be recorded as a checkpoint that stands for the originals."""
+
+
+class TooManyMessagesError(ChatError):
+    """The request has more than `MAX_MESSAGES` messages: too many to compact (fails open)."""
+
+
+class WideIntegerError(ChatError):
+    """The request holds an integer beyond 64 bits: a rewrite could not carry it exactly."""
+
+
+# --- the rest, one layer each ------------------------------------------------------------------
+
+
+class ClientDisconnectedError(CompactdError):
+    """The client went away before the request finished."""
+
+
+class EncodingUnavailableError(CompactdError, RuntimeError):
+    """An encoding could not be loaded from the packaged copy or the cache."""
+
+
+class StatsTimeoutError(CompactdError):
+    """Savings took longer than their deadline to compute (the answer is a 503)."""
+
+
+class AllocatorError(CompactdError, RuntimeError):
+    """`server.allocator = "jemalloc"` but no jemalloc library can be found."""
+
+
+class CommandError(CompactdError):
+    """A command cannot do what was asked; `main` prints the message as one line."""
+
+
+class LineError(CommandError, ValueError):
+    """A line that cannot be compressed; reported on its own output line."""

@@ -1,4 +1,4 @@
-"""mkdocs hook: the configuration reference, generated from proxy/config.py and the example config.
+"""mkdocs hook: the configuration reference, generated from proxy/config/ and the example config.
 
 The settings' names, types and defaults come from the dataclasses in `proxy.config` (the schema
 the loader enforces); each key's description is the comment above it in `config/compactd.toml`

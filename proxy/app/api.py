@@ -25,16 +25,17 @@ from proxy.errors import (
     NotFoundError,
     ProxyError,
     RateLimitedError,
+    RestoreTooLargeError,
     ResultTooLargeError,
+    StoreError,
     StoreUnavailableError,
     UnauthorizedError,
-    error_body,
 )
 from proxy.providers.uncompress import Bounds
-from proxy.providers.uncompress import ResultTooLargeError as RestoreTooLargeError
 from proxy.providers.uncompress import uncompress as uncompress_messages
-from proxy.store.base import ConversationInfo, StoreError
+from proxy.store.base import ConversationInfo
 from proxy.telemetry.stats import GROUP_BY, GroupBy, parse_since, period_json
+from proxy.wire.asgi import error_body
 from proxy.wire.tenant import credential
 from proxy.wire.upstream_keys import admitted
 

@@ -23,14 +23,16 @@ from proxy.app.openapi import PATH as OPENAPI_PATH
 from proxy.app.openapi import openapi
 from proxy.app.server import HeadLimits, anthropic_target, head_limits, head_too_large
 from proxy.app.services import build_services
+from proxy.chat.exchange import ExchangeSettings
 from proxy.chat.handler import Handler
 from proxy.config import Settings, UpstreamSettings
 from proxy.dialects.errors import send_api_error
-from proxy.errors import MethodNotAllowedError, NotFoundError, error_body
+from proxy.errors import MethodNotAllowedError, NotFoundError
 from proxy.providers.registry import ProviderRegistry
 from proxy.store.base import Store
 from proxy.telemetry.access import AccessLog
 from proxy.telemetry.metrics import Metrics
+from proxy.wire.asgi import error_body
 from proxy.wire.ratelimit import limiter
 from proxy.wire.stale_retry import Reuse, StaleRetry
 from proxy.wire.upstream_keys import Gate
@@ -191,10 +193,12 @@ def create_app(
             gate=Gate(tenancy=services.tenancy, upstream_key=up.api_key, allowed=allowed),
             max_body=settings.server.max_body_bytes,
             accountant=services.accountant,
-            strip_usage_null=settings.accounting.strip_usage_null,
-            max_sse_event_bytes=settings.accounting.max_sse_event_bytes,
-            retry_context_errors=settings.upstream.retry_context_errors,
-            stream_overflow_wait=settings.upstream.stream_overflow_wait_ms / 1000,
+            exchange=ExchangeSettings(
+                strip_usage_null=settings.accounting.strip_usage_null,
+                max_sse_event_bytes=settings.accounting.max_sse_event_bytes,
+                retry_context_errors=settings.upstream.retry_context_errors,
+                stream_overflow_wait=settings.upstream.stream_overflow_wait_ms / 1000,
+            ),
             anthropic=services.anthropic,
             # Upstream-key mode for Anthropic only with an Anthropic key: else clients' own.
             anthropic_gate=Gate(

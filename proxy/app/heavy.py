@@ -14,8 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from proxy.errors import WorkTimeoutError
-from proxy.telemetry.stats import StatsTimeoutError
+from proxy.errors import StatsTimeoutError, WorkTimeoutError
 
 T = TypeVar("T")
 

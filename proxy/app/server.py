@@ -42,8 +42,8 @@ from proxy.errors import (
     ProxyError,
     RequestTimeoutError,
     TooManyConnectionsError,
-    error_body,
 )
+from proxy.wire.asgi import error_body
 
 LINGER_SECONDS = 2.0
 """How long a refused connection's remaining input is read and discarded before closing."""
@@ -126,10 +126,6 @@ def refusal_bytes(
         "connection: close\r\n\r\n"
     )
     return head.encode("ascii") + body
-
-
-class _HeadTooLargeError(Exception):
-    """Raised from a parser callback to stop parsing a request head over the limits."""
 
 
 class HeadWithBody:
@@ -328,7 +324,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         if self._over(self._size):
             self._refused = True
-            raise _HeadTooLargeError  # the parser stops; uvicorn calls send_400_response
+            raise self._limits.refusal()  # the parser stops; uvicorn calls send_400_response
         self._plain = self._not_upgraded()
         if self._plain is not None:
             return  # no request for the app yet: it comes when the head is parsed again

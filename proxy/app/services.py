@@ -13,11 +13,13 @@ import httpx
 import orjson
 
 from proxy.app.heavy import HeavyWork
-from proxy.chat.compactor import Compactor, CompleterFactory
+from proxy.chat.compactor import Compactor
+from proxy.chat.planner import CompleterFactory
 from proxy.chat.policy import PolicyResolver
-from proxy.config import ConfigError, Settings, data_dir
-from proxy.providers.base import Completer, ContextProvider, Message, OptionError
-from proxy.providers.registry import ProviderLoadError, ProviderRegistry, check_options
+from proxy.config import Settings, data_dir
+from proxy.errors import CompletionError, ConfigError, ProviderLoadError
+from proxy.providers.base import Completer, ContextProvider, Message
+from proxy.providers.registry import ProviderRegistry, check_options
 from proxy.store.base import Store
 from proxy.store.factory import open_store
 from proxy.telemetry.accounting import Accountant
@@ -34,10 +36,6 @@ from proxy.wire.stale_retry import StaleRetry
 from proxy.wire.tenant import ClientKey, Tenancy, load_or_create_secret
 
 log = logging.getLogger("compactd.services")
-
-
-class CompletionError(RuntimeError):
-    """An LLM call made on behalf of a provider failed."""
 
 
 @dataclass
@@ -249,16 +247,11 @@ def check_settings(settings: Settings) -> dict[str, ContextProvider]:
 
 def check_provider_options(settings: Settings, providers: Mapping[str, ContextProvider]) -> None:
     """Every policy's options for every provider in its chain: typed by the provider's schema,
-    then checked by the provider; the error names the key
+    then checked by the provider; the OptionError (a ConfigError) names the key
     (`policies[0].options.engine.working_set`)."""
     for where, policy in settings.policy_keys():
         for name in policy.providers:
-            try:
-                check_options(
-                    providers[name], policy.options.get(name, {}), f"{where}.options.{name}"
-                )
-            except OptionError as exc:
-                raise ConfigError(str(exc)) from None
+            check_options(providers[name], policy.options.get(name, {}), f"{where}.options.{name}")
 
 
 def _keep_private(directory: Path) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from proxy.chat.lossless import Lossless
 from proxy.config import PolicySettings
+from proxy.errors import CompactionError
 from proxy.providers.base import CompactionResult, Message
 from proxy.providers.chain import ChainOutcome
 from proxy.providers.uncompress import uncompress
@@ -46,10 +47,6 @@ class Restored:
     the compacted message standing for it."""
     missing_ids: list[str]
     """Every reference id (or original) that could not be resolved; empty if exact."""
-
-
-class CompactionError(ValueError):
-    """A chain's result cannot be recorded as a checkpoint that stands for the originals."""
 
 
 def replay_problem(cp: Checkpoint, messages: Sequence[Message], digests: Sequence[str]) -> str:

@@ -18,10 +18,11 @@ the model's cache rule (`proxy.telemetry.pricing.rule_for`: the surely-gone boun
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from proxy.config import APIS, PolicySettings
 from proxy.telemetry.metrics import Metrics
@@ -43,6 +44,12 @@ class ColdTurn:
     """The policy to budget this turn with (cold: the deeper budget on every API)."""
     replay: bool = False
     """The conversation was compacted cold: replay its checkpoint even under the trigger."""
+    mark: Callable[[], None] | None = field(default=None, compare=False, repr=False)
+
+    def compacted(self) -> None:
+        """This cold turn went out compacted (or replayed): its warm turns replay it."""
+        if self.cold and self.mark is not None:
+            self.mark()
 
 
 WARM = ColdTurn()
@@ -107,7 +114,8 @@ class ColdCache:
             budget_fraction=policy.budget_fraction if api in policy.cap_apis else 1.0,
             cap_apis=APIS,
         )
-        return ColdTurn(cold=True, policy=deeper, replay=seen.compacted_cold)
+        mark = functools.partial(self.compacted, tenant, conversation)
+        return ColdTurn(cold=True, policy=deeper, replay=seen.compacted_cold, mark=mark)
 
     def compacted(self, tenant: str | None, conversation: str) -> None:
         """This conversation went out compacted on a cold turn: its warm turns replay it."""

@@ -1,164 +1,68 @@
 """The chat decision: one `ChatRequest` in, one `Outcome` out (replay, trigger, chain, store).
 
-Everything here runs before the request goes upstream. A request under its trigger is forwarded
-as the original bytes after one (cached) count. Above the trigger, the longest stored checkpoint
-of the conversation that is safe for this request (see `proxy.chat.checkpoint.replay_problem`) is
-replayed first, so every later turn sends the same bytes for the same prefix (prompt caches stay
-warm), and a new compaction happens only when even the replayed form is over budget. Any failure
-in here, a provider's included, forwards the original bytes (`x-compactd-action: error`), counts
-it and logs it; a later provider that reaches the target makes good an earlier one's failure.
+Everything here runs before the request goes upstream, in phases that each have their module:
+the request is sized against its model (`proxy.chat.sizing`); under its trigger it is forwarded
+as the original bytes after one (cached) count; above it, the plan (`proxy.chat.planner`)
+replays the longest stored checkpoint of the conversation that is safe for this request (see
+`proxy.chat.checkpoint.replay_problem`), so every later turn sends the same bytes for the same
+prefix (prompt caches stay warm), and compacts afresh only when even the replayed form is over
+budget; its originals are stored first (`proxy.chat.persist`), and the outcome's bytes are made
+(`proxy.chat.outcomes`). Any failure in here, a provider's included, forwards the original bytes
+(`x-compactd-action: error`), counts it and logs it; a later provider that reaches the target
+makes good an earlier one's failure.
 
-After an upstream context-length error, `after_overflow` learns the window and decides again from
-the same request with that window (never in shadow mode or on bypass).
+After an upstream context-length error, the chat endpoint's loop (`proxy.chat.handler`) asks
+`after_overflow`, which learns the window and decides again from the same request with that
+window (never in shadow mode or on bypass).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
 from proxy.chat.bodycache import BodyCache
-from proxy.chat.checkpoint import (
-    CompactionError,
-    compaction_for,
-    replay_problem,
-    worth_it,
-)
-from proxy.chat.cold_cache import WARM, ColdCache, ColdTurn
-from proxy.chat.expand import ExpandPlan, with_tool
-from proxy.chat.lossless import Lossless, LosslessTier, StoredForms
+from proxy.chat.outcomes import Outcomes
+from proxy.chat.persist import Persister
+from proxy.chat.planner import CompleterFactory, Planner
 from proxy.chat.policy import PolicyResolver
-from proxy.chat.precompute import PRECOMPUTED, Precomputer
-from proxy.chat.quota import Quota, QuotaExceededError
-from proxy.chat.replay import ReplayChecks
+from proxy.chat.precompute import Precomputer
+from proxy.chat.quota import Quota
 from proxy.chat.request import (
     MAX_MESSAGES,
     REWRITTEN,
-    Action,
     ChatRequest,
     Outcome,
-    TooManyMessagesError,
     cannot_compact,
     read_request,
     with_conversation,
 )
+from proxy.chat.sizing import Sizing
 from proxy.chat.splice import Splicer
 from proxy.config import PolicySettings, Settings
 from proxy.dialects.adapter import Adapter
-from proxy.dialects.anthropic_count import Confirm, near
+from proxy.dialects.anthropic_count import Confirm
 from proxy.dialects.chat import CHAT, Dialect
-from proxy.dialects.projection import Counting, NativeCounter
-from proxy.providers.base import Completer, CompressionConfig, ContextProvider, Message
-from proxy.providers.bound import bound_chain
-from proxy.providers.chain import LONG_HISTORY, ChainOutcome, ChainTimeoutError, run_chain
+from proxy.errors import QuotaExceededError, StoreError, TooManyMessagesError, WideIntegerError
+from proxy.providers.base import ContextProvider
+from proxy.providers.chain import LONG_HISTORY
 from proxy.runtime.digest import root_length
-from proxy.runtime.exactjson import WideIntegerError, holds_wide_int
-from proxy.store.base import (
-    Checkpoint,
-    Compaction,
-    Store,
-    StoreError,
-    TenantMismatchError,
-    UnreadableValueError,
-)
-from proxy.store.summary_cache import TenantSummaryCache
+from proxy.store.base import Store
 from proxy.telemetry.metrics import Metrics
-from proxy.tokens.budget import (
-    Budget,
-    ModelInfo,
-    ModelTable,
-    compute_budget,
-    requested_output,
-    requested_window,
-)
-from proxy.tokens.calibration import HIGH, LOW, Calibration, scaled
-from proxy.tokens.counter import TokenCounter, Tokenizers
-from proxy.tokens.windows import LearnedWindows, counted_prompt, retry_window, validated_window
-from proxy.wire import rewrite
+from proxy.tokens.budget import ModelTable
+from proxy.tokens.calibration import Calibration
+from proxy.tokens.counter import Tokenizers
+from proxy.tokens.windows import LearnedWindows
 from proxy.wire.tenant import Tenancy
 
 log = logging.getLogger("compactd.compaction")
-
-# Counting a large body cold takes tens of milliseconds; tiktoken releases the GIL, so a thread
-# keeps the event loop responsive for everyone else.
-COUNT_IN_THREAD_BYTES = 128 * 1024
-PROVIDER_THREADS = 4
-"""Threads sync providers run on: their own, not the default executor's, which counts and
-parses long histories; a sync provider's thread cannot be killed, so providers that hang use up
-these and only compactions wait (and fail open at their deadline), not every long request."""
-REPLAY_ATTEMPTS = 4
-"""Stored checkpoints tried, longest first, before the request is compacted afresh."""
-
-CompleterFactory = Callable[[str | None], Completer]
-T = TypeVar("T")
-
-
-def compression_config(
-    policy: PolicySettings, *, counter: Counting, fixed: int, limit: int, budget: int
-) -> CompressionConfig:
-    """What a policy tells its providers (the proxy and `compactd compress` share this).
-
-    `fixed` is what the request costs besides its messages (tool schemas, response format).
-    """
-    return CompressionConfig(
-        limit=limit,
-        budget=budget,
-        count_tokens=lambda msgs: fixed + counter.count_messages(msgs),
-        count_message=counter.count_message,
-        max_tool_result_tokens=policy.max_tool_result_tokens,
-        reasoning_strip_age_threshold=policy.reasoning_strip_age_threshold,
-        keep_head=policy.keep_head,
-        recency_turns=policy.recency_turns,
-    )
-
-
-@dataclass(frozen=True)
-class _Counted:
-    """The request's figures under its policy (and the learned window, on a retry)."""
-
-    budget: Budget
-    counter: Counting
-    fixed: int
-    tokens: int
-    raw: Budget
-    """The budget in the upstream's units (before calibration)."""
-    cold: ColdTurn = WARM
-
-
-@dataclass(frozen=True)
-class _History:
-    """The request's messages with their digests and rolling prefix digests."""
-
-    messages: list[Message]
-    digests: list[str]
-    prefixes: list[str]
-
-
-@dataclass(frozen=True)
-class _Plan:
-    messages: Sequence[Message]
-    action: Action
-    providers: tuple[str, ...] = ()
-    compaction: Compaction | None = None
-    failure: str = ""
-    """Why the original must be forwarded instead (a provider failed, the target unreached)."""
-    history: _History | None = None
-    generation: int = -1
-    """The covered_through of the checkpoint it replays (-1: none)."""
-    tokens: int | None = None
-    """What `messages` count, the request's fixed tokens included, where already counted."""
-    checkpoint: Checkpoint | None = None
-    """The stored checkpoint it replays, whose messages begin `messages`."""
 
 
 class Compactor:
@@ -181,31 +85,53 @@ class Compactor:
     ) -> None:
         self.settings = settings
         self.tokenizers = tokenizers
-        self.models = models
         self.policies = policies
         self.store = store
         self.metrics = metrics
         self.tenancy = tenancy
-        self.completer = completer
         self.windows = windows
-        self.request_stream_usage = settings.accounting.request_stream_usage
+        self.calibration = calibration
         self.bodies = BodyCache(settings.tokens.body_cache_mb << 20)
         self.splicer = Splicer(self.bodies, settings.tokens.prefix_cache_mb << 20, metrics)
-        # Threads are started when a sync provider first runs (none at construction).
-        self._providers_pool = ThreadPoolExecutor(PROVIDER_THREADS, "compactd-provider")
-        self.calibration = calibration
-        self._counters: dict[tuple[str, TokenCounter], Counting] = {}
-        self.lossless = LosslessTier()
-        self.stored_forms = StoredForms()
         self.precompute = Precomputer(metrics.precomputed)
-        self.replay_checks = ReplayChecks()
-        self.cold = ColdCache(metrics)
         quota_mb = settings.limits.tenant_quota_mb
         self.quota = Quota(store, quota_mb << 20) if quota_mb else None
-        self._chains = {
-            p.name: bound_chain(p.providers, providers, p.options, self._run_provider)
-            for p in settings.all_policies()
-        }
+        self.sizing = Sizing(
+            tokens=settings.tokens,
+            tokenizers=tokenizers,
+            models=models,
+            bodies=self.bodies,
+            metrics=metrics,
+            windows=windows,
+            calibration=calibration,
+        )
+        self.planner = Planner(
+            settings=settings,
+            providers=providers,
+            bodies=self.bodies,
+            store=store,
+            metrics=metrics,
+            precompute=self.precompute,
+            completer=completer,
+        )
+        self.persist = Persister(
+            settings=settings.store,
+            store=store,
+            metrics=metrics,
+            bodies=self.bodies,
+            quota=self.quota,
+        )
+        self.outcomes = Outcomes(
+            planner=self.planner,
+            persist=self.persist,
+            bodies=self.bodies,
+            splicer=self.splicer,
+            precompute=self.precompute,
+            tokenizers=tokenizers,
+            models=models,
+            metrics=metrics,
+            request_stream_usage=settings.accounting.request_stream_usage,
+        )
 
     async def read(
         self, raw: bytes, headers: Sequence[tuple[bytes, bytes]], dialect: Dialect = CHAT
@@ -256,44 +182,19 @@ class Compactor:
         """
         if request.body is None or (request.messages is None and not request.oversized):
             # Not ours to judge: the upstream is. Without a credential it was not even parsed.
-            return self._outcome(request, "passthrough", no_credential=request.tenant is None)
-        resolved = self.policies.resolve(
-            key_fingerprint=request.key_id,
-            model=request.model,
-            headers=request.headers,
-            api=request.dialect.name,
-        )
-        if window is None:
-            if resolved.requested_policy_refused:
-                self.metrics.refused("x-compactd-policy")
-            if resolved.bypass_refused:
-                self.metrics.refused("x-compactd-bypass")
-        policy = resolved.policy
-        if resolved.bypass:
-            return self._outcome(request, "bypass", policy=policy.name)
+            return self.outcomes.of(request, "passthrough", no_credential=request.tenant is None)
+        policy, bypass = self._policy(request, retry=window is not None)
+        if bypass:
+            return self.outcomes.of(request, "bypass", policy=policy.name)
         tokens: int | None = None
         try:
-            counted = await self._count(request, policy, window)
+            counted = await self.sizing.count(request, policy, window)
             tokens = counted.tokens
             if confirm is not None and window is None:
-                counted = await self._confirmed(request, counted, confirm)
-            return await self._compact(request, policy, counted, forced=window is not None)
-        except Exception as exc:  # the single fail-open boundary: forward the original request
-            reason = _reason(exc)
-            log.warning(
-                "compaction failed open",
-                extra={"reason": reason, "tenant": request.key_id, "model": request.model},
-                exc_info=log.isEnabledFor(logging.DEBUG),
-            )
-            self.metrics.fail_open(reason)
-            return self._outcome(
-                request,
-                "error",
-                policy=policy.name,
-                tokens_before=tokens,
-                tokens_after=tokens,
-                error=reason,
-            )
+                counted = await self.sizing.confirmed(request, counted, confirm)
+            return await self.outcomes.compact(request, policy, counted, forced=window is not None)
+        except Exception as exc:  # noqa: BLE001 - the single fail-open boundary (logged there)
+            return self._failed_open(request, policy, tokens, exc)
 
     async def after_overflow(
         self, request: ChatRequest, first: Outcome, upstream_message: str
@@ -306,13 +207,7 @@ class Compactor:
         if first.retried or request.body is None or not request.model:
             return None
         sent = first.tokens_sent  # what went upstream
-        counted = counted_prompt(upstream_message)
-        if self.calibration is not None and counted is not None:
-            # The upstream's own count of what we sent: the best calibration sample there is.
-            self.calibration.observe(
-                request.dialect.name, request.model, sent, counted, request.body
-            )
-        window = self.learn_window(request, upstream_message, sent)
+        window = self.sizing.overflowed(request, upstream_message, sent)
         if window is None or first.action in ("bypass", "shadow"):
             return None
         retry = await self.decide(request, window=window)
@@ -324,700 +219,63 @@ class Compactor:
             return None
         return dataclasses.replace(retry, retried=True)
 
-    def learn_window(self, request: ChatRequest, upstream_message: str, sent: int) -> int | None:
-        """The window to retry this request under. When the upstream's answer is trustworthy
-        (`proxy.tokens.windows.validated_window`) it is also learned for every later request of the
-        model on this upstream; otherwise it serves this retry only. The one place this is
-        learned."""
-        if sent <= 0:
-            return None
-        info = self._model(request)
-        minimum = self.settings.tokens.min_learned_window
-        learned = validated_window(
-            upstream_message,
-            sent=sent,
-            requested_output=requested_output(request.body or {}) or 0,
-            info=info,
-            minimum=minimum,
+    def _policy(self, request: ChatRequest, *, retry: bool) -> tuple[PolicySettings, bool]:
+        """The request's policy, and whether it bypasses compaction. A header asking for what
+        the key may not have is counted once (not again when a retry decides anew)."""
+        resolved = self.policies.resolve(
+            key_fingerprint=request.key_id,
+            model=request.model,
+            headers=request.headers,
+            api=request.dialect.name,
         )
-        retry = retry_window(upstream_message, sent=sent, info=info, minimum=minimum)
-        if learned is None:
-            return retry
-        if self.windows is not None:
-            self.windows.learn(request.model, learned)
-        log.info("learned context window", extra={"model": request.model, "window": learned})
-        return min(learned, retry)  # the retry in our units, the window learned as stated
+        if not retry:
+            if resolved.requested_policy_refused:
+                self.metrics.refused("x-compactd-policy")
+            if resolved.bypass_refused:
+                self.metrics.refused("x-compactd-bypass")
+        return resolved.policy, resolved.bypass
 
-    async def _count(
-        self, request: ChatRequest, policy: PolicySettings, window: int | None
-    ) -> _Counted:
-        if request.oversized:
-            raise TooManyMessagesError  # every step from here on costs per message
-        assert request.body is not None
-        assert request.messages is not None
-        info = self._model(request)
-        if window is not None:
-            info = info.with_window(window)
-        elif self.windows is not None:
-            info = self.windows.apply(request.model, info)
-        margin = self.settings.tokens.safety_margin
-        api, tenant = request.dialect.name, request.tenant
-        cold = (
-            self.cold.turn(tenant, request.conversation, policy, info, api) if not window else WARM
+    def _failed_open(
+        self, request: ChatRequest, policy: PolicySettings, tokens: int | None, exc: Exception
+    ) -> Outcome:
+        """The original request, forwarded because deciding failed: counted and logged."""
+        reason = _reason(exc)
+        log.warning(
+            "compaction failed open",
+            extra={"reason": reason, "tenant": request.key_id, "model": request.model},
+            exc_info=log.isEnabledFor(logging.DEBUG),
         )
-        budget = compute_budget(info, request.body, cold.policy or policy, margin, api)
-        base = self.tokenizers.for_model(info)
-        counter = self._counter(request.dialect, base)
-        body, dialect = request.body, request.dialect
-        # The tools' count, once per session: the fields around the messages rarely change.
-        key = ("fixed", dialect.name, base)
-        fixed = self.bodies.memo(request.messages, key, lambda: dialect.fixed_tokens(base, body))
-        in_thread = len(request.raw) > COUNT_IN_THREAD_BYTES
-        raw = budget
-        if self.calibration is not None:
-            # An API whose tokenizer is not public: the budget in our estimate's units.
-            budget = self.calibration.budget(request.dialect.name, request.model, budget)
-        known = base if dialect is CHAT else counter
-        if isinstance(known, TokenCounter | NativeCounter):  # a known history: its new messages
-            counted = await self.bodies.count(request.messages, known, in_thread=in_thread)
-        elif in_thread:
-            counted = await asyncio.to_thread(counter.count_messages, request.messages)
-        else:
-            counted = counter.count_messages(request.messages)
-        return _Counted(budget, counter, fixed, fixed + counted, raw, cold)
-
-    def input_window(self, request: ChatRequest) -> int:
-        """The most input tokens the request's model takes, as far as compactd knows (a window
-        learned from the upstream's refusals included)."""
-        info = self._model(request)
-        if self.windows is not None:
-            info = self.windows.apply(request.model, info)
-        if info.max_input:
-            return min(info.context_window, info.max_input)
-        return info.context_window
-
-    async def _run_provider(self, fn: Callable[..., T], *args: Any) -> T:
-        """`asyncio.to_thread(fn, *args)` on the providers' own threads (`PROVIDER_THREADS`)."""
-        call = functools.partial(contextvars.copy_context().run, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self._providers_pool, call)
+        self.metrics.fail_open(reason)
+        return self.outcomes.of(
+            request,
+            "error",
+            policy=policy.name,
+            tokens_before=tokens,
+            tokens_after=tokens,
+            error=reason,
+        )
 
     def cache_entries(self) -> dict[str, int]:
         """Entries each of this compactor's in-memory caches holds (for the metrics)."""
-        natives = [c for c in self._counters.values() if isinstance(c, NativeCounter)]
         return {
             "bodies": self.bodies.entries(),
-            "lossless_forms": self.lossless.entries(),
-            "stored_forms": self.stored_forms.entries(),
+            "lossless_forms": self.outcomes.lossless.entries(),
+            "stored_forms": self.persist.stored_forms.entries(),
             "precompute": self.precompute.entries(),
-            "replay_checks": self.replay_checks.entries(),
-            "native_counts": sum(c.entries() for c in natives),
+            "replay_checks": self.planner.replay_checks.entries(),
+            "native_counts": self.sizing.native_counts(),
             "token_counts": sum(c.entries() for c in self.tokenizers.counters()),
         }
 
     def close(self) -> None:
         """Let the providers' threads go (one still running a sync provider finishes first)."""
-        self._providers_pool.shutdown(wait=False, cancel_futures=True)
-
-    def _model(self, request: ChatRequest) -> ModelInfo:
-        """The model's table entry, with the window the request opts into (on the Messages
-        API, Anthropic's 1M-context beta)."""
-        info = self.models.lookup(request.model)
-        if request.dialect.name != "messages":
-            return info
-        return requested_window(info, request.headers.get("anthropic-beta", ""))
-
-    async def _confirmed(
-        self, request: ChatRequest, counted: _Counted, confirm: Confirm
-    ) -> _Counted:
-        """The figures with the upstream's own count, if the estimate is near the trigger and
-        the upstream answers; as they were otherwise."""
-        band = self.settings.tokens.count_tokens_band
-        if counted.tokens <= 0 or not near(counted.tokens, counted.budget.trigger, band):
-            return counted
-        actual = await confirm()
-        self.metrics.count_confirmed("failed" if actual is None else "confirmed")
-        if actual is None:
-            return counted
-        if self.calibration is not None:
-            api, model = request.dialect.name, request.model
-            self.calibration.observe(api, model, counted.tokens, actual, request.body)
-        ratio = min(HIGH, max(LOW, actual / counted.tokens))
-        return dataclasses.replace(counted, budget=scaled(counted.raw, ratio))
-
-    async def _compact(
-        self, request: ChatRequest, policy: PolicySettings, counted: _Counted, *, forced: bool
-    ) -> Outcome:
-        assert request.body is not None
-        shadow = policy.mode == "shadow"
-        figures: dict[str, Any] = {
-            "policy": policy.name,
-            "tokens_before": counted.tokens,
-            "tokens_after": counted.tokens,
-            "cold": counted.cold.cold,
-        }
-        if policy.mode == "off":
-            return self._outcome(request, "passthrough", **figures)
-        if request.dialect.history_elsewhere(request.body):
-            # The history is on the server: only what is sent can be counted, none compacted.
-            return self._outcome(request, "server-history", **figures)
-        forms = self._lossless(request, policy)
-        if forms is not None:
-            figures["tokens_after"] = counted.fixed + counted.counter.count_messages(forms.messages)
-        if (
-            figures["tokens_after"] <= counted.budget.trigger
-            and not forced
-            and not counted.cold.replay
-        ):
-            tokens = figures["tokens_after"]
-            self._maybe_precompute(request, policy, counted, forms, tokens=tokens, generation=-1)
-            if forms is None:
-                return self._outcome(request, "passthrough", **figures)
-            figures["providers"] = ("lossless",)
-            if shadow:
-                return self._outcome(request, "shadow", shadow_action="lossless", **figures)
-            content = request.dialect.with_messages(request.body, forms.messages)
-            _exact(request, self.bodies, content)
-            unstored = await self._store_forms(request, policy, forms, after=-1)
-            return self._outcome(request, "lossless", content, unstored=unstored, **figures)
-        if request.tenant is None:
-            # No credential, no tenant to keep originals under: never compacted, never stored.
-            figures["tokens_after"] = counted.tokens
-            return self._outcome(request, "passthrough", no_credential=True, **figures)
-        plan = await self._plan(request, request.tenant, policy, counted, forms)
-        if plan.failure:
-            self.metrics.fail_open("provider")
-            return self._outcome(request, "error", error=plan.failure, **figures)
-        figures["providers"] = plan.providers
-        if plan.action == "passthrough":
-            if shadow:
-                return self._outcome(request, "shadow", shadow_action="passthrough", **figures)
-            return self._outcome(request, "passthrough", **figures)
-        unstored = False
-        if plan.compaction is not None:
-            _exact(request, self.bodies)  # before its originals are stored
-            plan, unstored = await self._store(plan, policy)
-            figures["providers"] = plan.providers
-        sent = list(plan.messages)
-        figures["tokens_after"] = (
-            plan.tokens
-            if plan.tokens is not None
-            else counted.fixed + counted.counter.count_messages(sent)
-        )
-        if plan.action == "replayed" and not forced:
-            tokens, generation = figures["tokens_after"], plan.generation
-            self._maybe_precompute(
-                request, policy, counted, forms, tokens=tokens, generation=generation
-            )
-        if shadow:
-            return self._outcome(request, "shadow", shadow_action=plan.action, **figures)
-        if request.dialect is CHAT:  # orjson's: it holds the GIL in a thread too
-            content = self.splicer.chat_body(request.body, request.messages, sent, plan.checkpoint)
-        elif isinstance(request.dialect, Adapter):  # spliced, or rebuilt message by message
-            content = await self.splicer.native_body(
-                request.dialect, request.body, sent, plan.checkpoint
-            )
-        else:  # matched to the request's items and rebuilt in Python, message by message
-            history = request.messages or sent
-            content = await _per_message(history, request.dialect.with_messages, request.body, sent)
-        expand = self._expand_plan(request, policy, sent, forms)
-        if expand is not None:
-            content = rewrite.with_messages(expand.body, sent)
-            figures["tokens_after"] += expand.tool_tokens
-        _exact(request, self.bodies, content)
-        if forms is not None:
-            # The forms past the checkpoint (or all of them, without one) go out as they are.
-            cp = plan.compaction.checkpoint if plan.compaction is not None else None
-            after = cp.covered_through if cp is not None else plan.generation
-            unstored = await self._store_forms(request, policy, forms, after=after) or unstored
-        if counted.cold.cold and plan.action in ("compacted", "replayed"):
-            self.cold.compacted(request.tenant, request.conversation)
-        return self._outcome(
-            request, plan.action, content, unstored=unstored, expand=expand, **figures
-        )
-
-    def _maybe_precompute(
-        self,
-        request: ChatRequest,
-        policy: PolicySettings,
-        counted: _Counted,
-        forms: Lossless | None,
-        *,
-        tokens: int,
-        generation: int,
-    ) -> None:
-        """Schedule the next checkpoint of a conversation near its trigger
-        (`proxy.chat.precompute`): the plan the request would get over its trigger, stored, off
-        the request path."""
-        tenant = request.tenant
-        if policy.mode != "enforce" or tenant is None:
-            return
-        if not self.precompute.due(tokens, counted.budget.trigger, policy.precompute_ratio):
-            return
-        if _wide(request, self.bodies):
-            return  # never compacted (`_exact`): nothing to prepare
-        # Aim lower by what the conversation may still grow before it crosses the trigger, so the
-        # turn that replays this checkpoint has the headroom a compaction made then would leave.
-        budget = counted.budget
-        target = max(1, budget.target - (budget.trigger - tokens))
-        early = dataclasses.replace(
-            counted, budget=dataclasses.replace(budget, trigger=0, target=target)
-        )
-
-        async def work() -> str:
-            plan = await self._plan(request, tenant, policy, early, forms)
-            if plan.failure:
-                return "failed"
-            if plan.compaction is None:
-                return "not_worth_it"
-            cp = plan.compaction.checkpoint
-            marked = dataclasses.replace(cp, providers=[*cp.providers, PRECOMPUTED])
-            compaction = dataclasses.replace(plan.compaction, checkpoint=marked)
-            await self._store(dataclasses.replace(plan, compaction=compaction), policy)
-            return "stored"
-
-        self.precompute.schedule((tenant, request.conversation, generation), work)
-
-    async def _store_forms(
-        self, request: ChatRequest, policy: PolicySettings, forms: Lossless, *, after: int
-    ) -> bool:
-        """The originals of the lossless forms past message `after` that this worker has not
-        written lately, stored before the forms are forwarded (a checkpoint stores those it
-        covers), so every ref compactd sends resolves and every rewrite can be restored.
-        Returns whether they go out unstored (`compact-unstored`); otherwise a store failure
-        raises and the original request is forwarded."""
-        tenant = request.tenant
-        assert tenant is not None
-        assert request.messages is not None
-        conversation, now = request.conversation, time.time()
-        due = [
-            (i, ref)
-            for i, ref in enumerate(forms.refs)
-            if ref is not None
-            and i > after
-            and self.stored_forms.due(tenant, conversation, ref, now)
-        ]
-        if not due:
-            return False
-        digests = self.bodies.digests(request.messages)
-        originals = {digests[i]: request.messages[i] for i, _ in due}
-        refs = {ref: [digests[i]] for i, ref in due}
-        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        t0 = time.perf_counter()
-        try:
-            await self.store.save_originals(tenant, conversation, originals, refs, ttl)
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            self.metrics.fail_open("store_unstored")
-            log.warning("lossless originals not stored; forwarding the forms (compact-unstored)")
-            return True
-        finally:
-            self.metrics.observe_store("save_originals", time.perf_counter() - t0)
-        self.stored_forms.written(tenant, conversation, list(refs), now)
-        return False
-
-    def _expand_plan(
-        self,
-        request: ChatRequest,
-        policy: PolicySettings,
-        sent: list[Message],
-        forms: Lossless | None,
-    ) -> ExpandPlan | None:
-        """How a rewritten request offers the expand tool (None: its policy does not)."""
-        if not policy.expand_tool or request.dialect is not CHAT or request.tenant is None:
-            return None
-        assert request.body is not None
-        offered = with_tool(request.body)
-        if offered is None:
-            return None
-        counter = self.tokenizers.for_model(self.models.lookup(request.model))
-        return ExpandPlan(
-            tenant=request.tenant,
-            body={**offered, "messages": sent},
-            conversation=request.conversation,
-            count=counter.count_text,
-            tool_tokens=counter.count_tools(offered) - counter.count_tools(request.body),
-            local={ref: [m] for ref, m in forms.originals.items()} if forms else {},
-            max_calls=policy.expand_max_calls,
-            max_tokens=policy.expand_max_tokens,
-        )
-
-    def _lossless(self, request: ChatRequest, policy: PolicySettings) -> Lossless | None:
-        """The request's lossless forms when its policy has the tier and a tenant to keep the
-        originals under; None when nothing changes. Chat Completions only for now: other APIs'
-        projections carry items the forms would have to map back one for one."""
-        if not policy.lossless or request.tenant is None or request.messages is None:
-            return None
-        if request.dialect is not CHAT:
-            return None
-        forms = self.lossless.apply(request.messages, self.bodies.digests(request.messages))
-        return forms if forms.changed else None
-
-    async def _plan(
-        self,
-        request: ChatRequest,
-        tenant: str,
-        policy: PolicySettings,
-        counted: _Counted,
-        forms: Lossless | None = None,
-    ) -> _Plan:
-        assert request.messages is not None
-        if self.bodies.undigested(request.messages) > LONG_HISTORY:
-            history = await asyncio.to_thread(self._history, request.messages)
-        else:
-            history = self._history(request.messages)
-        messages, digests = history.messages, history.digests
-        base = await self._replayable(request, tenant, history)
-        sent = forms.messages if forms is not None else messages
-        candidate = sent
-        if base is not None:
-            candidate = [*base.messages, *sent[base.covered_through + 1 :]]
-        cand_tokens = await self._candidate_tokens(request, counted, base, candidate, forms)
-        if base is not None and PRECOMPUTED in base.providers:
-            # Computed ahead of time: replayed only from the turn the one before no longer fits,
-            # so the prefix changes when it would have anyway, not earlier.
-            older = await self._replayable(request, tenant, history, base.covered_through)
-            previous = sent
-            if older is not None:
-                previous = [*older.messages, *sent[older.covered_through + 1 :]]
-            tokens = counted.fixed + counted.counter.count_messages(previous)
-            if tokens <= counted.budget.trigger:
-                base, candidate, cand_tokens = older, previous, tokens
-        # The turn that first replays a precomputed checkpoint is its compaction event.
-        switched = (
-            base is not None
-            and PRECOMPUTED in base.providers
-            and self.precompute.first_use((tenant, request.conversation, base.covered_through))
-        )
-        replay = _Plan(
-            candidate,
-            "compacted"
-            if switched
-            else "replayed"
-            if base is not None
-            else "lossless"
-            if forms is not None
-            else "passthrough",
-            (
-                *(p for p in (base.providers if base is not None else ()) if p != PRECOMPUTED),
-                *(("lossless",) if forms else ()),
-            ),
-            generation=base.covered_through if base is not None else -1,
-            tokens=cand_tokens,
-            checkpoint=base,
-        )
-        if cand_tokens <= counted.budget.trigger:
-            return replay
-        # A checkpoint written before checkpoints recorded their structure is replayed but
-        # never built upon: the new compaction starts from the originals.
-        if base is not None and not base.ends:
-            base = None
-            cand_tokens = counted.fixed + counted.counter.count_messages(sent)
-        chain_input = candidate if base is not None else sent
-        # What the dialect sets aside goes upstream as it is; providers see its cost as fixed.
-        kept = len(chain_input) - request.dialect.set_aside(chain_input)
-        aside = chain_input[kept:]
-        config = self._config(request, tenant, counted, policy, aside)
-        t0 = time.perf_counter()
-        try:
-            outcome = await run_chain(
-                chain_input[:kept],
-                self._chains[policy.name],
-                config,
-                check=request.dialect.problems if request.dialect is not CHAT else None,
-                repair=request.dialect.repair if request.dialect is not CHAT else None,
-                deadline=policy.compaction_timeout_ms / 1000,
-                run_provider=self._run_provider,
-            )
-        except ChainTimeoutError as exc:
-            # Fails open at the boundary as `timeout`; this line names the provider that hung.
-            self._log_provider_failure(request, exc.provider, "timeout", str(exc))
-            raise
-        self.metrics.observe_compaction(
-            policy=policy.name,
-            providers="+".join(outcome.providers) or "none",
-            seconds=time.perf_counter() - t0,
-        )
-        failure = self._report_failures(request, outcome)
-        if failure:
-            return dataclasses.replace(replay, failure=failure)
-        result = outcome.result
-        if result is None or not worth_it(outcome, cand_tokens, counted.budget, policy):
-            return replay
-        if aside:
-            result = dataclasses.replace(result, messages=[*result.messages, *aside])
-        try:
-            compaction = await _per_message(
-                messages,
-                compaction_for,
-                messages=messages,
-                digests=digests,
-                prefixes=history.prefixes,
-                base=base,
-                result=result,
-                outcome=outcome,
-                tenant=tenant,
-                conversation=request.conversation,
-                lossless=forms,
-            )
-        except CompactionError as exc:
-            label = "+".join(outcome.providers)
-            self.metrics.invariant_violation(label)
-            log.warning(
-                "compaction result discarded",
-                extra={"provider": label, "problem": str(exc), "tenant": request.key_id},
-            )
-            return dataclasses.replace(replay, failure=f"providers {label}: {exc}"[:200])
-        providers = (*(("lossless",) if forms else ()), *outcome.providers)
-        return _Plan(result.messages, "compacted", providers, compaction, history=history)
-
-    def _history(self, messages: Sequence[Message]) -> _History:
-        """The messages with their digests and prefix digests (of new messages only, for a
-        body the cache knows)."""
-        digests = self.bodies.digests(messages)
-        return _History(list(messages), digests, self.bodies.prefixes(messages, digests))
-
-    async def _candidate_tokens(
-        self,
-        request: ChatRequest,
-        counted: _Counted,
-        base: Checkpoint | None,
-        candidate: Sequence[Message],
-        forms: Lossless | None,
-    ) -> int:
-        """What `candidate` counts: a replayed checkpoint's messages, plus what the request's
-        messages after it cost as the body cache counted them (only new messages were), where
-        it did; the whole candidate otherwise (the same figure)."""
-        counter = counted.counter
-        known = request.messages is not None and forms is None
-        if known and base is not None and isinstance(counter, TokenCounter | NativeCounter):
-            assert request.messages is not None
-            after = self.bodies.tokens_from(
-                request.messages, counter.encoding_name, base.covered_through + 1
-            )
-            if after is not None:
-                return counted.fixed + counter.count_messages(base.messages) + after
-        return counted.fixed + await _per_message(candidate, counter.count_messages, candidate)
-
-    def _report_failures(self, request: ChatRequest, outcome: ChainOutcome) -> str:
-        """Count and log every provider that failed; the reason to fail open, unless a later
-        provider reached the target anyway ("" then)."""
-        for failure in outcome.failures:
-            if failure.kind == "raised":
-                self.metrics.provider_error(failure.provider)
-            else:
-                self.metrics.invariant_violation(failure.provider)
-            self._log_provider_failure(request, failure.provider, failure.kind, failure.detail)
-        if not outcome.failures or outcome.reached_target:
-            return ""
-        return outcome.failures[0].describe()
-
-    def _log_provider_failure(
-        self, request: ChatRequest, provider: str, kind: str, detail: str
-    ) -> None:
-        log.warning(
-            "provider failed",
-            extra={
-                "provider": provider,
-                "failure": kind,
-                "detail": detail[:200],
-                "tenant": request.key_id,
-                "model": request.model,
-            },
-        )
-
-    async def _replayable(
-        self, request: ChatRequest, tenant: str, history: _History, below: int | None = None
-    ) -> Checkpoint | None:
-        """The longest stored checkpoint this request may replay (see `replay_problem`);
-        `below`: covering fewer messages than that."""
-        limit = len(history.messages) - 1  # a strict prefix at most; replay_problem says the rest
-        if below is not None:
-            limit = min(limit, below)
-        for _ in range(REPLAY_ATTEMPTS):
-            if limit <= 0:
-                return None
-            cp = await self._find(tenant, request.conversation, history.prefixes[:limit])
-            if cp is None:
-                return None
-            if (cp.tenant, cp.conversation) != (tenant, request.conversation) or (
-                cp.covered_through >= limit
-            ):
-                problem = "the store returned a checkpoint it was not asked for"
-            else:
-                problem = self.replay_checks.problem(
-                    cp, history.messages, history.digests, history.prefixes
-                )
-            if not problem:
-                return cp
-            log.debug("checkpoint not replayed", extra={"problem": problem})
-            if "final unit" not in problem:
-                self.metrics.checkpoint_discarded("invalid")
-            limit = min(limit, cp.covered_through)
-        return None
-
-    async def _find(self, tenant: str, conversation: str, prefixes: list[str]) -> Checkpoint | None:
-        """One store lookup; an unreadable or foreign checkpoint counts as none."""
-        t0 = time.perf_counter()
-        try:
-            return await self.store.find_checkpoint(tenant, conversation, prefixes)
-        except (UnreadableValueError, TenantMismatchError) as exc:
-            reason = _unreadable(exc)
-            self.metrics.checkpoint_discarded(reason)
-            log.warning("stored checkpoint ignored", extra={"reason": reason})
-            return None
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            return None  # availability over reversibility: compact from scratch
-        finally:
-            self.metrics.observe_store("find_checkpoint", time.perf_counter() - t0)
-
-    def _counter(self, dialect: Dialect, base: TokenCounter) -> Counting:
-        """One counter per API and base counter (encoding and image rule) for the process (each
-        keeps its own cache)."""
-        key = (dialect.name, base)
-        found = self._counters.get(key)
-        if found is None:
-            found = self._counters[key] = dialect.counter(base)
-        return found
-
-    def _config(
-        self,
-        request: ChatRequest,
-        tenant: str,
-        counted: _Counted,
-        policy: PolicySettings,
-        aside: Sequence[Message] = (),
-    ) -> CompressionConfig:
-        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        config = compression_config(
-            policy,
-            counter=counted.counter,
-            fixed=counted.fixed + sum(counted.counter.count_message(m) for m in aside),
-            limit=counted.budget.target,
-            budget=counted.budget.budget,
-        )
-        return dataclasses.replace(
-            config,
-            model=request.model,
-            complete=self.completer(request.identity.api_key) if self.completer else None,
-            summary_cache=TenantSummaryCache(self.store, tenant, ttl),
-        )
-
-    async def _store(self, plan: _Plan, policy: PolicySettings) -> tuple[_Plan, bool]:
-        """Originals first: a compacted request is forwarded only once they are durable.
-        Returns the plan to send and whether it goes out unstored."""
-        compaction = plan.compaction
-        assert compaction is not None
-        ttl = (policy.retention_days or self.settings.store.retention_days) * 86400
-        if self.quota is not None:
-            self.quota.check(compaction.checkpoint.tenant)  # over it: fails open, nothing saved
-        t0 = time.perf_counter()
-        try:
-            winner = await self.store.save_compaction(compaction, ttl)
-        except (UnreadableValueError, TenantMismatchError) as exc:
-            # Written, but the checkpoint already stored for this prefix does not decode (or
-            # claims another tenant): ours is durable with its originals, so ours is sent.
-            self.metrics.checkpoint_discarded(_unreadable(exc))
-            return plan, False
-        except StoreError:
-            if self.settings.store.on_store_error != "compact-unstored":
-                raise
-            self.metrics.fail_open("store_unstored")
-            log.warning("originals not stored; forwarding compacted (compact-unstored)")
-            return plan, True
-        finally:
-            self.metrics.observe_store("save_compaction", time.perf_counter() - t0)
-        mine = compaction.checkpoint
-        if winner.messages == mine.messages:
-            return plan, False
-        # Another request of this conversation compacted the same prefix first: use its bytes,
-        # if they stand for the same originals and this request could replay them (ours were
-        # stored too, so ours are safe to send). Ours may cover this request's final unit (a
-        # final tool result cut in place, the last resort); a longer request's checkpoint of the
-        # same prefix may have dropped that unit as middle messages, so it is never used then.
-        history = plan.history
-        assert history is not None
-        if winner.ends and not replay_problem(winner, history.messages, history.digests):
-            merged = [*winner.messages, *plan.messages[len(mine.messages) :]]
-            return dataclasses.replace(
-                plan, messages=merged, providers=tuple(winner.providers), tokens=None
-            ), False
-        self.metrics.checkpoint_discarded("invalid")
-        return plan, False
-
-    def _outcome(
-        self, request: ChatRequest, action: Action, content: bytes | None = None, **kw: Any
-    ) -> Outcome:
-        """The outcome, with the usage splice applied (the only other change to the bytes)."""
-        if content is None:
-            content = request.raw
-        elif action not in REWRITTEN:
-            # Must stay 0: anything we did not deliberately rewrite goes as the client sent it.
-            self.metrics.passthrough_bytes_changed(max(1, abs(len(content) - len(request.raw))))
-            content = request.raw
-        injected = False
-        if (
-            self.request_stream_usage
-            and request.dialect.stream_usage_option
-            and action != "bypass"
-            and request.body is not None
-        ):
-            spliced = rewrite.with_include_usage(content, request.body)
-            if spliced is not None:
-                content, injected = spliced, True
-        return Outcome(
-            action=action,
-            content=content,
-            conversation=request.conversation,
-            injected_usage=injected,
-            **kw,
-        )
-
-
-def _exact(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -> None:
-    """Raise WideIntegerError (fail open, before anything is stored) if the request holds an
-    integer beyond 64 bits: orjson read it as a float, so every rewrite of the body, and every
-    original stored from it, would carry another number than the client sent."""
-    if _wide(request, bodies, sent):
-        raise WideIntegerError
-
-
-def _wide(request: ChatRequest, bodies: BodyCache, sent: bytes | None = None) -> bool:
-    """Whether the request holds an integer beyond 64 bits (see `_exact`).
-
-    Every turn of a long conversation is rewritten (replayed), so this must cost the turn's new
-    bytes, not the body's: a chat body the body cache extended was looked at past the bytes of
-    the body it extends when it was read (`request.narrow`), or is now if its entry is still
-    there (`BodyCache.holds_wide_int`); another API's only when `sent` (the bytes a rewrite would
-    send) holds a float written with an exponent, as orjson writes every integer it could not
-    keep (`1.8446744073709552e+19`)."""
-    if request.narrow:
-        return False
-    if request.dialect is CHAT and request.messages is not None:
-        return bodies.holds_wide_int(request.messages, request.raw)
-    items = None if request.body is None else request.body.get(request.dialect.field)
-    if not isinstance(items, list):
-        return (sent is None or b"e+" in sent) and holds_wide_int(request.raw)
-    # The body cache's look first: it costs the bytes new since the last turn, and marks
-    # the body narrow for the next one (`ChatRequest.narrow`).
-    return bodies.holds_wide_int(items, request.raw) and (sent is None or b"e+" in sent)
+        self.planner.close()
 
 
 def _given(body: Any, raw: bytes) -> Any:
     """`parse` for `read_request` when the body was parsed already."""
     del raw
     return body
-
-
-async def _per_message(
-    history: Sequence[Message], fn: Callable[..., T], /, *args: Any, **kw: Any
-) -> T:
-    """`fn(*args, **kw)`, work that costs per message of `history`: in a thread if it is long."""
-    if len(history) > LONG_HISTORY:
-        return await asyncio.to_thread(fn, *args, **kw)
-    return fn(*args, **kw)
 
 
 def _reason(exc: BaseException) -> str:
@@ -1032,7 +290,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, WideIntegerError):
         return "wide_integer"
     return type(exc).__name__
-
-
-def _unreadable(exc: StoreError) -> str:
-    return "other_tenant" if isinstance(exc, TenantMismatchError) else "unreadable"

@@ -1,22 +1,20 @@
-"""One chat request's exchange with its upstream: the send, the retry after a context overflow
-(an upstream 400, or a Responses stream that reports one as it opens, see
+"""One chat request's exchange with its upstream: each send, with a first answer looked at for a
+context overflow (an upstream 400, or a Responses stream that reports one as it opens, see
 `proxy.chat.stream_overflow`), the relay with its usage tap, and the request's metrics, log line
-and accounting."""
+and accounting. The exchange is handed its settings and collaborators (`ExchangeContext`); the
+chat endpoint (`proxy.chat.handler`) runs its steps, the re-plan after an overflow among them."""
 
 from __future__ import annotations
 
 import functools
-import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import httpx
 from starlette.types import Send
 
-from proxy.chat.compactor import Compactor
 from proxy.chat.expand import Expander, ExpandPlan, add_usage
 from proxy.chat.refscope import resolve_within
 from proxy.chat.request import ChatRequest, Outcome
@@ -30,15 +28,13 @@ from proxy.telemetry.logs import log_request, request_log
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.stats import fail_open_reason
 from proxy.tokens.budget import context_overflow_message
+from proxy.tokens.calibration import Calibration
 from proxy.wire.forward import Upstream, is_event_stream, peek, relay
 from proxy.wire.headers import RawHeaders, compactd_headers, header, response_headers
 from proxy.wire.rewrite import upstream_headers
 from proxy.wire.tenant import ANONYMOUS
 from proxy.wire.upstream_keys import Gate
-from proxy.wire.usage import SSEUsageTap, Usage, inflated, usage_from_json
-
-# The relay's log lines keep the logger they always had.
-log = logging.getLogger("compactd.handler")
+from proxy.wire.usage import MAX_EVENT_BYTES, SSEUsageTap, Usage, inflated, usage_from_json
 
 # An upstream 400 is read (to look for a context-length error) only up to this size.
 OVERFLOW_BODY_LIMIT = 64 * 1024
@@ -66,17 +62,31 @@ class _Copy:
         return chunk
 
 
-class Relaying(Protocol):
-    """What an exchange reads of the handler that runs it (`proxy.chat.handler.Handler`)."""
+@dataclass(frozen=True)
+class ExchangeSettings:
+    """How an exchange treats the upstream's answers (from `[accounting]` and `[upstream]`)."""
 
-    compactor: Compactor
-    store: Store
+    strip_usage_null: bool = True
+    max_sse_event_bytes: int = MAX_EVENT_BYTES
+    retry_context_errors: bool = True
+    stream_overflow_wait: float = 2.0
+    """Seconds a Responses stream near its window may be held for an overflow it reports."""
+
+
+@dataclass(frozen=True)
+class ExchangeContext:
+    """What every chat exchange is handed: its settings and the collaborators it uses."""
+
+    settings: ExchangeSettings
     metrics: Metrics
+    store: Store
+    """Where the expand tool's refs resolve."""
     accountant: Accountant | None
-    strip_usage_null: bool
-    max_sse_event_bytes: int
-    retry_context_errors: bool
-    stream_overflow_wait: float
+    """Usage aggregation (None: accounting off)."""
+    calibration: Calibration | None
+    """Taught what the upstream counted for what was sent (None: off)."""
+    input_window: Callable[[ChatRequest], int]
+    """The most input tokens a request's model takes, as far as compactd knows."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,29 @@ class Route:
     gate: Gate
 
 
+@dataclass(frozen=True)
+class Overflow:
+    """The upstream refused the request as longer than its model's window."""
+
+    message: str
+    """The upstream's own words (a window and a count, often)."""
+    where: str
+    """"response" (a 400's body) or "stream" (a Responses stream's opening)."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The upstream's answer to one send, with what compactd read of it before relaying."""
+
+    response: httpx.Response
+    body: AsyncIterator[bytes] | None = None
+    """Its chunks, those read already included, when some were read (for `relay`)."""
+    buffered: bytes | None = None
+    """Its whole body, when it was read whole (an upstream 400, looked at for an overflow)."""
+    overflow: Overflow | None = None
+    """Set when it refuses the request as too long (only for a send that was no retry)."""
+
+
 def _watched(feed: Feed | None, see: Feed | None) -> Feed | None:
     """`feed`, with `see` shown what it lets out."""
     if feed is None or see is None:
@@ -96,11 +129,15 @@ def _watched(feed: Feed | None, see: Feed | None) -> Feed | None:
 
 
 class ChatExchange:
-    """One chat request's upstream exchange, its overflow retry, and its accounting."""
+    """One chat request's exchange with its upstream: each send, the relay, the accounting.
+
+    The chat endpoint runs the steps (`proxy.chat.handler`): `send` the decision's bytes, and
+    after an overflow the new decision's; `expanded`, then `relay` the answer (or `refuse` with
+    our own error); `finish` once it is over."""
 
     def __init__(
         self,
-        handler: Relaying,
+        context: ExchangeContext,
         send: Send,
         url: httpx.URL,
         *,
@@ -109,9 +146,10 @@ class ChatExchange:
         outcome: Outcome,
         route: Route,
     ) -> None:
-        self.h = handler
+        self.context = context
+        self.settings = context.settings
         self.route = route
-        self.send = send
+        self.client = send
         self.url = url
         self.client_headers = headers
         self.request = request
@@ -123,30 +161,45 @@ class ChatExchange:
         self.error: str | None = outcome.error
         self.expander: Expander | None = None
 
-    async def run(self) -> None:
-        body = None
-        try:
-            response = await self._send(self.outcome)
-            if (
-                response.status_code == 400
-                and self.request.body is not None
-                and self.h.retry_context_errors
-            ):
-                retried = await self._maybe_retry(response)
-                if retried is None:
-                    return
-                response = retried
-            elif self._holds_opening(response):
-                response, body = await self._opened(response)
-            if self.outcome.expand is not None and response.status_code == 200:
-                response = await self._expanded(response, self.outcome.expand)
-        except ProxyError as exc:
-            # Nothing reached the client yet: our own error still carries our headers.
-            self.status, self.error = exc.status, exc.message
-            anthropic = self.route.api.anthropic
-            await send_api_error(self.send, exc, self._our_headers(), anthropic=anthropic)
+    async def send(self, outcome: Outcome) -> Answer:
+        """Send `outcome`'s bytes upstream (it becomes the outcome this exchange reports). The
+        answer to a first send is looked at for a context overflow a retry could fix: an
+        upstream 400's body, a Responses stream's opening (`proxy.chat.stream_overflow`)."""
+        self.outcome, self.error = outcome, outcome.error
+        response = await self._post(outcome)
+        if outcome.retried:
+            return Answer(response)
+        if (
+            response.status_code == 400
+            and self.request.body is not None
+            and self.settings.retry_context_errors
+        ):
+            return await self._refusal(response)
+        if self._holds_opening(response):
+            return await self._opening(response)
+        return Answer(response)
+
+    async def expanded(self, answer: Answer) -> Answer:
+        """The answer the client gets: where the model may call the expand tool, the one after
+        its calls (`proxy.chat.expand`); `answer` otherwise."""
+        plan = self.outcome.expand
+        if plan is None or answer.response.status_code != 200:
+            return answer
+        return Answer(await self._expanded(answer.response, plan))
+
+    async def refuse(self, exc: ProxyError) -> None:
+        """Answer with our own error: nothing reached the client yet, so it carries our
+        headers."""
+        self.status, self.error = exc.status, exc.message
+        anthropic = self.route.api.anthropic
+        await send_api_error(self.client, exc, self._our_headers(), anthropic=anthropic)
+
+    async def relay(self, answer: Answer) -> None:
+        """Relay `answer` to the client as it arrives, its usage read on the side."""
+        if answer.buffered is not None:
+            await _send_buffered(self.client, answer.response, answer.buffered, self._our_headers())
             return
-        await self._relay(response, body)
+        await self._relay(answer.response, answer.body)
 
     def _holds_opening(self, response: httpx.Response) -> bool:
         """Whether this answer may be a Responses stream reporting an overflow that a retry
@@ -155,8 +208,8 @@ class ChatExchange:
         out, raw = self.outcome, response.headers.raw
         if (
             self.route.api is not RESPONSES_API
-            or not self.h.retry_context_errors
-            or self.h.stream_overflow_wait <= 0
+            or not self.settings.retry_context_errors
+            or self.settings.stream_overflow_wait <= 0
             or response.status_code != 200
             or self.request.body is None
             or self.request.body.get("stream") is not True
@@ -167,37 +220,31 @@ class ChatExchange:
             or header(raw, b"content-encoding")
         ):
             return False
-        return out.tokens_sent >= NEAR_WINDOW * self.h.compactor.input_window(self.request)
+        return out.tokens_sent >= NEAR_WINDOW * self.context.input_window(self.request)
 
-    async def _opened(
-        self, response: httpx.Response
-    ) -> tuple[httpx.Response, AsyncIterator[bytes] | None]:
-        """The answer to relay after a Responses stream's opening was read: the same stream,
-        or, when it reports an overflow a retry can fix, the retry's answer."""
+    async def _opening(self, response: httpx.Response) -> Answer:
+        """A Responses stream with its opening read: the same stream, and the overflow it
+        reports if it does."""
         opening = await read_opening(
-            response, seconds=self.h.stream_overflow_wait, limit=OPENING_LIMIT
+            response, seconds=self.settings.stream_overflow_wait, limit=OPENING_LIMIT
         )
-        retry = await self._retry_after(opening.overflow, "stream")
-        if retry is None:
-            return response, opening.body
-        await response.aclose()
-        return await self._send(retry), None
+        overflow = Overflow(opening.overflow, "stream") if opening.overflow else None
+        return Answer(response, body=opening.body, overflow=overflow)
 
-    async def _retry_after(self, message: str | None, where: str) -> Outcome | None:
-        """The decision made again after the upstream refused the request as too long, in a
-        400's body or a stream's opening (`where`), saying `message`; None: no retry is due."""
-        if not message:
-            return None
-        retry = await self.h.compactor.after_overflow(self.request, self.outcome, message)
-        self.h.metrics.context_overflow(where, "relayed" if retry is None else "retried")
-        if retry is not None:
-            model = self.request.model
-            log.info("retrying after context overflow", extra={"model": model, "where": where})
-            self.outcome = retry
-            self.error = retry.error
-        return retry
+    async def _refusal(self, response: httpx.Response) -> Answer:
+        """An upstream 400, read (up to a bound) to see whether it is a context-length error."""
+        body, longer = await peek(response, OVERFLOW_BODY_LIMIT)
+        if longer is not None:  # too long for a context-length error: relayed whole, as it is
+            return Answer(response, body=longer)
+        # Read decoded (an SDK accepts gzip, so an upstream's edge may compress its 400); the
+        # client still gets the bytes the upstream sent.
+        encoding = (header(response.headers.raw, b"content-encoding") or b"").decode("latin-1")
+        decoded = inflated(body, encoding, OVERFLOW_BODY_LIMIT)
+        message = context_overflow_message(decoded) if decoded is not None else None
+        overflow = Overflow(message, "response") if message else None
+        return Answer(response, buffered=body, overflow=overflow)
 
-    async def _send(self, outcome: Outcome) -> httpx.Response:
+    async def _post(self, outcome: Outcome) -> httpx.Response:
         self.overhead = time.perf_counter() - self.request.started
         # An answer that may call the expand tool is read by us: asked for uncompressed.
         identity = outcome.injected_usage or outcome.expand is not None
@@ -206,7 +253,7 @@ class ChatExchange:
         response = await self.route.upstream.send("POST", self.url, headers, outcome.content)
         self.ttfb = time.perf_counter() - t0
         self.status = response.status_code
-        self.h.metrics.observe_upstream(response.status_code, self.ttfb)
+        self.context.metrics.observe_upstream(response.status_code, self.ttfb)
         return response
 
     async def _expanded(self, response: httpx.Response, plan: ExpandPlan) -> httpx.Response:
@@ -216,37 +263,21 @@ class ChatExchange:
         async def send(content: bytes) -> httpx.Response:
             t0 = time.perf_counter()
             answer = await self.route.upstream.send("POST", self.url, headers, content)
-            self.h.metrics.observe_upstream(answer.status_code, time.perf_counter() - t0)
+            self.context.metrics.observe_upstream(answer.status_code, time.perf_counter() - t0)
             return answer
 
         options = plan.body.get("stream_options")
         asked = isinstance(options, dict) and options.get("include_usage") is True
+        store, metrics = self.context.store, self.context.metrics
         self.expander = Expander(
             plan,
             send=send,
-            resolve=functools.partial(resolve_within, self.h.store, conversation=plan.conversation),
-            observe=self.h.metrics.expand_call,
+            resolve=functools.partial(resolve_within, store, conversation=plan.conversation),
+            observe=metrics.expand_call,
             stream=plan.body.get("stream") is True,
             client_wants_usage=asked or self.outcome.injected_usage,
         )
         return await self.expander.respond(response)
-
-    async def _maybe_retry(self, response: httpx.Response) -> httpx.Response | None:
-        """A context-length 400 is answered by compacting under the learned window, once."""
-        body, longer = await peek(response, OVERFLOW_BODY_LIMIT)
-        if longer is not None:  # too long for a context-length error: relayed whole, as it is
-            await self._relay(response, longer)
-            return None
-        # Read decoded (an SDK accepts gzip, so an upstream's edge may compress its 400); the
-        # client still gets the bytes the upstream sent.
-        encoding = (header(response.headers.raw, b"content-encoding") or b"").decode("latin-1")
-        decoded = inflated(body, encoding, OVERFLOW_BODY_LIMIT)
-        message = context_overflow_message(decoded) if decoded is not None else None
-        retry = await self._retry_after(message, "response")
-        if retry is None:
-            await _send_buffered(self.send, response, body, self._our_headers())
-            return None
-        return await self._send(retry)
 
     async def _relay(
         self, response: httpx.Response, body: AsyncIterator[bytes] | None = None
@@ -259,13 +290,15 @@ class ChatExchange:
         if stripping:
             tap = SSEUsageTap(
                 strip_usage_chunk=True,
-                strip_usage_null=self.h.strip_usage_null,
-                max_event_bytes=self.h.max_sse_event_bytes,
+                strip_usage_null=self.settings.strip_usage_null,
+                max_event_bytes=self.settings.max_sse_event_bytes,
             )
-        elif self.h.accountant is not None or self._calibrated():
+        elif self.context.accountant is not None or self._calibrated():
             tap = (
                 SSEUsageTap(
-                    content_encoding=encoding, max_event_bytes=self.h.max_sse_event_bytes, read=read
+                    content_encoding=encoding,
+                    max_event_bytes=self.settings.max_sse_event_bytes,
+                    read=read,
                 )
                 if is_event_stream(raw)
                 else _Copy(JSON_USAGE_LIMIT)
@@ -274,7 +307,7 @@ class ChatExchange:
         api = self.route.api
         end = stream_end(responses=api is RESPONSES_API, anthropic=api.anthropic)
         result = await relay(
-            self.send,
+            self.client,
             response,
             self._our_headers(),
             _watched(tap.feed if tap else None, end.see),
@@ -291,7 +324,7 @@ class ChatExchange:
 
     def _calibrate(self, usage: Usage) -> None:
         """Teach the calibration what the upstream counted for what we estimated we sent."""
-        calibration, out = self.h.compactor.calibration, self.outcome
+        calibration, out = self.context.calibration, self.outcome
         if calibration is None or out.action == "server-history" or usage.server_tool_uses:
             return  # the upstream counted history (or search results) the request does not carry
         sent = out.tokens_sent
@@ -300,7 +333,7 @@ class ChatExchange:
             calibration.observe(api, model, sent, usage.prompt_tokens, body)
 
     def _calibrated(self) -> bool:
-        calibration = self.h.compactor.calibration
+        calibration = self.context.calibration
         return calibration is not None and self.route.api.name in calibration.apis
 
     def _our_headers(self) -> RawHeaders:
@@ -337,7 +370,7 @@ class ChatExchange:
             self.usage = add_usage(self.usage, self.expander.usage)  # the continuations' too
         before = out.tokens_before or 0
         after = out.tokens_after if out.tokens_after is not None else before
-        self.h.metrics.observe_request(
+        self.context.metrics.observe_request(
             action=out.action,
             model=model,
             policy=out.policy or "none",
@@ -347,7 +380,7 @@ class ChatExchange:
             api=req.dialect.name,
         )
         if self.usage is not None:
-            self.h.metrics.observe_usage(
+            self.context.metrics.observe_usage(
                 model=model,
                 prompt_tokens=self.usage.prompt_tokens,
                 cached_tokens=self.usage.cached_tokens,
@@ -379,15 +412,15 @@ class ChatExchange:
         accepted = self.status is not None and 200 <= self.status < 300
         if accepted and self.usage is not None:
             self._calibrate(self.usage)
-        if self.h.accountant is not None and req.body is not None and accepted:
+        if self.context.accountant is not None and req.body is not None and accepted:
             if out.conversation:
-                self.h.accountant.add_activity(self._activity(model))
-            self.h.accountant.add(
+                self.context.accountant.add_activity(self._activity(model))
+            self.context.accountant.add(
                 UsageRecord(
                     tenant=req.tenant or ANONYMOUS,
                     policy=out.policy or "none",
                     model=model,
-                    day=self.h.accountant.today(),
+                    day=self.context.accountant.today(),
                     action=out.action,
                     tokens_before=before,
                     tokens_after=after,

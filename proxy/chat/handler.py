@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 import httpx
 from starlette.types import Message, Receive, Scope, Send
@@ -11,29 +12,25 @@ from starlette.types import Message, Receive, Scope, Send
 from proxy.chat.compactor import Compactor
 from proxy.chat.count_tokens import PATH as COUNT_PATH
 from proxy.chat.count_tokens import count_tokens
-from proxy.chat.exchange import ChatExchange, Route
-from proxy.chat.request import ChatRequest
+from proxy.chat.exchange import ChatExchange, ExchangeContext, ExchangeSettings, Overflow, Route
+from proxy.chat.request import ChatRequest, Outcome
 from proxy.dialects.anthropic_count import Confirm, confirmer
 from proxy.dialects.apis import compacted_api, is_anthropic
 from proxy.dialects.errors import send_api_error, stream_end
-from proxy.errors import BodyTooLargeError, ProxyError, RateLimitedError
+from proxy.errors import BodyTooLargeError, ClientDisconnectedError, ProxyError, RateLimitedError
 from proxy.store.base import Store
 from proxy.telemetry.accounting import Accountant
 from proxy.telemetry.metrics import Metrics
-from proxy.wire.asgi import (
-    BodyStream,
-    ClientDisconnectedError,
-    content_length,
-    read_body,
-    until_disconnect,
-)
+from proxy.wire.asgi import BodyStream, content_length, read_body, until_disconnect
 from proxy.wire.forward import Upstream, relay, route
 from proxy.wire.headers import RawHeaders, request_headers
 from proxy.wire.ratelimit import RateLimiter
 from proxy.wire.tenant import ANONYMOUS, raw_header_map
 from proxy.wire.upstream_keys import Gate
-from proxy.wire.usage import MAX_EVENT_BYTES
 from proxy.wire.websocket import POLICY_VIOLATION, relay_websocket, ws_url
+
+# The relay's log lines keep the logger they always had.
+log = logging.getLogger("compactd.handler")
 
 
 @dataclass
@@ -48,11 +45,8 @@ class Handler:
     max_body: int
     accountant: Accountant | None = None
     """Usage aggregation (None: accounting off)."""
-    strip_usage_null: bool = True
-    max_sse_event_bytes: int = MAX_EVENT_BYTES
-    retry_context_errors: bool = True
-    stream_overflow_wait: float = 2.0
-    """Seconds a Responses stream near its window may be held for an overflow it reports."""
+    exchange: ExchangeSettings = field(default_factory=ExchangeSettings)
+    """How a chat request's exchange treats the upstream's answers."""
     anthropic: Upstream | None = None
     """The upstream for Anthropic's paths (`upstream.anthropic_url`); None: `upstream`."""
     anthropic_gate: Gate | None = None
@@ -61,6 +55,17 @@ class Handler:
     count_tokens_timeout: float = 1.0
     chat_rate: RateLimiter | None = None
     """Requests per minute per tenant on the compacted APIs (None: no limit)."""
+    _exchanging: ExchangeContext = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._exchanging = ExchangeContext(
+            settings=self.exchange,
+            metrics=self.metrics,
+            store=self.store,
+            accountant=self.accountant,
+            calibration=self.compactor.calibration,
+            input_window=self.compactor.sizing.input_window,
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = False
@@ -165,10 +170,39 @@ class Handler:
             request, confirm=self._confirm(route, headers, request)
         )
         exchange = ChatExchange(
-            self, send, url, headers=headers, request=request, outcome=outcome, route=route
-        )
-        cancelled = await until_disconnect(exchange.run(), receive)
+            self._exchanging, send, url, headers=headers, request=request, outcome=outcome,
+            route=route,
+        )  # fmt: skip
+        cancelled = await until_disconnect(self._exchange(exchange, outcome), receive)
         exchange.finish(cancelled=cancelled)
+
+    async def _exchange(self, exchange: ChatExchange, outcome: Outcome) -> None:
+        """The decision sent upstream; after a context overflow, decided again under the window
+        the upstream reported and sent once more; the answer relayed."""
+        try:
+            answer = await exchange.send(outcome)
+            if answer.overflow is not None:
+                retry = await self._replan(exchange.request, outcome, answer.overflow)
+                if retry is not None:
+                    await answer.response.aclose()
+                    answer = await exchange.send(retry)
+            answer = await exchange.expanded(answer)
+        except ProxyError as exc:
+            await exchange.refuse(exc)
+            return
+        await exchange.relay(answer)
+
+    async def _replan(
+        self, request: ChatRequest, first: Outcome, overflow: Overflow
+    ) -> Outcome | None:
+        """The decision made again after the upstream refused `first` as too long (None: no
+        retry is due, the refusal is relayed)."""
+        retry = await self.compactor.after_overflow(request, first, overflow.message)
+        self.metrics.context_overflow(overflow.where, "relayed" if retry is None else "retried")
+        if retry is not None:
+            where, model = overflow.where, request.model
+            log.info("retrying after context overflow", extra={"model": model, "where": where})
+        return retry
 
     def _check_rate(self, rate: RateLimiter, scope: Scope) -> None:
         """429 before the body is read, for a tenant past its rate (no credential: one bucket)."""

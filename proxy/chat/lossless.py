@@ -21,7 +21,7 @@ same forms; `proxy.chat.checkpoint.compaction_for` records each rewritten messag
 id of its original), with the original stored like any other, so a restore gives back the exact
 original whether the message was kept, summarized or dropped. Forms outside every checkpoint are
 recomputed from the client's own message on each turn, and their originals are stored before the
-first request that sends them goes out (`Compactor._store_forms`, `StoredForms`), so every ref a
+first request that sends them goes out (`proxy.chat.persist`, `StoredForms`), so every ref a
 request carries resolves from the store; it resolves from the request itself too
 (`Lossless.originals`, what the expand tool reads first).
 """
@@ -64,14 +64,11 @@ class Lossless:
         return bool(self.originals)
 
 
-class _DuplicateKeyError(ValueError):
-    pass
-
-
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
-        raise _DuplicateKeyError
+        msg = "a duplicate key"
+        raise ValueError(msg)
     return out
 
 

@@ -12,7 +12,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proxy.config import APIS, ConfigError, PolicySettings, Settings
+from proxy.config import APIS, PolicySettings, Settings
+from proxy.errors import ConfigError
 from proxy.tokens.budget import model_names
 
 POLICY_HEADER = "x-compactd-policy"

@@ -15,17 +15,14 @@ import logging
 import time
 from collections import OrderedDict
 
-from proxy.store.base import Store, StoreError
+from proxy.errors import QuotaExceededError, StoreError
+from proxy.store.base import Store
 
 log = logging.getLogger("compactd.quota")
 
 REFRESH_SECONDS = 30.0
 MAX_TENANTS = 10_000
 """Sizes kept per worker (least recently used dropped first)."""
-
-
-class QuotaExceededError(StoreError):
-    """The tenant's stored data is over `limits.tenant_quota_mb`: nothing more is stored."""
 
 
 class Quota:

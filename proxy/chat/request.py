@@ -169,10 +169,6 @@ def with_conversation(request: ChatRequest, secret: bytes = b"") -> ChatRequest:
     return dataclasses.replace(request, conversation=conversation)
 
 
-class TooManyMessagesError(Exception):
-    """The request has more than `MAX_MESSAGES` messages: too many to compact (fails open)."""
-
-
 def conversation_of(header: str | None, messages: Sequence[Message], secret: bytes) -> str:
     """The conversation a request belongs to: the client's `x-compactd-conversation-id` (made
     safe as a key), else the one its messages start (keyed with the server secret)."""

@@ -3,11 +3,12 @@
 OpenAI's Responses API refuses a streamed request whose input exceeds the model's context window
 not with a 400 but inside the stream it has begun: `response.created` and `response.in_progress`,
 then an `error` event (code `context_length_exceeded`) and `response.failed`, whose
-`response.error` says the same. A 400 of that kind is retried compacted under the window
-(`Compactor.after_overflow`); to do the same for a stream, its opening events are read before
-any is relayed. Events that only announce the response (created, in progress, queued) are held;
-the first other event decides: an overflow, and nothing has reached the client, so the request
-can be retried; anything else, and what was read goes out first, then the rest as it arrives.
+`response.error` says the same. A 400 of that kind is retried compacted under the window (the
+chat endpoint's loop re-plans with `Compactor.after_overflow`); to do the same for a stream, its
+opening events are read before any is relayed. Events that only announce the response
+(created, in progress, queued) are held; the first other event decides: an overflow, and
+nothing has reached the client, so the request can be retried; anything else, and what was read
+goes out first, then the rest as it arrives.
 
 The hold is bounded in time (the API checks the input's length before it runs the model, so an
 overflow is told at once; a response that is merely slow to start is not held past `seconds`)

@@ -12,9 +12,10 @@ from typing import IO, Any, TextIO
 
 import orjson
 
-from proxy.chat.compactor import compression_config
+from proxy.chat.planner import compression_config
 from proxy.cli.progress import counter
 from proxy.config import PolicySettings, Settings
+from proxy.errors import LineError
 from proxy.providers.bound import bound_chain
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import ProviderRegistry
@@ -36,10 +37,6 @@ class Defaults:
     budget: float = 0.5
     """Tokens the whole request must fit; a value <= 1 is a fraction of the line's own count."""
     target_ratio: float = 1.0
-
-
-class LineError(ValueError):
-    """A line that cannot be compressed; reported on its own output line."""
 
 
 class OfflineCompressor:

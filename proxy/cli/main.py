@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from proxy import __version__
-from proxy.config import CONFIG_FILE_ENV, ConfigError, Settings, load_settings
+from proxy.config import CONFIG_FILE_ENV, Settings, load_settings
+from proxy.errors import CommandError, ConfigError
 from proxy.telemetry.stats import GROUP_BY
 
 if TYPE_CHECKING:
@@ -26,10 +27,6 @@ CONFIG_HELP = (
     "TOML config file (default: $COMPACTD_CONFIG_FILE, else defaults and environment; "
     "example: config/compactd.toml)"
 )
-
-
-class CommandError(Exception):
-    """A command cannot do what was asked; `main` prints the message as one line."""
 
 
 def _config_path(args: argparse.Namespace) -> str | None:
@@ -54,7 +51,8 @@ def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args, overrides)
     s = settings.server
     if getattr(args, "own_process", False):
-        from proxy.runtime.allocator import AllocatorError, restart_with_jemalloc  # noqa: PLC0415
+        from proxy.errors import AllocatorError  # noqa: PLC0415
+        from proxy.runtime.allocator import restart_with_jemalloc  # noqa: PLC0415
 
         try:
             restart_with_jemalloc(s.allocator)  # returns only if it does not apply
@@ -451,7 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Only a command run as its own program may start itself again (`serve`, with jemalloc).
     args.own_process = argv is None
-    from proxy.store.base import StoreError  # noqa: PLC0415
+    from proxy.errors import StoreError  # noqa: PLC0415
 
     try:
         result: int = args.func(args)

@@ -1,21 +1,21 @@
 """The plugin API: what a compression provider is given and what it must return.
 
-Standard library only, so a third-party provider depends on nothing but this module (and the
-marker forms it re-exports from `proxy.providers.markers`). Messages are plain OpenAI chat message
-dicts; providers must not mutate the lists or dicts they are given.
+Standard library only, so a third-party provider depends on nothing but this module (and what
+it re-exports: the marker forms of `proxy.providers.markers`, `OptionError` of `proxy.errors`).
+Messages are plain OpenAI chat message dicts; providers must not mutate the lists or dicts they
+are given.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import types
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from proxy.errors import OptionError  # re-exported: a provider raises it to name a key
 from proxy.providers.markers import (
     DROPPED_PATTERN,
     REF_PATTERN,
@@ -23,6 +23,7 @@ from proxy.providers.markers import (
     ref_marker,
     short_marker,
 )
+from proxy.runtime.options import option, parse
 
 __all__ = [
     "DROPPED_PATTERN",
@@ -33,12 +34,15 @@ __all__ = [
     "ContextProvider",
     "Message",
     "MessageCounter",
+    "OptionError",
     "RequestCounter",
     "SummaryCache",
     "canonical_json",
     "compute_source_digest",
     "dropped_marker",
     "make_ref_id",
+    "option",
+    "parse_options",
     "ref_marker",
     "short_marker",
 ]
@@ -105,104 +109,16 @@ class CompactionResult:
 T = TypeVar("T")
 
 
-class OptionError(ValueError):
-    """An option of a provider is unknown or has the wrong type or value; `key` names it."""
-
-    def __init__(self, key: str, why: str) -> None:
-        super().__init__(f"{key}: {why}")
-        self.key = key
-        self.why = why
-
-
-def option(
-    default: Any,
-    *,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    above: float | None = None,
-    schema: type[Any] | None = None,
-    doc: str = "",
-) -> Any:
-    """A field of an option schema with bounds the host checks (`above` is an exclusive minimum;
-    `schema` checks a `Mapping` field's table against another option dataclass, e.g. the options
-    of a fallback provider, and keeps the table as given).
-
-    ```python
-    @dataclass(frozen=True)
-    class Options:
-        keep_chars: int = option(200, minimum=1, doc="characters kept of a long tool result")
-    ```
-    """
-    bounds = {"minimum": minimum, "maximum": maximum, "above": above, "schema": schema, "doc": doc}
-    return field(default=default, metadata={k: v for k, v in bounds.items() if v not in (None, "")})
-
-
 def parse_options(schema: type[T], values: Mapping[str, Any], prefix: str = "") -> T:
     """`values` (a policy's options for one provider) as an instance of the dataclass `schema`.
 
-    Field types may be bool, int, float (an int is accepted), str, tuple[X, ...] (from a list),
-    a nested option dataclass (from a table), `Mapping[str, Any]` (any table, unchecked) or any
-    of these `| None`. Unknown keys, wrong types and values outside a field's `option()` bounds
-    raise OptionError naming the key, dotted from `prefix`.
+    Field types may be bool, int, float (an int is accepted), str, a `Literal` of strings,
+    tuple[X, ...] (from a list), a nested option dataclass (from a table), `Mapping[str, Any]`
+    (any table, unchecked) or any of these `| None`. Unknown keys, wrong types and values outside
+    a field's `option()` bounds raise OptionError naming the key, dotted from `prefix`. It is the
+    validator the config file is loaded with (`proxy.runtime.options.parse`).
     """
-    if not isinstance(values, Mapping):
-        raise OptionError(prefix or "options", "must be a table")
-    hints = get_type_hints(schema)
-    fields = {f.name: f for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, raw in values.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if key not in fields:
-            raise OptionError(path, f"unknown option (known: {', '.join(sorted(fields))})")
-        meta = fields[key].metadata
-        value = _typed(raw, hints[key], path)
-        if "schema" in meta and value is not None:
-            parse_options(meta["schema"], value, path)
-        _bounded(value, meta, path)
-        kwargs[key] = value
-    try:
-        return schema(**kwargs)
-    except (TypeError, ValueError) as exc:  # a schema's own __post_init__ checks
-        raise OptionError(prefix or "options", str(exc)) from None
-
-
-_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _typed(value: Any, tp: Any, path: str) -> Any:
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in get_args(tp) if a is not type(None)]
-        if value is None and len(inner) < len(get_args(tp)):
-            return None
-        return _typed(value, inner[0], path) if len(inner) == 1 else value
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return parse_options(tp, value, path)
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise OptionError(path, f"must be a list, not {value!r}")
-        item = get_args(tp)[0]
-        return tuple(_typed(v, item, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is not None and issubclass(origin, Mapping):
-        if not isinstance(value, Mapping):
-            raise OptionError(path, f"must be a table, not {value!r}")
-        return value
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in _NAMES and (type(value) is not tp):
-        raise OptionError(path, f"must be {_NAMES[tp]}, not {value!r}")
-    return value
-
-
-def _bounded(value: Any, meta: Mapping[str, Any], path: str) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return
-    if "minimum" in meta and value < meta["minimum"]:
-        raise OptionError(path, f"must be >= {meta['minimum']}, not {value!r}")
-    if "above" in meta and value <= meta["above"]:
-        raise OptionError(path, f"must be > {meta['above']}, not {value!r}")
-    if "maximum" in meta and value > meta["maximum"]:
-        raise OptionError(path, f"must be <= {meta['maximum']}, not {value!r}")
+    return parse(schema, values, prefix, noun="option")
 
 
 class ContextProvider(ABC):

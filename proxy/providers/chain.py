@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from proxy.errors import ChainTimeoutError
 from proxy.providers import canonical
 from proxy.providers.base import (
     CompactionResult,
@@ -77,14 +78,6 @@ class ChainOutcome:
     """`provider: ExceptionType: message` for every provider that raised."""
     failures: tuple[ProviderFailure, ...] = ()
     """Every provider that raised or whose result was discarded, in order."""
-
-
-class ChainTimeoutError(TimeoutError):
-    """The chain ran past its deadline; `provider` was running (or about to)."""
-
-    def __init__(self, provider: str, seconds: float) -> None:
-        super().__init__(f"provider {provider or '(none)'} still running after {seconds:g} s")
-        self.provider = provider
 
 
 @dataclass

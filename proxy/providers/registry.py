@@ -17,15 +17,12 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from proxy.providers.base import ContextProvider, OptionError, parse_options
+from proxy.errors import OptionError, ProviderLoadError
+from proxy.providers.base import ContextProvider, parse_options
 
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "compactd.providers"
-
-
-class ProviderLoadError(RuntimeError):
-    """An enabled provider is unknown or could not be loaded or instantiated."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from proxy.providers import canonical
@@ -63,24 +63,10 @@ class SummarizeOptions:
     """The summarize provider's `extra_config` keys (unknown keys are rejected)."""
 
     model: str = "gpt-4o-mini"
-    timeout: float = 20.0
-    summary_tokens: int = 400
-    max_input_chars: int = 200_000
+    timeout: float = option(20.0, above=0)
+    summary_tokens: int = option(400, minimum=16)
+    max_input_chars: int = option(200_000, minimum=1000)
     engine: Mapping[str, Any] | None = option(None, schema=EngineOptions)
-
-    @classmethod
-    def from_extra(cls, extra: Mapping[str, Any]) -> SummarizeOptions:
-        """Validated options from a policy's `extra_config`; raises ValueError on bad input."""
-        unknown = sorted(set(extra) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown summarize option(s): {', '.join(unknown)}")
-        options = cls(**dict(extra))
-        if options.timeout <= 0 or options.summary_tokens < 16 or options.max_input_chars < 1000:
-            raise ValueError(
-                "summarize: timeout > 0, summary_tokens >= 16, max_input_chars >= 1000"
-            )
-        parse_options(EngineOptions, options.engine or {})
-        return options
 
 
 def transcript(messages: Sequence[Message], max_chars: int) -> str:
@@ -144,15 +130,11 @@ class SummarizeProvider(ContextProvider):
         """Registry name."""
         return "summarize"
 
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        """Reject unknown or bad `extra_config` keys at start-up."""
-        SummarizeOptions.from_extra(options)
-
     async def compress(
         self, messages: list[Message], config: CompressionConfig
     ) -> CompactionResult:
         """Replace the oldest turns with an LLM summary, or fall back to the engine."""
-        opts = SummarizeOptions.from_extra(config.extra_config)
+        opts = parse_options(SummarizeOptions, config.extra_config)
         span = choose_span(messages, config, opts.summary_tokens)
         if len(span) > 0 and config.complete is not None:
             result = await self._with_llm(messages, config, opts, span)

@@ -24,11 +24,16 @@ input, same output bytes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
+from proxy.providers.base import (
+    CompactionResult,
+    CompressionConfig,
+    ContextProvider,
+    Message,
+    option,
+    parse_options,
+)
 from proxy.providers.trim_plan import TrimPlan
 
 
@@ -44,7 +49,7 @@ class TrimOptions:
     """Characters of head + tail kept in a stubbed or truncated tool result."""
     prose_min_tokens: int = 150
     """Messages of `condense_roles` at least this large are condensed extractively."""
-    prose_keep_ratio: float = 0.5
+    prose_keep_ratio: float = option(0.5, above=0, maximum=1)
     """Share of the droppable prose sentences a condensed message keeps."""
     condense_roles: tuple[str, ...] = ("user", "assistant")
     strip_reasoning: bool = True
@@ -56,29 +61,6 @@ class TrimOptions:
     recent_units: int = 4
     """Units kept verbatim in the second pass, when the recency window had to be opened."""
 
-    @classmethod
-    def parse(cls, extra: Mapping[str, Any]) -> TrimOptions:
-        """Validated options from a policy's `extra_config`."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(extra) - set(known))
-        if unknown:
-            raise ValueError(f"trim: unknown option(s) {unknown}; known: {sorted(known)}")
-        values: dict[str, Any] = {}
-        for key, raw in extra.items():
-            default = getattr(cls, key)
-            value = raw
-            if isinstance(default, tuple) and isinstance(raw, list | tuple):
-                value = tuple(str(v) for v in raw)
-            elif isinstance(default, float) and type(raw) is int:
-                value = float(raw)
-            if type(value) is not type(default):
-                raise ValueError(f"trim: {key} must be {type(default).__name__}")
-            values[key] = value
-        opts = cls(**values)
-        if not 0 < opts.prose_keep_ratio <= 1:
-            raise ValueError("trim: prose_keep_ratio must be in (0, 1]")
-        return opts
-
 
 class TrimProvider(ContextProvider):
     """Rule-based, deterministic, reversible trimming."""
@@ -86,11 +68,7 @@ class TrimProvider(ContextProvider):
     name = "trim"
     option_schema = TrimOptions
 
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        """Reject unknown or bad `extra_config` keys at start-up."""
-        TrimOptions.parse(options)
-
     def compress(self, messages: list[Message], config: CompressionConfig) -> CompactionResult:
         """Trim until the request costs at most `config.limit` (or nothing is left to trim)."""
-        plan = TrimPlan(messages, config, TrimOptions.parse(config.extra_config))
+        plan = TrimPlan(messages, config, parse_options(TrimOptions, config.extra_config))
         return plan.run()

@@ -9,7 +9,7 @@ a cycle ends, and its id is reported missing, like every other id left unresolve
 batched: one call per round, each id asked for once, so a store answers with one round trip.
 
 A restore is bounded (`Bounds`): past `max_messages` messages or `max_bytes` bytes of restored
-originals it stops with ResultTooLargeError, and a recursive one expands at most `max_depth`
+originals it stops with RestoreTooLargeError, and a recursive one expands at most `max_depth`
 rounds (the refs left are reported missing). `refs_of(message, depth)` says which of a message's
 markers count (the API counts only those compactd wrote: `proxy.chat.refscope`).
 
@@ -25,6 +25,7 @@ import json
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from proxy.errors import RestoreTooLargeError
 from proxy.providers.base import Message
 from proxy.providers.units import refs_in
 
@@ -37,10 +38,6 @@ RefsOf = Callable[[Message, int], list[str]]
 def _all_refs(message: Message, depth: int) -> list[str]:
     del depth
     return refs_in(message)
-
-
-class ResultTooLargeError(ValueError):
-    """The restore would pass its bounds (messages or bytes)."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +66,9 @@ class _Tally:
             self._sizes[ref] = sum(len(json.dumps(m, ensure_ascii=False)) for m in originals)
         self.bytes += self._sizes[ref]
         if messages > self.bounds.max_messages:
-            raise ResultTooLargeError(f"the restore passes {self.bounds.max_messages} messages")
+            raise RestoreTooLargeError(f"the restore passes {self.bounds.max_messages} messages")
         if self.bytes > self.bounds.max_bytes:
-            raise ResultTooLargeError(f"the restore passes {self.bounds.max_bytes} bytes")
+            raise RestoreTooLargeError(f"the restore passes {self.bounds.max_bytes} bytes")
 
 
 @dataclass(frozen=True)

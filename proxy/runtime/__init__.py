@@ -1,4 +1,5 @@
-"""Runtime odds and ends at the bottom of the layers: message digests, exact JSON, the allocator.
+"""Runtime odds and ends near the bottom of the layers: message digests, exact JSON, the options
+validator, the allocator.
 
-Imports nothing of compactd's; every other layer may import it.
+Imports nothing of compactd's but `proxy.errors`; every other layer may import it.
 """

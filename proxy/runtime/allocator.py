@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from proxy.errors import AllocatorError
+
 ALLOCATORS = ("auto", "jemalloc", "system")
 MALLOC_CONF = "narenas:1,background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0"
 _MALLCTL_ARENAS_ALL = 4096
@@ -41,10 +43,6 @@ _KNOWN_PATHS = (
     "/usr/lib64/libjemalloc.so.2",
     "/usr/lib/libjemalloc.so.2",
 )
-
-
-class AllocatorError(RuntimeError):
-    """`server.allocator = "jemalloc"` but no jemalloc library can be found."""
 
 
 def jemalloc_library() -> str | None:

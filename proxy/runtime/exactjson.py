@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import json
 
+from proxy.errors import WideIntegerError
+
 _DIGITS = bytes.maketrans(b"0123456789", b"0" * 10)
 _LOWEST = -(2**63)
 _HIGHEST = 2**64 - 1
 _LONGEST = 20
 """Digits of the longest integer orjson may keep (2**64 - 1)."""
-
-
-class WideIntegerError(Exception):
-    """The request holds an integer beyond 64 bits: a rewrite could not carry it exactly."""
 
 
 def may_hold_wide_int(raw: bytes) -> bool:
@@ -39,14 +37,10 @@ def may_hold_wide_int(raw: bytes) -> bool:
     return b"0" * 20 in shape or b"-" + b"0" * 19 in shape
 
 
-class _WideFoundError(Exception):
-    """A wide integer, read: the rest of the body need not be."""
-
-
 def _integer(text: str) -> int:
     if len(text.lstrip("-")) <= _LONGEST and _LOWEST <= int(text) <= _HIGHEST:
         return 0  # the value is not wanted, only whether it is in range
-    raise _WideFoundError
+    raise WideIntegerError
 
 
 def holds_wide_int(raw: bytes) -> bool:
@@ -56,7 +50,7 @@ def holds_wide_int(raw: bytes) -> bool:
         return False
     try:
         json.loads(raw, parse_int=_integer)
-    except _WideFoundError:
+    except WideIntegerError:
         return True
     except (ValueError, RecursionError):  # what the standard library cannot read, orjson read
         return False

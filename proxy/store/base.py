@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from proxy.errors import TenantMismatchError, UnreadableValueError
+
 Message = dict[str, Any]
 
 INSPECTION_TIMEOUT_SECONDS = 10.0
@@ -63,18 +65,6 @@ def version_length(version: str) -> int:
 DEFAULT_API = "chat.completions"
 """The API of usage counters stored without an API prefix (all of them, before APIs were told
 apart)."""
-
-
-class StoreError(Exception):
-    """The store could not do what was asked (down, timed out, inconsistent)."""
-
-
-class TenantMismatchError(StoreError):
-    """A value read back belongs to another tenant; never returned to the caller."""
-
-
-class UnreadableValueError(StoreError):
-    """A stored value does not decode (corrupt, truncated or of an unknown shape)."""
 
 
 @dataclass(frozen=True)

@@ -14,15 +14,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from proxy.store.base import (
-    DEFAULT_API,
-    Checkpoint,
-    Message,
-    TenantMismatchError,
-    UnreadableValueError,
-    UsageDelta,
-    UsageRecord,
-)
+from proxy.errors import TenantMismatchError, UnreadableValueError
+from proxy.store.base import DEFAULT_API, Checkpoint, Message, UsageDelta, UsageRecord
 
 USAGE_METRICS = (
     "tokens_before",

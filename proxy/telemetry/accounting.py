@@ -23,15 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from proxy.errors import StoreError
 from proxy.store import codec
-from proxy.store.base import (
-    ACTIVITY_FIELDS,
-    ActivityDelta,
-    StoreError,
-    UsageDelta,
-    UsageRecord,
-    key_name,
-)
+from proxy.store.base import ACTIVITY_FIELDS, ActivityDelta, UsageDelta, UsageRecord, key_name
 from proxy.telemetry.metrics import Metrics
 
 log = logging.getLogger("compactd.accounting")

@@ -70,6 +70,15 @@ OPENAI = CacheRule("openai", 300.0, 600.0, 0.1, 1.0, False, source=_OPENAI_DOCS)
 OPENAI_WRITES = CacheRule("openai-writes", 1800.0, 3600.0, 0.1, 1.25, True, source=_OPENAI_56)
 ANTHROPIC = CacheRule("anthropic", 300.0, 300.0, 0.1, 1.25, True, source=_ANTHROPIC_DOCS)
 ANTHROPIC_1H = CacheRule("anthropic-1h", 3600.0, 3600.0, 0.1, 2.0, True, source=_ANTHROPIC_DOCS)
+ASSUMPTIONS = (
+    "saved $ (net) = the prompt tokens compactd did not send, at the blended price of the "
+    "upstream's own cache-hit share, less each compaction event's new prefix billed once at the "
+    "cache rule's write price instead of its read price (OpenAI before GPT-5.6: writes free, "
+    "input price; GPT-5.6 and models whose table lists a cache write price: 1.25x input; "
+    "Anthropic's Messages API: 1.25x, the 5-minute cache); output tokens are the same either way"
+)
+"""How `compactd stats` and the dashboard price savings, stated with every answer."""
+
 RULES: dict[str, CacheRule] = {r.name: r for r in (OPENAI, OPENAI_WRITES, ANTHROPIC, ANTHROPIC_1H)}
 
 

@@ -16,20 +16,13 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from proxy.errors import StatsTimeoutError
 from proxy.store.base import DEFAULT_API, UsageRecord
+from proxy.telemetry.pricing import ASSUMPTIONS, rule_for
 from proxy.telemetry.pricing import Prices as RulePrices
-from proxy.telemetry.pricing import rule_for
 
 GroupBy = Literal["tenant", "policy", "model", "api", "policy-model"]
 GROUP_BY: tuple[GroupBy, ...] = ("tenant", "policy", "model", "api", "policy-model")
-ASSUMPTIONS = (
-    "saved $ (net) = the prompt tokens compactd did not send, at the blended price of the "
-    "upstream's own cache-hit share, less each compaction event's new prefix billed once at the "
-    "cache rule's write price instead of its read price (OpenAI before GPT-5.6: writes free, "
-    "input price; GPT-5.6 and models whose table lists a cache write price: 1.25x input; "
-    "Anthropic's Messages API: 1.25x, the 5-minute cache); output tokens are the same either way"
-)
-"""The rule's assumptions, stated with every answer (`compactd stats`, the dashboard's API)."""
 UNRECORDED = "unrecorded"
 """The reason of a fail-open counted before reasons were recorded."""
 _REASON = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -37,10 +30,6 @@ _SINCE = re.compile(r"\s*(\d+)\s*([dw])\s*", re.IGNORECASE)
 _MILLION = 1_000_000
 OTHER = "(other)"
 """The group that adds up every group past `limits.stats_max_groups` (the smallest ones)."""
-
-
-class StatsTimeoutError(Exception):
-    """Savings took longer than their deadline to compute (the answer is a 503)."""
 
 
 def _check_deadline(deadline: float | None) -> None:

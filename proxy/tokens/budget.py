@@ -20,7 +20,8 @@ from typing import Any
 
 import orjson
 
-from proxy.config import ConfigError, PolicySettings
+from proxy.config import PolicySettings
+from proxy.errors import ConfigError
 from proxy.tokens.encodings import BUNDLED
 from proxy.tokens.media import TILES, ImageRule
 

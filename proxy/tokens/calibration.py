@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from proxy.store.base import StoreError, key_name
+from proxy.errors import StoreError
+from proxy.store.base import key_name
 from proxy.tokens.budget import Budget
 
 log = logging.getLogger("compactd.calibration")

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from proxy.tokens.encodings import BUNDLED, PRELOADED, EncodingUnavailableError, load_encoding
+from proxy.errors import EncodingUnavailableError
+from proxy.tokens.encodings import BUNDLED, PRELOADED, load_encoding
 from proxy.tokens.media import TILES, ImageRule, audio_tokens, file_data_tokens, image_part_tokens
 from proxy.tokens.toolschema import dump, tools_tokens
 

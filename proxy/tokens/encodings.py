@@ -21,6 +21,7 @@ from pathlib import Path
 
 import tiktoken
 
+from proxy.errors import EncodingUnavailableError
 from proxy.runtime.allocator import release_freed_memory
 
 BLOB_BASE = "https://openaipublic.blob.core.windows.net/encodings/"
@@ -29,10 +30,6 @@ PRELOADED = ("o200k_base",)
 """Loaded at start-up: every current OpenAI model and the model table's default use it. Others
 (cl100k_base: GPT-4, GPT-3.5) load when a model that needs them is first seen."""
 _LOAD_LOCK = threading.Lock()
-
-
-class EncodingUnavailableError(RuntimeError):
-    """An encoding could not be loaded from the packaged copy or the cache."""
 
 
 def _cache_path(cache_dir: Path, name: str) -> Path:

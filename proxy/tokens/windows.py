@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.config import TokenSettings
-from proxy.store.base import StoreError, key_name
+from proxy.errors import StoreError
+from proxy.store.base import key_name
 from proxy.tokens.budget import ModelInfo
 
 log = logging.getLogger("compactd.windows")

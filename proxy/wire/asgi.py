@@ -1,4 +1,4 @@
-"""Small ASGI helpers: bounded body reading, disconnect watching, error responses."""
+"""Small ASGI helpers: bounded body reading, disconnect watching, OpenAI-shaped error responses."""
 
 from __future__ import annotations
 
@@ -6,13 +6,10 @@ import asyncio
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
+import orjson
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import BodyTooLargeError, ProxyError, error_body
-
-
-class ClientDisconnectedError(Exception):
-    """The client went away before the request finished."""
+from proxy.errors import BodyTooLargeError, ClientDisconnectedError, ProxyError
 
 
 def content_length(scope: Scope) -> int | None:
@@ -143,3 +140,15 @@ async def send_json(
 async def send_error(send: Send, exc: ProxyError, headers: list[tuple[bytes, bytes]]) -> None:
     """An OpenAI-shaped error response."""
     await send_json(send, exc.status, error_body(exc.message, exc.type, exc.code), headers)
+
+
+def error_body(message: str, type_: str, code: str | None) -> bytes:
+    """`{"error": {"message", "type", "param", "code"}}` as OpenAI sends it."""
+    return orjson.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}})
+
+
+def sse_error_event(
+    message: str, type_: str = "server_error", code: str = "upstream_error"
+) -> bytes:
+    """An SSE event the openai SDK raises as APIError; never followed by a fake [DONE]."""
+    return b"data: " + error_body(message, type_, code) + b"\n\n"

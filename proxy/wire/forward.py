@@ -22,8 +22,8 @@ from proxy.errors import (
     UpstreamBadResponseError,
     UpstreamTimeoutError,
     UpstreamUnreachableError,
-    sse_error_event,
 )
+from proxy.wire.asgi import sse_error_event
 from proxy.wire.headers import RawHeaders, header, response_headers
 
 log = logging.getLogger("compactd.forward")

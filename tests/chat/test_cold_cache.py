@@ -161,7 +161,7 @@ def test_any_gaps_keep_warm_turns_stable_and_cold_turns_deeper(tmp_path: Path) -
     clock = Clock()
     try:
         GapMachine.proxy = loop.run_until_complete(context.__aenter__())
-        GapMachine.proxy.services.compactor.cold.clock = clock
+        GapMachine.proxy.services.compactor.sizing.cold.clock = clock
         GapMachine.loop, GapMachine.clock = loop, clock
         GapMachine.TestCase.settings = settings(
             max_examples=25,

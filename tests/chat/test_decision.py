@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from proxy.chat import bodycache
-from proxy.chat import compactor as compactor_module
+from proxy.chat import planner as planner_module
 from proxy.chat import request as request_module
-from proxy.chat.checkpoint import CompactionError
 from proxy.chat.request import MAX_MESSAGES, Outcome
+from proxy.errors import CompactionError
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.chain import LONG_HISTORY
 from proxy.providers.registry import ProviderRegistry
@@ -216,7 +216,7 @@ async def test_a_long_history_is_digested_and_recorded_off_the_event_loop(
     )
     monkeypatch.setattr(bodycache, "message_digest", spied("messages", bodycache.message_digest))
     monkeypatch.setattr(
-        compactor_module, "compaction_for", spied("record", compactor_module.compaction_for)
+        planner_module, "compaction_for", spied("record", planner_module.compaction_for)
     )
     # No user message: the conversation's root is the whole history.
     msgs: list[Message] = [{"role": "assistant", "content": f"step {i} " * 9} for i in range(turns)]
@@ -379,7 +379,7 @@ async def test_a_result_that_cannot_be_recorded_fails_open_and_says_so(
     def unrecordable(**kw: Any) -> Any:
         raise CompactionError("the chain's result does not align with its input")
 
-    monkeypatch.setattr(compactor_module, "compaction_for", unrecordable)
+    monkeypatch.setattr(planner_module, "compaction_for", unrecordable)
     raw = body(history(6))
     caplog.set_level(logging.WARNING, logger="compactd")
     async with running(tmp_path, **SMALL) as proxy:

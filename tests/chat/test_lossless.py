@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from bench.session_replay import message_spans as message_spans_of
 from proxy.chat.checkpoint import restore
 from proxy.chat.lossless import LosslessTier, clean_text, collapse_runs, minify_json
+from proxy.errors import StoreError
 from proxy.runtime.digest import message_digest
-from proxy.store.base import StoreError
 from tests.inprocess import running
 
 Message = dict[str, Any]

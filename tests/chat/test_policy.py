@@ -8,7 +8,8 @@ import pytest
 from starlette.datastructures import Headers
 
 from proxy.chat.policy import PolicyResolver
-from proxy.config import ConfigError, PolicySettings, Settings, load_settings
+from proxy.config import PolicySettings, Settings, load_settings
+from proxy.errors import ConfigError
 
 KEY_A = "0123456789ab"
 KEY_B = "ba9876543210"

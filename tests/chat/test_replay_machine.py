@@ -210,7 +210,7 @@ class ReplayMachine(RuleBasedStateMachine):
         if not found:
             # Only a compaction can go out unmatched: another branch stored a checkpoint for
             # the same prefix first and it did not fit this request, so this request's own
-            # (with its originals stored) was sent instead (`Compactor._store`).
+            # (with its originals stored) was sent instead (`Persister.compaction`).
             assert not replayed, "a replay went out with no stored checkpoint of this prefix"
             ACTIONS["compacted, first writer's checkpoint not used"] += 1
             return

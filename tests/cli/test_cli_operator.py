@@ -59,7 +59,7 @@ def test_every_config_file_problem_is_reported_at_once_with_suggestions(tmp_path
             "server.prot: unknown key (did you mean port?)",
             "tokenz: unknown key (did you mean tokens?)",
             "policies[0].mode: must be one of ('enforce', 'shadow', 'off'), not 'enforcee'",
-            "server.workers: must be >= 1",
+            "server.workers: must be >= 1, not 0",
             "upstream.url: must be an http(s) URL",
         ]
     )

@@ -20,12 +20,8 @@ import pytest
 import tiktoken
 import tiktoken_ext.openai_public as public
 
-from proxy.runtime.allocator import (
-    MALLOC_CONF,
-    AllocatorError,
-    jemalloc_library,
-    preload_environment,
-)
+from proxy.errors import AllocatorError
+from proxy.runtime.allocator import MALLOC_CONF, jemalloc_library, preload_environment
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.counter import Tokenizers
 from proxy.tokens.encodings import load_encoding

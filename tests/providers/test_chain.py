@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.errors import ChainTimeoutError
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
@@ -15,7 +16,7 @@ from proxy.providers.base import (
     Message,
     compute_source_digest,
 )
-from proxy.providers.chain import LONG_HISTORY, ChainTimeoutError, run_chain
+from proxy.providers.chain import LONG_HISTORY, run_chain
 from proxy.providers.middle_out import MiddleOutProvider
 from proxy.providers.none import NoneProvider
 from proxy.providers.trim import TrimProvider

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -9,7 +11,8 @@ from typing import Any
 import pytest
 
 from proxy.app.services import check_provider_options, check_settings
-from proxy.config import ConfigError, load_settings
+from proxy.config import load_settings
+from proxy.errors import ConfigError
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
@@ -146,3 +149,13 @@ def test_every_built_in_provider_declares_a_schema_or_takes_no_options() -> None
         assert registry.get(name).option_schema is not None, name
     settings = load_settings(None, env={})
     check_provider_options(settings, registry.load_enabled(list(settings.default_policy.providers)))
+
+
+def test_the_plugin_api_with_its_validator_and_errors_imports_only_the_standard_library() -> None:
+    code = (
+        "import sys; before = set(sys.modules); import proxy.providers.base; "
+        "new = {m.split('.')[0] for m in set(sys.modules) - before}; "
+        "print(sorted(new - set(sys.stdlib_module_names)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, text=True)
+    assert out.stdout.strip() == "['proxy']"

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from proxy.errors import ProviderLoadError
 from proxy.providers.base import CompactionResult, CompressionConfig, ContextProvider, Message
 from proxy.providers.chain import run_chain
 from proxy.providers.registry import (
-    ProviderLoadError,
     ProviderRegistry,
     get_context_provider,
     list_providers,

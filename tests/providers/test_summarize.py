@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from proxy.providers.base import CompactionResult, Message
+from proxy.providers.base import CompactionResult, Message, OptionError, parse_options
 from proxy.providers.summarize import (
     SummarizeOptions,
     SummarizeProvider,
@@ -165,8 +165,8 @@ async def test_agent_runs_are_summarized_in_whole_tool_exchanges() -> None:
 
 
 def test_unknown_options_are_rejected() -> None:
-    with pytest.raises(ValueError, match="modle"):
-        SummarizeOptions.from_extra({"modle": "gpt-4o-mini"})
+    with pytest.raises(OptionError, match=r"modle: unknown option \(did you mean model\?\)"):
+        parse_options(SummarizeOptions, {"modle": "gpt-4o-mini"})
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from proxy.providers.base import REF_PATTERN, Message
+from proxy.providers.base import REF_PATTERN, Message, OptionError, parse_options
 from proxy.providers.trim import TrimOptions, TrimProvider
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
@@ -181,17 +181,15 @@ def test_content_part_tool_results_stay_content_part_lists() -> None:
 
 
 def test_options_are_validated() -> None:
-    assert TrimOptions.parse({"condense_roles": ["assistant", "user"]}).condense_roles == (
-        "assistant",
-        "user",
-    )
-    assert TrimOptions.parse({"prose_keep_ratio": 1}).prose_keep_ratio == 1.0
-    with pytest.raises(ValueError, match="unknown option"):
-        TrimOptions.parse({"stale_tokens": 5})
-    with pytest.raises(ValueError, match="preview_chars must be int"):
-        TrimOptions.parse({"preview_chars": "400"})
-    with pytest.raises(ValueError, match="prose_keep_ratio"):
-        TrimOptions.parse({"prose_keep_ratio": 0})
+    got = parse_options(TrimOptions, {"condense_roles": ["assistant", "user"]})
+    assert got.condense_roles == ("assistant", "user")
+    assert parse_options(TrimOptions, {"prose_keep_ratio": 1}).prose_keep_ratio == 1.0
+    with pytest.raises(OptionError, match="stale_tokens: unknown option"):
+        parse_options(TrimOptions, {"stale_tokens": 5})
+    with pytest.raises(OptionError, match="preview_chars: must be an integer, not '400'"):
+        parse_options(TrimOptions, {"preview_chars": "400"})
+    with pytest.raises(OptionError, match=r"prose_keep_ratio: must be > 0, not 0\.0"):
+        parse_options(TrimOptions, {"prose_keep_ratio": 0})
 
 
 def test_a_placeholder_lists_the_ids_and_numbers_of_what_it_dropped() -> None:

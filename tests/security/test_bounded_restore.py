@@ -11,8 +11,9 @@ import pytest
 
 from proxy.chat.expand import TOOL_NAME
 from proxy.chat.refscope import RefScope
+from proxy.errors import RestoreTooLargeError
 from proxy.providers.markers import dropped_marker, short_marker
-from proxy.providers.uncompress import Bounds, ResultTooLargeError, uncompress
+from proxy.providers.uncompress import Bounds, uncompress
 from proxy.providers.units import refs_in
 from proxy.runtime.digest import message_digest
 from proxy.store.base import Checkpoint, ConversationInfo
@@ -91,7 +92,7 @@ def _chain(levels: int, fan: int) -> tuple[dict[str, list[Message]], str]:
 def test_a_forged_chain_grows_without_bounds_unless_bounded() -> None:
     refs, top = _chain(levels=4, fan=24)
     start = [{"role": "user", "content": dropped_marker(top)}]
-    with pytest.raises(ResultTooLargeError):
+    with pytest.raises(RestoreTooLargeError):
         uncompress(start, refs, recursive=True, bounds=Bounds(max_messages=10_000))
     shallow = uncompress(start, refs, recursive=True, bounds=Bounds(max_depth=2))
     assert len(shallow.messages) == 24 * 24  # two rounds; the markers left are not followed

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.store.base import StoreError
+from proxy.errors import StoreError
 from proxy.store.sqlite.store import SqliteStore
 from tests.security.conftest import add_slow_table
 from tests.store.test_contract import A, compaction, history

@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from proxy.errors import TenantMismatchError, UnreadableValueError
 from proxy.store import codec
-from proxy.store.base import Checkpoint, TenantMismatchError, UnreadableValueError
+from proxy.store.base import Checkpoint
 
 A = "aaaaaaaaaaaaaaaaaaaaaaaa"
 

@@ -7,17 +7,10 @@ import time
 
 import pytest
 
+from proxy.errors import StoreError, TenantMismatchError, UnreadableValueError
 from proxy.providers import canonical
 from proxy.runtime.digest import message_digest, prefix_digests
-from proxy.store.base import (
-    Checkpoint,
-    Compaction,
-    StoreError,
-    TenantMismatchError,
-    UnreadableValueError,
-    UsageDelta,
-    UsageRecord,
-)
+from proxy.store.base import Checkpoint, Compaction, UsageDelta, UsageRecord
 from proxy.store.summary_cache import TenantSummaryCache
 from tests.store.backends import Backend
 

@@ -8,8 +8,9 @@ import time
 import orjson
 import pytest
 
+from proxy.errors import TenantMismatchError, UnreadableValueError
 from proxy.store import codec
-from proxy.store.base import Checkpoint, TenantMismatchError, UnreadableValueError
+from proxy.store.base import Checkpoint
 from proxy.store.decoded import DecodedCheckpoints
 
 A, B = "a" * 24, "b" * 24

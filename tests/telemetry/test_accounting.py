@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.store.base import StoreError, UsageDelta, UsageRecord
+from proxy.errors import StoreError
+from proxy.store.base import UsageDelta, UsageRecord
 from proxy.store.sqlite.store import SqliteStore
 from proxy.telemetry.accounting import Accountant, usage_model
 from proxy.telemetry.metrics import Metrics

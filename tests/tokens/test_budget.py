@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from proxy.config import ConfigError, PolicySettings
+from proxy.config import PolicySettings
+from proxy.errors import ConfigError
 from proxy.tokens.budget import (
     Budget,
     ModelInfo,

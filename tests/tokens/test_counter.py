@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import tiktoken
 
+from proxy.errors import EncodingUnavailableError
 from proxy.tokens.budget import ModelTable
 from proxy.tokens.counter import TokenCounter, Tokenizers, pieces
-from proxy.tokens.encodings import EncodingUnavailableError, load_encoding
+from proxy.tokens.encodings import load_encoding
 from proxy.tokens.media import IMAGE_UNKNOWN, ImageRule, data_url_size, image_tokens
 
 # The OpenAI cookbook "How to count tokens with tiktoken"

@@ -18,7 +18,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from proxy.errors import NotFoundError, error_body
+from proxy.errors import NotFoundError
+from proxy.wire.asgi import error_body
 
 PREFIX = "/compactd/ui"
 _TYPES = {

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from proxy.errors import TenantMismatchError
 from proxy.store import codec
-from proxy.store.base import ConversationInfo, Message, TenantMismatchError
+from proxy.store.base import ConversationInfo, Message
 from proxy.store.redis.client import Client
 from proxy.store.redis.keys import ConversationKeys, KeyLayout
 

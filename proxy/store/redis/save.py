@@ -21,8 +21,9 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, TryAgainError
 
+from proxy.errors import StoreError
 from proxy.store import codec
-from proxy.store.base import Compaction, Message, StoreError
+from proxy.store.base import Compaction, Message
 from proxy.store.redis.client import Client
 from proxy.store.redis.keys import ConversationKeys, KeyLayout
 from proxy.store.redis.ops import expire_at_least

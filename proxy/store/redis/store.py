@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
+from proxy.errors import StoreError
 from proxy.store import codec, windows_ops
 from proxy.store.base import (
     INSPECTION_TIMEOUT_SECONDS,
@@ -24,7 +25,6 @@ from proxy.store.base import (
     Compaction,
     ConversationInfo,
     Message,
-    StoreError,
     UsageDelta,
     UsageRecord,
     check_ids,

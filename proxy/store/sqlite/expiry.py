@@ -25,7 +25,7 @@ import sqlite3
 import time
 from collections.abc import Awaitable, Callable
 
-from proxy.store.base import StoreError
+from proxy.errors import StoreError
 from proxy.store.sqlite.ops import transaction
 
 log = logging.getLogger("compactd.store")

@@ -28,6 +28,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from proxy.errors import StoreError
 from proxy.runtime.allocator import release_thread_cache
 from proxy.store import codec, windows_ops
 from proxy.store.base import (
@@ -37,7 +38,6 @@ from proxy.store.base import (
     Compaction,
     ConversationInfo,
     Message,
-    StoreError,
     UsageDelta,
     UsageRecord,
     check_ids,

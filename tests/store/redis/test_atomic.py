@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from proxy.store.base import StoreError
+from proxy.errors import StoreError
 from proxy.store.redis.client import cluster_seeds
 from proxy.store.redis.keys import KeyLayout
 from proxy.store.redis.save import CLOCK_SKEW_SECONDS

@@ -9,7 +9,7 @@ import signal
 import pytest
 import redis
 
-from proxy.store.base import StoreError
+from proxy.errors import StoreError
 from proxy.store.redis.store import RedisStore
 from tests.store.redis_server import RedisServer
 from tests.store.test_contract import A, B, compaction, history, prefixes

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.store.base import StoreError
+from proxy.errors import StoreError
 from proxy.store.sqlite import expiry as sqlite_expiry
 from proxy.store.sqlite import ops as sqlite_ops
 from proxy.store.sqlite.store import SqliteStore

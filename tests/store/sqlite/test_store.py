@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.store.base import StoreError, UsageRecord
+from proxy.errors import StoreError
+from proxy.store.base import UsageRecord
 from proxy.store.sqlite import ops as sqlite_ops
 from proxy.store.sqlite.store import SqliteStore
 from tests.store.test_contract import A, compaction, history, prefixes
