@@ -1,17 +1,20 @@
 """Prompt-cache pricing of a sequence of requests, following the providers' published rules.
 
 A request is a list of segments (the tool schemas, then each message), each a token sequence; what
-the provider renders is their concatenation. Two rules:
+the provider renders is their concatenation. The rules and their sources are
+`proxy.telemetry.pricing`'s (the proxy prices its savings with the same ones):
 
-- OpenAI (`openai`): a request's longest prefix identical to a prefix of an earlier request still
-  in the cache (last used within `ttl` seconds) is read from the cache, counted from 1,024 tokens
-  up in steps of 128 (shorter prefixes are never cached); the rest is billed at the input price.
-  Every request's prompt is cached afterwards (its entries' clocks restart on use).
-- Anthropic (`anthropic`): the client marks breakpoints (`cache_control`); here, as agents such as
-  Claude Code do, one on the tool schemas + system prompt and one on the last message. At each
-  breakpoint the longest earlier-written breakpoint prefix it extends (within the 20 blocks
-  before it) is read at 0.1 x the input price and the rest up to the breakpoint is written at
-  1.25 x (5-minute cache); a prefix under 1,024 tokens is never cached. Tokens after the last
+- automatic caching (`openai`, OpenAI before GPT-5.6): a request's longest prefix identical to a
+  prefix of an earlier request still in the cache (last used within the rule's lifetime) is read
+  from the cache, counted from 1,024 tokens up in steps of 128 (shorter prefixes are never
+  cached); the rest is billed at the input price, its writing free. Every request's prompt is
+  cached afterwards (its entries' clocks restart on use).
+- breakpoints (`anthropic`, `anthropic-1h`, `openai-writes`: Anthropic, OpenAI from GPT-5.6): the
+  client marks breakpoints; here, as agents such as Claude Code do, one on the tool schemas +
+  system prompt and one on the last message. At each breakpoint the longest earlier-written
+  breakpoint prefix it extends (within the 20 blocks before it) is read at the rule's read price
+  and the rest up to the breakpoint is written at its write price (1.25x input; 2x for
+  Anthropic's hour); a prefix under 1,024 tokens is never cached. Tokens after the last
   breakpoint are billed as input.
 
 Segments are compared by value (the parsed JSON, keys in order, compactly serialized), not by the
@@ -24,15 +27,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
-Rule = Literal["openai", "anthropic"]
-OPENAI_MIN = 1024
-OPENAI_STEP = 128
-ANTHROPIC_MIN = 1024
+from proxy.telemetry.pricing import ANTHROPIC, OPENAI, RULES, CacheRule
+
+Rule = str
+"""A rule's name: a key of `proxy.telemetry.pricing.RULES`."""
+OPENAI_MIN = OPENAI.minimum
+OPENAI_STEP = OPENAI.step
+ANTHROPIC_MIN = ANTHROPIC.minimum
 ANTHROPIC_LOOKBACK = 20
-ANTHROPIC_WRITE = 1.25
-ANTHROPIC_READ = 0.10
+ANTHROPIC_WRITE = ANTHROPIC.write
+ANTHROPIC_READ = ANTHROPIC.read
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class Priced:
     total: float
     cached: float
     written: float = 0
-    """Anthropic only: tokens written to the cache (billed at 1.25 x input)."""
+    """Breakpoint rules only: tokens written to the cache (billed at the rule's write price)."""
 
     @property
     def uncached(self) -> float:
@@ -94,15 +99,15 @@ def openai_cached(prefix: int) -> int:
 class PromptCache:
     """One provider-side cache (one organization, one model): feed it requests in time order."""
 
-    def __init__(self, rule: Rule = "openai", ttl: float = 300.0) -> None:
-        self.rule = rule
-        self.ttl = ttl
+    def __init__(self, rule: Rule | CacheRule = "openai", ttl: float | None = None) -> None:
+        self.rule = RULES[rule] if isinstance(rule, str) else rule
+        self.ttl = self.rule.lifetime if ttl is None else ttl
         self.root = _Node()
 
     def price(self, segments: Sequence[Segment], now: float, head: int = 1) -> Priced:
         """Price one request sent at `now`, then remember it. `head`: how many leading segments
         the first Anthropic breakpoint covers (tools + system)."""
-        if self.rule == "openai":
+        if not self.rule.breakpoints:
             return self._openai(segments, now)
         return self._anthropic(segments, now, head)
 
@@ -148,7 +153,7 @@ class PromptCache:
         covered = 0  # tokens up to the previous breakpoint, already priced
         for bp in breakpoints:
             end = path[bp].depth
-            if end < ANTHROPIC_MIN:
+            if end < self.rule.minimum:
                 continue
             hit = 0
             for i in range(bp, max(-1, bp - ANTHROPIC_LOOKBACK), -1):

@@ -1,7 +1,8 @@
 """The cost of real sessions with and without compactd, net of prompt caching.
 
     .venv/bin/python bench/cost.py [--corpus tau-bench,aider,...] [--limit 5] [--model gpt-5.4]
-        [--rule openai|anthropic] [--policies default,cap-16k,...] [--json out.json]
+        [--rule openai|openai-writes|anthropic|anthropic-1h] [--seed 0] [--gap S] [--ttl S]
+        [--policies default,cap-16k,...] [--json out.json]
         [--plot out.png] [--sessions [--session-policies default,cap-16k]]
 
 Every session of the chosen corpora (bench/quality's loaders and fact probes; longest first,
@@ -9,9 +10,13 @@ Every session of the chosen corpora (bench/quality's loaders and fact probes; lo
 the real app, store and providers, an `httpx.MockTransport` upstream answering each request with
 the recorded assistant message), once per policy, each policy under its own API key (tenant).
 Every request the client sends and every request compactd forwards is priced with a prompt-cache
-model of the provider's published rules (bench/cache_model.py; one cache per session and arm, a
-turn every `--gap` seconds, entries living `--ttl` seconds) at the model's prices from
-config/models.toml. Output tokens are the recorded reply's tokens, the same in both arms.
+model of the provider's published rules (bench/cache_model.py on proxy/telemetry/pricing.py; one
+cache per session and arm, entries living the rule's lifetime or `--ttl` seconds) at the model's
+prices from config/models.toml. Requests are sent at the corpus's real times where it has them
+and a seeded gap model's otherwise (bench/timing.py; `--gap S`: a turn every S seconds instead);
+compactd's clock follows the same times, so its cold-cache compaction sees the gaps. Output
+tokens are the recorded reply's tokens, the same in both arms; the savings are also given per
+kind of gap (the turns after an agent's tool call, a human's message, a return, a new day).
 
 Every fail-open is counted per policy with its reason (`x-compactd-error`); a policy with any is
 not eligible as a default. The store's timeout is `--store-timeout-ms` (5 s: on a shared VM a
@@ -58,18 +63,14 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.cache_model import (
-    ANTHROPIC_READ,
-    ANTHROPIC_WRITE,
-    Priced,
-    PromptCache,
-    Rule,
-    Segment,
-)
+from bench.cache_model import Priced, PromptCache, Rule, Segment
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
+from bench.timing import KINDS, timing
+from proxy.chat.cold_cache import ColdCache
 from proxy.config import APIS, PolicySettings
 from proxy.providers.units import refs_in
+from proxy.telemetry.pricing import RULES, CacheRule, Prices
 from proxy.tokens.budget import ModelInfo, ModelTable
 from proxy.tokens.counter import TokenCounter, Tokenizers
 from proxy.tokens.encodings import load_encoding
@@ -79,8 +80,11 @@ from tests.upstream import chat_completion
 POLICY_HEADER = "x-bench-policy"
 PROBE = "Before we finish: sum up everything above that I may still need, with exact details."
 CAPS = (4, 8, 16, 32, 64)
+COLD_BUDGETS = (8, 16, 32)
+"""The `+cold<N>k` policies' cold_budget_tokens, in thousands (proxy/chat/cold_cache.py)."""
+PEAK = 32_000
+"""The issue's target is over sessions whose largest request exceeds this many tokens."""
 FRACTIONS = (0.25, 0.5)
-_MILLION = 1_000_000
 LOSSLESS_ALONE = "no-cap+lossless"
 
 
@@ -123,11 +127,21 @@ def all_policies() -> list[Policy]:
         variants.append(("+expand", {"expand_tool": True}))
         if _has_key("lossless"):
             variants.append(("+lossless+expand", {"lossless": True, "expand_tool": True}))
-    return [
+    grid = [
         Policy(b.name + suffix, {**b.keys, **extra}, b.cap)
         for b in bases
         for suffix, extra in variants
     ]
+    if _has_key("cold_budget_tokens"):
+        # Cold-cache compaction on top of each base (no-cap+cold8k: cold-cache compaction
+        # alone), where the cold budget is under the base's cap (else it changes nothing).
+        grid += [
+            Policy(f"{b.name}+cold{k}k", {**b.keys, "cold_budget_tokens": k * 1000}, b.cap)
+            for b in bases
+            for k in COLD_BUDGETS
+            if b.cap is None or k * 1000 < b.cap
+        ]
+    return grid
 
 
 @dataclass
@@ -188,37 +202,41 @@ class SessionResult(Figures):
     session: str = ""
     policy: str = ""
     actions: dict[str, int] = field(default_factory=dict)
+    gaps: dict[str, list[float]] = field(default_factory=dict)
+    """Per kind of gap (bench/timing.py): turns, USD without, USD with."""
+    peak: int = 0
+    """The largest request the client sent (tokens)."""
+
+    def add_gap(self, kind: str, without: float, with_: float) -> None:
+        row = self.gaps.setdefault(kind, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += without
+        row[2] += with_
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pricing:
-    """A model's prices, per token, under a cache rule."""
+    """A model's prices, per token, under a cache rule (`proxy.telemetry.pricing`)."""
 
-    input: float
-    cached: float
-    written: float
-    output: float
+    prices: Prices
 
     @classmethod
-    def of(cls, info: ModelInfo, rule: Rule) -> Pricing:
-        p_in = info.input_price / _MILLION
-        cached = info.cached_input_price / _MILLION
-        if rule == "anthropic":
-            # The table's cache prices where it has them, else Anthropic's published multiples.
-            write = info.cache_write_price / _MILLION
-            if write <= p_in:
-                write = p_in * ANTHROPIC_WRITE
-            if cached >= p_in:
-                cached = p_in * ANTHROPIC_READ
-            return cls(p_in, cached, write, info.output_price / _MILLION)
-        return cls(p_in, cached, p_in, info.output_price / _MILLION)
+    def of(cls, info: ModelInfo, rule: Rule | CacheRule) -> Pricing:
+        """The table's prices, its cache prices where it has them, else the rule's multiples."""
+        cache_rule = RULES[rule] if isinstance(rule, str) else rule
+        return cls(
+            Prices.of(
+                cache_rule,
+                input_price=info.input_price,
+                cached_input_price=info.cached_input_price,
+                output_price=info.output_price,
+                cache_write_price=info.cache_write_price,
+            )
+        )
 
     def cost(self, priced: Priced, output: int) -> float:
-        return (
-            priced.uncached * self.input
-            + priced.cached * self.cached
-            + priced.written * self.written
-            + output * self.output
+        return self.prices.cost(
+            uncached=priced.uncached, cached=priced.cached, written=priced.written, output=output
         )
 
 
@@ -265,6 +283,15 @@ def probe_request(case: Case) -> list[dict[str, Any]]:
     return messages
 
 
+class _Clock:
+    """compactd's clock in the replay: the simulated send time of the current request."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 class Replayer:
     """Replays sessions through one in-process compactd that knows every policy."""
 
@@ -272,8 +299,8 @@ class Replayer:
         self,
         model: str,
         rule: Rule,
-        ttl: float,
-        gap: float,
+        ttl: float | None,
+        gap: float | None,
         policies: Sequence[Policy],
         store_timeout_ms: int = 5000,
     ) -> None:
@@ -281,6 +308,9 @@ class Replayer:
         self.rule: Rule = rule
         self.ttl = ttl
         self.gap = gap
+        """Seconds between turns; None: the corpus's times, else bench/timing's gap model."""
+        self.seed = 0
+        self.clock = _Clock()
         self.policies = list(policies)
         table = ModelTable.load()
         info = table.lookup(model)
@@ -310,6 +340,11 @@ class Replayer:
             if p.name != "default"
         ]
         default = next((p.keys for p in self.policies if p.name == "default"), {})
+        if _has_key("cold_after_seconds"):
+            # compactd takes the cache as gone after the priced rule's surely-gone bound.
+            after = {"cold_after_seconds": RULES[self.rule].cold_after}
+            policies = [{**p, **after} for p in policies]
+            default = {**default, **after}
         return {
             "default_policy": default,
             "policies": policies,
@@ -336,7 +371,13 @@ class Replayer:
         without, with_ = PromptCache(self.rule, self.ttl), PromptCache(self.rule, self.ttl)
         key = f"sk-bench-{policy.name}"
         headers = {POLICY_HEADER: policy.name} if policy.name != "default" else {}
-        for turn, index in enumerate(turns_of(case)):
+        turns = turns_of(case)
+        times = timing(case.corpus, case.id, case.messages, turns, self.seed)
+        # compactd's clock follows the session's times; its cold-cache memory starts empty.
+        sizing = proxy.services.compactor.sizing
+        sizing.cold = ColdCache(sizing.metrics, self.clock)
+        for turn, index in enumerate(turns):
+            self.clock.now = times.times[turn] if self.gap is None else turn * self.gap
             body = self._body(case, case.messages[:index])
             self.reply = case.messages[index]
             response = await proxy.chat(body, key=key, **headers)
@@ -355,15 +396,18 @@ class Replayer:
             before = int(response.headers.get("x-compactd-tokens-before") or 0)
             after = int(response.headers.get("x-compactd-tokens-after") or before)
             result.overhead_ms.append(float(response.headers.get("x-compactd-overhead-ms") or 0))
-            now = turn * self.gap
+            now = self.clock.now
+            result.peak = max(result.peak, before)
             plain = without.price(self.segmenter.request(body), now, _head(body)).scale(before)
             sent = with_.price(self.segmenter.request(forwarded), now, _head(forwarded)).scale(
                 after
             )
             output = self.counter.count_message(self.reply)
             result.turns += 1
-            result.plain.add(plain, self.pricing.cost(plain, output))
-            result.sent.add(sent, self.pricing.cost(sent, output))
+            usd = self.pricing.cost(plain, output), self.pricing.cost(sent, output)
+            result.plain.add(plain, usd[0])
+            result.sent.add(sent, usd[1])
+            result.add_gap(times.kinds[turn] if self.gap is None else "fixed", *usd)
         await self._probe(proxy, case, result, key, headers)
         return result
 
@@ -407,8 +451,17 @@ class Total(Figures):
     sessions: int = 0
     worst: float = 0.0
     negative: int = 0
+    shares: list[float] = field(default_factory=list)
+    """Each session's share of its facts kept."""
+
+    @property
+    def mean_kept(self) -> float:
+        """Facts kept with every session weighing the same (one long session with thousands of
+        facts weighs as much as a short one)."""
+        return statistics.fmean(self.shares) if self.shares else 1.0
 
     def add(self, r: SessionResult) -> None:
+        self.shares.append(r.kept_share)
         self.worst = r.saving if not self.sessions else min(self.worst, r.saving)
         self.sessions += 1
         self.negative += r.saving < -1e-9
@@ -438,6 +491,7 @@ class Total(Figures):
             "tokens": f"{self.sent.prompt / 1e6:.2f}M / {self.plain.prompt / 1e6:.2f}M",
             "facts": f"{_share(self.kept, self.facts)}"
             + (f" ({_share(self.reachable, self.facts)})" if self.reachable != self.kept else ""),
+            "mean facts": f"{self.mean_kept * 100:.1f} %",
             "latency": f"{mean:.1f} / {p95:.1f}",
             "errors": str(self.errors),
         }
@@ -457,6 +511,7 @@ COLUMNS = (
     ("compaction events", "events"),
     ("tokens forwarded / without", "tokens"),
     ("facts kept (reachable)", "facts"),
+    ("facts kept, session mean", "mean facts"),
     ("added ms / turn, mean / p95", "latency"),
     ("errors", "errors"),
 )
@@ -516,6 +571,27 @@ def per_session(results: Sequence[SessionResult], policies: Sequence[str]) -> st
     return table(rows, COLUMNS)
 
 
+def by_gap(results: Sequence[SessionResult], policies: Sequence[str]) -> str:
+    """Net saving per policy (rows) and kind of gap (columns): the turns after such a gap."""
+    sums: dict[tuple[str, str], list[float]] = {}
+    for r in results:
+        for kind, (n, without, with_) in r.gaps.items():
+            row = sums.setdefault((r.policy, kind), [0, 0.0, 0.0])
+            row[0] += n
+            row[1] += without
+            row[2] += with_
+    kinds = [k for k in (*KINDS, "fixed") if any(k == kk for _, kk in sums)]
+    lines = ["| policy | " + " | ".join(kinds) + " |", "|" + "---|" * (len(kinds) + 1)]
+    for p in policies:
+        cells = []
+        for k in kinds:
+            n, without, with_ = sums.get((p, k), [0, 0.0, 0.0])
+            saving = 1 - with_ / without if without else 0.0
+            cells.append(f"{saving * 100:+.1f} % ({int(n)} turns)" if n else "—")
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def error_reasons(results: Sequence[SessionResult]) -> str:
     """Every fail-open of the replay, per policy and reason."""
     counts: dict[tuple[str, str], int] = {}
@@ -533,18 +609,20 @@ def choose_default(
     *,
     transparent: bool = False,
     any_session: bool = False,
+    session_mean: bool = False,
 ) -> str | None:
     """The policy with the largest total net saving such that no session's net saving is
     negative and at least `min_facts` of the facts are kept (over all sessions), without errors.
 
     `transparent`: only policies that forward every request under its trigger byte for byte
     (no lossless tier), as the shipped default must (the first promise). `any_session`: sessions
-    may pay more (how the `savings` preset is picked)."""
+    may pay more (how the `savings` preset is picked). `session_mean`: facts kept as the mean
+    of the sessions' shares instead of over all facts."""
     eligible = [
         (t.saving, name)
         for name, t in totals(results).items()
         if (any_session or t.negative == 0)
-        and t.kept_share >= min_facts
+        and (t.mean_kept if session_mean else t.kept_share) >= min_facts
         and t.errors == 0
         and not (transparent and "+lossless" in name)
     ]
@@ -612,9 +690,17 @@ async def main() -> None:
     parser.add_argument("--corpus", default=",".join(CORPUS_NAMES))
     parser.add_argument("--limit", type=int, default=5, help="sessions per corpus (0: all)")
     parser.add_argument("--model", default="gpt-5.4")
-    parser.add_argument("--rule", choices=("openai", "anthropic"), default="openai")
-    parser.add_argument("--ttl", type=float, default=300.0, help="cache entry lifetime (s)")
-    parser.add_argument("--gap", type=float, default=30.0, help="seconds between turns")
+    parser.add_argument("--rule", choices=tuple(RULES), default="openai")
+    parser.add_argument(
+        "--ttl", type=float, default=None, help="cache entry lifetime (s; default: the rule's)"
+    )
+    parser.add_argument(
+        "--gap",
+        type=float,
+        default=None,
+        help="seconds between turns (default: the corpora's times and bench/timing's gap model)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of the gap model")
     parser.add_argument("--policies", default="", help="comma-separated names (default: all)")
     parser.add_argument("--providers", default="", help="chain for every policy, e.g. engine")
     parser.add_argument(
@@ -632,7 +718,7 @@ async def main() -> None:
         replot(args.replot, args.plot or args.replot.with_suffix(".png"))
         return
     policies = all_policies()
-    if args.rule == "anthropic" and _has_key("cap_apis"):
+    if args.rule.startswith("anthropic") and _has_key("cap_apis"):
         # Anthropic's rule stands for Messages traffic: `default` as the shipped default
         # budgets a Messages request (the chat replay is capped only if it caps that API).
         capped = ["chat.completions"] if "messages" in PolicySettings().cap_apis else []
@@ -652,23 +738,34 @@ async def main() -> None:
     replayer = Replayer(
         args.model, args.rule, args.ttl, args.gap, policies, store_timeout_ms=args.store_timeout_ms
     )
+    replayer.seed = args.seed
     started = time.perf_counter()
     results: list[SessionResult] = []
     for name in names:
         cases = longest_first(load([name], None), replayer.counter, args.limit)
         results += await replayer.run(cases)
     seconds = time.perf_counter() - started
+    when = "the corpora's times + gap model" if args.gap is None else f"a turn every {args.gap:g} s"
+    ttl = RULES[args.rule].lifetime if args.ttl is None else args.ttl
     print(
-        f"model {args.model} ({args.rule} cache rule, ttl {args.ttl:g} s, a turn every "
-        f"{args.gap:g} s); {args.limit or 'all'} longest sessions per corpus; "
+        f"model {args.model} ({args.rule} cache rule, ttl {ttl:g} s, {when}, seed {args.seed});"
+        f" {args.limit or 'all'} longest sessions per corpus; "
         f"providers {args.providers or 'as configured'}; {seconds:.0f} s\n"
     )
     print(table([t.row(k) for k, t in totals(results).items()], COLUMNS))
+    long = [r for r in results if r.peak > PEAK]
+    print(
+        f"\nover the {len({(r.corpus, r.session) for r in long})} sessions whose peak exceeds "
+        f"{PEAK // 1000}k tokens:\n"
+    )
+    print(table([t.row(k) for k, t in totals(long).items()], COLUMNS))
     print("\nnet saving / facts kept, per corpus:\n")
     print(matrix(results, names))
     if any(r.policy == LOSSLESS_ALONE for r in results):
         print("\nthe lossless tier alone (no-cap+lossless), per corpus:\n")
         print(lossless_alone(results, names))
+    print("\nper kind of gap (bench/timing.py), each turn's cost in both arms:\n")
+    print(by_gap(results, ["default", *(p.name for p in policies if p.name != "default")][:6]))
     failed = error_reasons(results)
     if failed:
         print("\nfailed open (policy: reason x times):", failed)
@@ -688,6 +785,10 @@ async def main() -> None:
         f" {chosen}; among policies that forward requests under their trigger byte for byte"
         f" (the shipped default): {shipped}; letting sessions pay more (the savings preset):"
         f" {savings}"
+    )
+    print(
+        "with facts kept as the sessions' mean share (each session weighing the same):"
+        f" {choose_default(results, transparent=True, session_mean=True)}"
     )
     if args.json:
         data = [{**dataclasses.asdict(r), "saving": r.saving} for r in results]

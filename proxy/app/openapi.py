@@ -108,6 +108,10 @@ _STATS: Json = {
         "since": {"type": ["string", "null"], "format": "date"},
         "rows": {"type": "array", "items": _ROW},
         "total": _ROW,
+        "assumptions": {
+            "type": "string",
+            "description": "How saved_usd is priced (the cache rules, proxy/telemetry/pricing.py).",
+        },
     },
 }
 _SAVINGS: Json = {

@@ -70,6 +70,7 @@ class Outcomes:
             "policy": policy.name,
             "tokens_before": counted.tokens,
             "tokens_after": counted.tokens,
+            "cold": counted.cold.cold,
         }
         if policy.mode == "off":
             return self.of(request, "passthrough", **figures)
@@ -79,7 +80,8 @@ class Outcomes:
         forms = self._lossless(request, policy)
         if forms is not None:
             figures["tokens_after"] = counted.fixed + counted.counter.count_messages(forms.messages)
-        if figures["tokens_after"] <= counted.budget.trigger and not forced:
+        under = figures["tokens_after"] <= counted.budget.trigger
+        if under and not forced and not counted.cold.replay:
             tokens = figures["tokens_after"]
             self._maybe_precompute(request, policy, counted, forms, tokens=tokens, generation=-1)
             if forms is None:
@@ -141,6 +143,8 @@ class Outcomes:
             cp = plan.compaction.checkpoint if plan.compaction is not None else None
             after = cp.covered_through if cp is not None else plan.generation
             unstored = await self.persist.forms(request, policy, forms, after=after) or unstored
+        if plan.action in ("compacted", "replayed"):
+            counted.cold.compacted()
         return self.of(request, plan.action, content, unstored=unstored, expand=expand, **figures)
 
     def _maybe_precompute(

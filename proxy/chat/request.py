@@ -206,6 +206,8 @@ class Outcome:
     """compactd added stream_options.include_usage, so the relay strips the usage chunk."""
     expand: ExpandPlan | None = None
     """The request offers the expand tool: how its answer is continued (`proxy.chat.expand`)."""
+    cold: bool = False
+    """The conversation's prompt cache had expired: budgeted deeper (`proxy.chat.cold_cache`)."""
 
     @property
     def tokens_sent(self) -> int:
@@ -225,4 +227,5 @@ class Outcome:
             "shadow-action": self.shadow_action,
             "store": "unstored" if self.unstored else "no-credential" if self.no_credential else "",
             "error": self.error or "",
+            "cache": "cold" if self.cold else "",
         }

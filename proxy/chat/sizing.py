@@ -15,6 +15,7 @@ import logging
 from dataclasses import dataclass
 
 from proxy.chat.bodycache import BodyCache
+from proxy.chat.cold_cache import WARM, ColdCache, ColdTurn
 from proxy.chat.request import ChatRequest
 from proxy.config import PolicySettings, TokenSettings
 from proxy.dialects.anthropic_count import Confirm, near
@@ -52,6 +53,8 @@ class Counted:
     tokens: int
     raw: Budget
     """The budget in the upstream's units (before calibration)."""
+    cold: ColdTurn = WARM
+    """Whether the conversation's prompt cache had expired (`proxy.chat.cold_cache`)."""
 
 
 class Sizing:
@@ -77,6 +80,7 @@ class Sizing:
         self.windows = windows
         self.calibration = calibration
         self._counters: dict[tuple[str, TokenCounter], Counting] = {}
+        self.cold = ColdCache(metrics)
 
     async def count(
         self, request: ChatRequest, policy: PolicySettings, window: int | None
@@ -92,7 +96,11 @@ class Sizing:
         elif self.windows is not None:
             info = self.windows.apply(request.model, info)
         margin = self.settings.safety_margin
-        budget = compute_budget(info, request.body, policy, margin, request.dialect.name)
+        api, tenant = request.dialect.name, request.tenant
+        cold = (
+            self.cold.turn(tenant, request.conversation, policy, info, api) if not window else WARM
+        )
+        budget = compute_budget(info, request.body, cold.policy or policy, margin, api)
         base = self.tokenizers.for_model(info)
         counter = self._counter(request.dialect, base)
         body, dialect = request.body, request.dialect
@@ -111,7 +119,7 @@ class Sizing:
             counted = await asyncio.to_thread(counter.count_messages, request.messages)
         else:
             counted = counter.count_messages(request.messages)
-        return Counted(budget, counter, fixed, fixed + counted, raw)
+        return Counted(budget, counter, fixed, fixed + counted, raw, cold)
 
     async def confirmed(self, request: ChatRequest, counted: Counted, confirm: Confirm) -> Counted:
         """The figures with the upstream's own count, if the estimate is near the trigger and

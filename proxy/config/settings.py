@@ -262,6 +262,10 @@ class PolicySettings:
     expand_max_calls: int = option(3, minimum=1)
     expand_max_tokens: int = option(4000, minimum=100)
     precompute_ratio: float = option(0.0, minimum=0, below=1)
+    cold_budget_tokens: int = option(0, minimum=0)
+    """The budget of a turn whose prompt cache has expired (on every API; 0: as any turn)."""
+    cold_after_seconds: float = option(0.0, minimum=0)
+    """Silence after which the cache counts as expired (0: the model's published lifetime)."""
     compaction_timeout_ms: int = option(60_000, minimum=1, maximum=MAX_COMPACTION_TIMEOUT_MS)
     """How long the provider chain may run; past it the request is forwarded as sent. Above
     summarize's two 20 s model calls (its `timeout` option) and the engine pass after them."""

@@ -192,6 +192,12 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self._cold_turns = Counter(
+            "compactd_cold_turns",
+            "Turns budgeted deeper because the conversation's prompt cache had expired.",
+            ["policy"],
+            registry=r,
+        )
         self._fail_open = Counter(
             "compactd_fail_open",
             "Requests forwarded unchanged because something failed.",
@@ -397,6 +403,10 @@ class Metrics:
     def fail_open(self, reason: str) -> None:
         """A request was forwarded unchanged because of a failure (`count`, `store`, ...)."""
         self._fail_open.labels(reason).inc()
+
+    def cold_turn(self, policy: str) -> None:
+        """A turn budgeted with `cold_budget_tokens` (`proxy.chat.cold_cache`)."""
+        self._cold_turns.labels(policy).inc()
 
     def expand_call(self, outcome: str, tokens: int) -> None:
         """One call of the expand tool answered by compactd (`proxy.chat.expand`)."""

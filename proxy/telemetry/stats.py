@@ -2,7 +2,8 @@
 
 Input is what `Store.usage` returns (one aggregate per tenant, policy, model and day, with other
 APIs' counters under `apis`) or plain `UsageRecord`s (one request each). Prices come from the
-model table (USD per 1M tokens).
+model table (USD per 1M tokens); how a compaction event costs the cache comes from the cache rule
+each API and model follows (`proxy.telemetry.pricing`, the model bench/cost prices with).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any, Literal, Protocol
 
 from proxy.errors import StatsTimeoutError
 from proxy.store.base import DEFAULT_API, UsageRecord
+from proxy.telemetry.pricing import ASSUMPTIONS, rule_for
+from proxy.telemetry.pricing import Prices as RulePrices
 
-GroupBy = Literal["tenant", "policy", "model", "api"]
-GROUP_BY: tuple[GroupBy, ...] = ("tenant", "policy", "model", "api")
+GroupBy = Literal["tenant", "policy", "model", "api", "policy-model"]
+GROUP_BY: tuple[GroupBy, ...] = ("tenant", "policy", "model", "api", "policy-model")
 UNRECORDED = "unrecorded"
 """The reason of a fail-open counted before reasons were recorded."""
 _REASON = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
@@ -76,6 +79,8 @@ class StatsRow:
     """gross_saved_usd - cache_loss_usd: may be negative, which is worth knowing."""
     shadow_would_save_usd: float = 0.0
     unpriced_models: tuple[str, ...] = ()
+    cache_rules: tuple[str, ...] = ()
+    """The cache rules its rows were priced under (`proxy.telemetry.pricing.RULES`)."""
     fail_opens: int = 0
     """Requests forwarded unchanged because something failed (action `error`)."""
     fail_open_reasons: tuple[tuple[str, int], ...] = ()
@@ -164,7 +169,7 @@ def _as_rows(item: Mapping[str, Any] | UsageRecord) -> Iterator[Mapping[str, Any
         yield {**counters, **keys, "api": api}
 
 
-def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
+def _priced(key: str, model: str, s: _Sums, prices: Prices, api: str = DEFAULT_API) -> StatsRow:
     """One (tenant, policy, model) aggregate with its money figures (see `compute_stats`)."""
     # Shadow requests forwarded the original; split a row that mixes modes by request share.
     rewritten = s.active + s.shadow
@@ -181,9 +186,13 @@ def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
         # The store did not keep it: estimate each event's prefix by the mean request size.
         compacted_after = s.compactions * s.tokens_after // s.requests if s.requests else 0
     gross = saved * blended / _MILLION
-    loss = hit * compacted_after * (p_in - p_cached) / _MILLION
     # Cache writes are part of the prompt, billed at their own price where there is one.
     p_write = getattr(prices, "cache_write_price", p_in)
+    rule = rule_for(api, input_price=p_in, cache_write_price=p_write)
+    listed = {"input_price": p_in, "cached_input_price": p_cached, "output_price": p_out}
+    per_token = RulePrices.of(rule, cache_write_price=p_write, **listed)
+    # The event's prefix, a cache hit at share h otherwise, is written once at the rule's price.
+    loss = hit * compacted_after * max(0.0, per_token.written - per_token.cached)
     cost = (
         (s.prompt_tokens - s.cached_tokens - s.cache_write_tokens) * p_in
         + s.cache_write_tokens * p_write
@@ -208,6 +217,7 @@ def _priced(key: str, model: str, s: _Sums, prices: Prices) -> StatsRow:
         saved_usd=gross - loss,
         shadow_would_save_usd=would_save * blended / _MILLION,
         unpriced_models=() if p_in > 0 else (model,),
+        cache_rules=(rule.name,),
         fail_opens=s.fail_opens,
         fail_open_reasons=_ranked(s.reasons),
     )
@@ -220,7 +230,7 @@ def _ranked(counts: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
 _ADDED = tuple(
     f.name
     for f in dataclasses.fields(StatsRow)
-    if f.name not in ("key", "unpriced_models", "fail_open_reasons")
+    if f.name not in ("key", "unpriced_models", "cache_rules", "fail_open_reasons")
 )
 
 
@@ -228,17 +238,20 @@ def _merge(key: str, rows: Iterable[StatsRow]) -> StatsRow:
     """The rows added up, in one pass: linear in the rows (sorting each step was quadratic)."""
     sums: dict[str, Any] = dict.fromkeys(_ADDED, 0)
     unpriced: set[str] = set()
+    rules: set[str] = set()
     counts: dict[str, int] = {}
     for row in rows:
         for name in _ADDED:
             sums[name] += getattr(row, name)
         unpriced.update(row.unpriced_models)
+        rules.update(row.cache_rules)
         for reason, n in row.fail_open_reasons:
             counts[reason] = counts.get(reason, 0) + n
     return StatsRow(
         key=key,
         **sums,
         unpriced_models=tuple(sorted(unpriced)),
+        cache_rules=tuple(sorted(rules)),
         fail_open_reasons=_ranked(counts),
     )
 
@@ -262,9 +275,11 @@ def compute_stats(
       model's cache_write_price, the rest of the uncached prompt at p_in.
     - gross_saved = saved * (h * p_cached + (1 - h) * p_in): a removed token would have been
       cached with probability h, so it is worth the blended price, not the list price.
-    - cache_loss = h * compacted_tokens_after * (p_in - p_cached): a compaction event rewrites
+    - cache_loss = h * compacted_tokens_after * (p_write - p_cached): a compaction event rewrites
       the prefix, so the new prefix (tokens_after of the compaction requests), which would
-      otherwise have been a cache hit at share h, is paid at full price once.
+      otherwise have been a cache hit at share h, is written once at the price of the cache rule
+      the API and model follow (`proxy.telemetry.pricing.rule_for`; p_write = p_in where writes
+      are free, OpenAI before GPT-5.6).
     - saved_usd = gross_saved - cache_loss.
     - cost = (prompt - cached) * p_in + cached * p_cached + completion * p_out.
 
@@ -280,14 +295,21 @@ def compute_stats(
         for row in _as_rows(item):
             grain = tuple(str(row.get(k, "")) for k in ("tenant", "policy", "model", "api"))
             sums.setdefault(grain, _Sums()).add(row)  # type: ignore[arg-type]
-    index = GROUP_BY.index(by)
     groups: dict[str, list[StatsRow]] = {}
     for grain, s in sums.items():
-        key, model = grain[index], grain[2]
+        key, model = _group_key(grain, by), grain[2]
         if keep is not None and key not in keep:
             key = OTHER
-        groups.setdefault(key, []).append(_priced(key, model, s, model_table.lookup(model)))
+        prices = model_table.lookup(model)
+        groups.setdefault(key, []).append(_priced(key, model, s, prices, grain[3]))
     return [_merge(key, parts) for key, parts in sorted(groups.items())]
+
+
+def _group_key(grain: tuple[str, str, str, str], by: GroupBy) -> str:
+    """A row's group: one of tenant, policy, model, API, or "policy / model"."""
+    if by == "policy-model":
+        return f"{grain[1]} / {grain[2]}"
+    return grain[GROUP_BY.index(by)]
 
 
 def total(rows: Iterable[StatsRow]) -> StatsRow:
@@ -314,6 +336,7 @@ def parse_since(text: str, today: date | None = None) -> date:
 def _row_json(row: StatsRow) -> dict[str, Any]:
     out = dataclasses.asdict(row)
     out["unpriced_models"] = list(row.unpriced_models)
+    out["cache_rules"] = list(row.cache_rules)
     out["saved_share"] = round(row.saved_share, 4)
     out["cache_hit_share"] = round(row.cache_hit_share, 4)
     for name in ("cost_usd", "gross_saved_usd", "cache_loss_usd", "saved_usd"):
@@ -332,6 +355,7 @@ def stats_json(
         "since": since.isoformat() if since else None,
         "rows": [_row_json(r) for r in rows],
         "total": _row_json(total(rows)),
+        "assumptions": ASSUMPTIONS,
     }
 
 
@@ -467,7 +491,10 @@ def format_table(rows: list[StatsRow]) -> str:
         lines.append("  ".join([first, *rest]).rstrip())
         if n == 0 or n == len(cells) - 2:
             lines.append("  ".join("-" * w for w in widths))
-    unpriced = total(rows).unpriced_models
+    every = total(rows)
+    if every.cache_rules:
+        lines.append(f"cache rules: {', '.join(every.cache_rules)}; {ASSUMPTIONS}")
+    unpriced = every.unpriced_models
     if unpriced:
         lines.append(f"no price in the model table (money not counted): {', '.join(unpriced)}")
     return "\n".join(lines)

@@ -320,3 +320,17 @@ async def test_the_conversation_list_carries_api_model_tokens_and_can_show_the_u
     )
     assert gone.status_code == 200
     assert alpha not in {c["tenant"] for c in await listing(dd.ADMIN, "?all=true")}
+
+
+async def test_savings_per_policy_and_model_state_the_cache_rule(
+    traffic: tuple[Proxy, dict[str, int]],
+) -> None:
+    proxy, made = traffic
+    url = "/compactd/v1/savings?by=policy-model"
+    body = (await proxy.client.get(url, headers=auth(dd.ADMIN))).json()
+    assert all(" / " in r["key"] for r in body["rows"])
+    assert sum(r["requests"] for r in body["rows"]) == sum(made.values())
+    assert "cache rule" in body["assumptions"]
+    assert body["total"]["cache_rules"]
+    by_policy = await proxy.client.get("/compactd/v1/savings?by=policy", headers=auth(dd.ADMIN))
+    assert by_policy.json()["total"]["saved_usd"] == body["total"]["saved_usd"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from bench.cost import (
     totals,
 )
 from bench.quality import Case
+from bench.timing import DAY_START, timing
 
 
 def seg(name: str, n: int) -> Segment:
@@ -89,6 +91,17 @@ def test_policy_grid_and_default_rule() -> None:
     assert choose_default([good, tier, plain]) == "cap-8k+lossless"
     assert choose_default([good, tier, plain], transparent=True) == "cap-8k"
     assert totals([good, lossy])["cap-4k"].kept_share == 0.5
+    # Cold-cache variants only where the cold budget is under the cap.
+    assert {"no-cap+cold8k", "cap-32k+cold16k", "cap-64k+cold32k"} <= set(names)
+    assert "cap-16k+cold16k" not in names
+    # One long session with many facts lost weighs the same as a short one kept whole.
+    long = SessionResult(corpus="c", session="s2", policy="cap-8k", facts=90, kept=0)
+    long.plain.usd, long.sent.usd = 10, 9
+    many = [good] * 9 + [long]
+    assert totals(many)["cap-8k"].kept_share == 0.5
+    assert totals(many)["cap-8k"].mean_kept == pytest.approx(0.9)
+    assert choose_default([*many, plain]) == "default"
+    assert choose_default([*many, plain], session_mean=True) == "cap-8k"
 
 
 def _case() -> Case:
@@ -153,3 +166,72 @@ def test_lossless_alone_and_per_session_tables() -> None:
         f"| c · s1 · {LOSSLESS_ALONE}",
         f"| c · s2 · {LOSSLESS_ALONE}",
     ]
+
+
+def test_openai_newer_rule_bills_writes_and_keeps_half_an_hour() -> None:
+    cache = PromptCache("openai-writes")
+    system, a, b = seg("system", 1200), seg("a", 500), seg("b", 500)
+    assert cache.price([system, a], now=0).written == 1700
+    warm = cache.price([system, a, b], now=25 * 60)
+    assert (warm.cached, warm.written) == (1700, 500)
+    cold = cache.price([system, a, b], now=25 * 60 + 31 * 60)
+    assert (cold.cached, cold.written) == (0, 2200)
+
+
+def _chat(*turns: tuple[str, str]) -> list[dict[str, str]]:
+    return [{"role": role, "content": text} for role, text in turns]
+
+
+def test_timing_uses_real_days_and_is_seeded() -> None:
+    messages = _chat(
+        ("system", "s"),
+        ("user", "[2023-04-27] hi"),
+        ("assistant", "a"),
+        ("user", "more"),
+        ("assistant", "b"),
+        ("user", "[2023-04-29] back"),
+        ("assistant", "c"),
+    )
+    turns = [2, 4, 6]
+    first = timing("memorybank", "x", messages, turns, seed=1)
+    assert first == timing("memorybank", "x", messages, turns, seed=1)
+    assert first.kinds[2] == "day"
+    assert first.times[2] == 2 * 86400 + DAY_START  # two real days later, at 09:00
+    assert first.kinds[1] in ("human", "return")
+
+
+def test_timing_tool_gaps_are_seconds_and_sessions_a_day() -> None:
+    tool_call = {"role": "assistant", "content": "", "tool_calls": []}
+    agent = [{"role": "user", "content": "go"}, tool_call]
+    for _ in range(30):
+        agent += [{"role": "tool", "content": "out"}, dict(tool_call)]
+    turns = [i for i, m in enumerate(agent) if m["role"] == "assistant"]
+    run = timing("swe-agent", "y", agent, turns, seed=0)
+    assert set(run.kinds[1:]) == {"tool"}
+    assert max(b - a for a, b in itertools.pairwise(run.times)) < 300
+    sessions = _chat(("user", "(session 1) hi"), ("assistant", "a"), ("user", "(session 2) x"))
+    sessions.append({"role": "assistant", "content": "b"})
+    split = timing("memory-tests", "z", sessions, [1, 3], seed=0)
+    assert (split.kinds[1], split.times[1]) == ("session", 86400.0)
+
+
+@pytest.mark.asyncio
+async def test_replay_drives_compactds_clock_so_cold_turns_compact_deeper() -> None:
+    """A turn an hour after the last one is cold for compactd too: the +cold policy compacts
+    there (and its later warm turns replay it); every turn of the warm replay goes as sent."""
+    policies = [Policy("default", {}), Policy("no-cap+cold4k", {"cold_budget_tokens": 4000})]
+    hourly = Replayer("gpt-5.4", "openai", None, 3600, policies)
+    by = {r.policy: r for r in await hourly.run([_case()], progress=False)}
+    cold = by["no-cap+cold4k"]
+    assert cold.compactions >= 1
+    assert cold.sent.prompt < cold.plain.prompt
+    assert cold.sent.usd < cold.plain.usd  # the cache is gone every turn: fewer tokens, less money
+    assert set(cold.gaps) == {"fixed"}
+    warm = {
+        r.policy: r
+        for r in await Replayer("gpt-5.4", "openai", None, 5, policies).run(
+            [_case()], progress=False
+        )
+    }["no-cap+cold4k"]
+    assert warm.compactions == 0
+    assert warm.sent.prompt == warm.plain.prompt

@@ -251,3 +251,35 @@ def test_every_grouping_adds_up_to_the_same_total() -> None:
         for by in ("tenant", "policy", "model")
     ]
     assert totals[0] == totals[1] == totals[2]
+
+
+def test_a_compaction_costs_the_cache_at_the_rules_write_price() -> None:
+    # The same 1500-token prefix rewritten at cache-hit share 0.5: under OpenAI's older rule
+    # (writes free) it loses the read discount, 0.5 * 1500 * (2.0 - 0.5) / 1e6; on the Messages
+    # API (Anthropic, 5-minute writes at 1.25x) it is written at 2.5 instead of read at 0.5.
+    compacted = [
+        rec("t", "p", "gpt-x", "compacted", 3000, 1500, 0, 0),
+        rec("t", "p", "gpt-x", "replayed", 3000, 1500, 1500, 0),
+    ]
+    (chat,) = compute_stats(compacted, by="tenant", model_table=TABLE)
+    assert chat.cache_loss_usd == pytest.approx(0.5 * 1500 * 1.5 / 1e6)
+    assert chat.cache_rules == ("openai",)
+    messages = [UsageRecord(**{**r.__dict__, "api": "messages"}) for r in compacted]
+    (anthropic,) = compute_stats(messages, by="tenant", model_table=TABLE)
+    assert anthropic.cache_loss_usd == pytest.approx(0.5 * 1500 * (2.5 - 0.5) / 1e6)
+    assert anthropic.cache_rules == ("anthropic",)
+    assert anthropic.saved_usd < chat.saved_usd
+
+
+def test_savings_per_policy_and_model_state_their_assumptions() -> None:
+    rows = compute_stats(SCRIPT, by="policy-model", model_table=TABLE)
+    assert [r.key for r in rows] == [
+        "default / gpt-x",
+        "default / local-llm",
+        "shadow-team / gpt-x",
+    ]
+    assert total(rows) == total(compute_stats(SCRIPT, by="policy", model_table=TABLE))
+    answer = stats_json(rows, by="policy-model")
+    assert "cache rule" in answer["assumptions"]
+    assert answer["total"]["cache_rules"] == ["openai"]
+    assert "cache rules: openai;" in format_table(rows)

@@ -8,7 +8,7 @@
   const KEY = "compactd.key";
   const API = "/compactd/v1/";
   const RANGES = [["0d", "Today"], ["7d", "Last 7 days"], ["30d", "Last 30 days"], ["90d", "Last 90 days"]];
-  const GROUPS = [["policy", "Policy"], ["model", "Model"], ["tenant", "Tenant"], ["api", "API"]];
+  const GROUPS = [["policy", "Policy"], ["model", "Model"], ["policy-model", "Policy / model"], ["tenant", "Tenant"], ["api", "API"]];
   const MARKER = /\[compactd:ref=([0-9a-f]{6,32})[^\]\n]*\]?/g;
   const LONG = 4000;
   let me = null;
@@ -268,7 +268,7 @@
     view.append(
       el("h1", {}, "Savings"),
       el("p", { class: "note" }, me.admin ? "Every tenant." : "Your key's requests only.",
-        ` Since ${data.since} (UTC days). Money is priced from the model table, net of prompt caching: a removed token is worth the cache-blended price, and each compaction pays its new prefix once at the full price.`),
+        ` Since ${data.since} (UTC days). Money is priced from the model table, net of prompt caching (cache rules: ${(t.cache_rules || []).join(", ") || "none"}): ${data.assumptions || ""}.`),
       rangeControls("savings", since, by, true),
       el("dl", { class: "tiles", id: "tiles" },
         tile("tile-without", "Tokens without compactd", fmt.int(t.tokens_without)),
