@@ -24,9 +24,12 @@ store call slower than the shipped 200 ms is load, not policy; bench/store measu
 
 At the end of each session one more request asks about it (the session's messages, plus a user
 question when they do not end with one), and the quality probes of bench/quality are looked for
-in what compactd forwards: a fact is kept when it is still in the text or tool-call arguments of
-a non-system message. With the expand tool, "reachable" also counts facts inside the originals of
-the refs the forwarded messages carry (what the model could expand). That request is not priced.
+in what compactd forwards: a fact is kept *in context* when some occurrence of it is still in the
+text or tool-call arguments of a non-system message with up to 24 non-space characters of its
+original surroundings on each side (bench/measure.py, the measure bench/quality reports); facts
+kept verbatim (anywhere, with or without their surroundings) are printed beside it. "Reachable"
+also counts facts kept in context inside the originals of the refs the forwarded messages carry
+(what the model could expand). That request is not priced.
 
 Policies: `default` (the shipped default policy; under `--rule anthropic` as it budgets a Messages
 request, which its `cap_apis` leave uncapped), `no-cap` (budget_tokens = 0: the budget is the
@@ -64,6 +67,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.cache_model import Priced, PromptCache, Rule, Segment
+from bench.measure import Windows, kept_verbatim, squeezed_text
 from bench.quality import CORPUS_NAMES, Case, load, searchable
 from bench.session import table
 from bench.timing import KINDS, timing
@@ -177,9 +181,12 @@ class Figures:
     overhead_ms: list[float] = field(default_factory=list)
     facts: int = 0
     kept: int = 0
-    """Facts still in what is forwarded at the end of the session ..."""
+    """Facts kept in context (bench/measure.py: with up to 24 non-space characters of their own
+    surroundings each side) in what is forwarded at the end of the session ..."""
     reachable: int = 0
     """... or in the originals of the refs it carries (what the expand tool can bring back)."""
+    verbatim: int = 0
+    """Facts still anywhere in what is forwarded, with or without their surroundings."""
 
     @property
     def saving(self) -> float:
@@ -423,15 +430,15 @@ class Replayer:
         self.reply = {"role": "assistant", "content": "ok"}
         response = await proxy.chat(self._body(case, probe_request(case)), key=key, **headers)
         forwarded = orjson.loads(proxy.upstream.last.content)["messages"]
-        text = searchable(forwarded)
-        kept = {f for f in case.facts if f in text}
-        result.kept = len(kept)
-        result.reachable = len(kept)
+        windows = Windows(case.messages, case.facts)
+        result.kept = windows.kept(squeezed_text(forwarded))
+        result.verbatim = kept_verbatim(case.facts, searchable(forwarded))
+        result.reachable = result.kept
         if response.status_code == 200 and any(refs_in(m) for m in forwarded):
             restored = await proxy.uncompress(forwarded, key=key)
             if restored.status_code == 200:
-                full = searchable(restored.json()["messages"])
-                result.reachable = sum(1 for f in case.facts if f in full)
+                full = squeezed_text(restored.json()["messages"])
+                result.reachable = windows.kept(full)
 
 
 def longest_first(cases: list[Case], counter: TokenCounter, limit: int) -> list[Case]:
@@ -492,6 +499,7 @@ class Total(Figures):
             "facts": f"{_share(self.kept, self.facts)}"
             + (f" ({_share(self.reachable, self.facts)})" if self.reachable != self.kept else ""),
             "mean facts": f"{self.mean_kept * 100:.1f} %",
+            "verbatim": _share(self.verbatim, self.facts),
             "latency": f"{mean:.1f} / {p95:.1f}",
             "errors": str(self.errors),
         }
@@ -510,8 +518,9 @@ COLUMNS = (
     ("cache-hit share without → with", "hit"),
     ("compaction events", "events"),
     ("tokens forwarded / without", "tokens"),
-    ("facts kept (reachable)", "facts"),
-    ("facts kept, session mean", "mean facts"),
+    ("facts kept in context (reachable)", "facts"),
+    ("in context, session mean", "mean facts"),
+    ("facts verbatim", "verbatim"),
     ("added ms / turn, mean / p95", "latency"),
     ("errors", "errors"),
 )

@@ -143,7 +143,9 @@ async def test_replay_prices_both_arms(tmp_path: Path) -> None:
     assert capped.compactions >= 1
     assert capped.sent.prompt < capped.plain.prompt
     assert capped.sent.usd < capped.plain.usd
-    assert plain.kept == plain.facts == 2
+    assert plain.kept == plain.verbatim == plain.facts == 2
+    # Kept in context implies kept verbatim; the expand tool can only add to what is reachable.
+    assert capped.verbatim >= capped.kept
     assert capped.reachable >= capped.kept
 
 
