@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from proxy.providers import canonical, pieces
+from proxy.providers import pieces
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
@@ -131,12 +131,12 @@ def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
     """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
-    digest = canonical.source_digest(messages)
     units = split_units(messages)
     prot = protection(messages, units, config.keep_head, 0)
     fixed = set(prot.hard | prot.head)
     fixed |= {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
     layout = Layout(messages, units, frozenset(fixed), config)
+    digest = layout.source_digest()
     # A request adds its messages' costs to its priming and tool schemas: the layout has them.
     if config.count_tokens([]) + sum(layout.costs) <= config.limit:
         return CompactionResult(messages=list(messages), source_digest=digest)

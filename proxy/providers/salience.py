@@ -27,11 +27,14 @@ from proxy.providers.pieces import SCAN
 
 # A term: a run of word characters, joined through the punctuation of paths, URLs, versions,
 # amounts and dates (`src/app.py`, `https://x.org/a_b`, `2024-05-20`, `$1,250.00`).
-_TERM = re.compile(r"\w(?:[\w.,:/@#%+~-]*\w)?")
-_DIGIT = re.compile(r"\d")
-_JOINED = re.compile(r"[a-z][A-Z]|[_./@:]")
+# (Written as word runs joined by punctuation runs: the same matches as `\w(?:[\w.,:/@#%+~-]*\w)?`
+# without backtracking off every term's last character.)
+_TERM = re.compile(r"\w+(?:[.,:/@#%+~-]+\w+)*")
+# A digit, a path's, URL's or identifier's punctuation, a camelCase join.
+_EXACT = re.compile(r"\d|[_./@:]|[a-z][A-Z]")
 # A capitalized word after a lower-case word or a comma: a name, not a sentence's first word.
-_NAME = re.compile(r"(?<=[a-z,;] )[A-Z]\w*")
+# (The capital comes first, then the look behind it: a search then skips to capitals.)
+_NAME = re.compile(r"[A-Z](?<=[a-z,;] [A-Z])\w*")
 # Where a fact may sit: a digit, joined punctuation inside a word, a camelCase join, a capital
 # after a lower-case word or a comma (a name, not a sentence's first word), an acronym.
 _FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[a-z][A-Z]|(?<=[a-z,;] )[A-Z]|\b[A-Z]{2}")
@@ -64,7 +67,7 @@ def form(term: str) -> float:
     """How specific a term is by its form alone: anything with a digit, a path, URL or
     identifier (EXACT); an acronym (NAMED); else 0 (a capitalized word counts as a name only
     where it does not start a sentence: `Scorer` looks at that)."""
-    if _DIGIT.search(term) or _JOINED.search(term):
+    if _EXACT.search(term):
         return EXACT
     return NAMED if len(term) > 1 and term.isupper() else 0.0
 
@@ -101,9 +104,12 @@ class Scorer:
         self._query = {t.lower(): 1.0 for t in named_terms(query)}
         self._query.update({t.lower(): 2.0 for t in named_terms(focus)})
         asked = set(self._query)
+        # Each distinct term of the conversation, as written, is judged once: its lower case and
+        # the weight of its form (the specific ones), and whether the tail asks for it.
         judged: set[str] = set()
-        weights: dict[str, float] = {}  # the specific terms as written, by their form
-        df: Counter[str] = Counter()
+        specific_forms: dict[str, tuple[str, float]] = {}
+        asked_forms: set[str] = set()
+        counted: list[str] = []  # each piece's distinct scored terms: the document frequencies
         # Tuples, not lists: the garbage collector stops tracking a tuple of strings and numbers,
         # and a full collection walking a list per piece (60,000 for a 3 MB log) held the GIL
         # for ~70 ms.
@@ -112,25 +118,32 @@ class Scorer:
         self._lengths: list[int] = []
         for piece in pieces:
             written = _TERM.findall(piece)
-            # Terms hold no line break: one lower() of them all, not one per term or a rescan.
-            lowered = "\n".join(written).lower().split("\n") if written else []
-            # Sorted wherever a set's order would reach a sum: the same input must score the
-            # same in every worker, whatever its string hash seed.
-            hits = sorted(asked.intersection(lowered))
-            fresh = set(written)
-            fresh.difference_update(judged)
-            for term in fresh:  # each distinct term of the conversation is judged once
+            distinct = set(written)
+            for term in distinct.difference(judged):
                 judged.add(term)
+                lower = term.lower()
                 weight = form(term)
                 if weight:
-                    weights[term] = weight
-            specific = {t.lower(): weights[t] for t in sorted(weights.keys() & written)}
+                    specific_forms[term] = (lower, weight)
+                if lower in asked:
+                    asked_forms.add(term)
+            # Sorted wherever a set's order would reach a sum: the same input must score the
+            # same in every worker, whatever its string hash seed.
+            specific = dict(specific_forms[t] for t in sorted(specific_forms.keys() & distinct))
             for name in _NAME.findall(piece):
                 specific.setdefault(name.lower(), NAMED)
-            df.update(specific.keys() | set(hits))
+            counted.extend(specific)
+            hits: tuple[tuple[str, int], ...] = ()
+            if not asked_forms.isdisjoint(distinct):
+                # Terms hold no line break: one lower() of them all, not one per term.
+                lowered = "\n".join(written).lower().split("\n")
+                asked_here = sorted(asked.intersection(lowered))
+                counted.extend(t for t in asked_here if t not in specific)
+                hits = tuple((t, lowered.count(t)) for t in asked_here)
             self._specific.append(tuple(specific.items()))
-            self._hits.append(tuple((t, lowered.count(t)) for t in hits))
-            self._lengths.append(len(lowered))
+            self._hits.append(hits)
+            self._lengths.append(len(written))
+        df = Counter(counted)
         n = max(len(pieces), 1)
         self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
         self._avg = max(sum(self._lengths) / n, 1.0)

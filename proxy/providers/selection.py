@@ -99,13 +99,19 @@ def _bundle(text: Text, k: int) -> list[int]:
     """Piece k with the neighbours that come along (short ones, and the one beside a fact at
     its edge), those not kept yet."""
     out = [k]
-    start, end = text.spans[k]
-    # Whether the piece holds a fact near its start, or its end: the neighbour on that side
-    # comes along, so the fact keeps the words around it.
-    before, after = edges(text.body[start:end], NEAR)
-    if k > 0 and (before or text.short[k - 1]) and not text.kept[k - 1]:
+    kept, short = text.kept, text.short
+    before = k > 0 and not kept[k - 1]
+    after = k + 1 < len(kept) and not kept[k + 1]
+    if (before and not short[k - 1]) or (after and not short[k + 1]):
+        # Whether the piece holds a fact near its start, or its end: the neighbour on that side
+        # comes along, so the fact keeps the words around it.
+        start, end = text.spans[k]
+        near_start, near_end = edges(text.body[start:end], NEAR)
+        before = before and (near_start or short[k - 1])
+        after = after and (near_end or short[k + 1])
+    if before:
         out.append(k - 1)
-    if k + 1 < len(text.kept) and (after or text.short[k + 1]) and not text.kept[k + 1]:
+    if after:
         out.append(k + 1)
     return out
 
