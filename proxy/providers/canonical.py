@@ -64,12 +64,19 @@ class Digests:
 
     def source_digest(self, start: int, end: int) -> str:
         """`source_digest(messages[start:end])`."""
-        parts = [self._part(i) for i in range(start, end)]
-        if None in parts:
+        parts = [p for p in map(self._part, range(start, end)) if p is not None]
+        if len(parts) < end - start:
             return source_digest(self._messages[start:end])
-        # orjson writes a list as its items' own bytes, comma-separated, in brackets.
-        joined = b"[" + b",".join(p for p in parts if p is not None) + b"]"
-        return hashlib.sha256(joined).hexdigest()
+        # orjson writes a list as its items' own bytes, comma-separated, in brackets. Hashed
+        # part by part, not joined: sha256 lets other threads run while it hashes a big part,
+        # a join of megabytes would not.
+        digest = hashlib.sha256(b"[")
+        for k, part in enumerate(parts):
+            if k:
+                digest.update(b",")
+            digest.update(part)
+        digest.update(b"]")
+        return digest.hexdigest()
 
     def ref_id(self, start: int, end: int) -> str:
         """`ref_id(messages[start:end])`."""

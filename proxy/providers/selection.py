@@ -92,6 +92,8 @@ def _by_key(keys: list[float]) -> Iterator[int]:
         sorted(range(start, min(start + SORT_BLOCK, len(keys))), key=keys.__getitem__)
         for start in range(0, len(keys), SORT_BLOCK)
     ]
+    if len(blocks) == 1:
+        return iter(blocks[0])
     return heapq.merge(*blocks, key=keys.__getitem__)
 
 
