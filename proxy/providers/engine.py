@@ -245,8 +245,14 @@ def _texts(
         i: _body(messages[i], foldable=not layout.stays(unit_of[i])) for i in layout.rewritable()
     }
     rewritable = [i for i, body in bodies.items() if body.strip()]
-    spans = {i: pieces.split(bodies[i]) for i in rewritable}
-    piece_texts = {i: [bodies[i][s:e] for s, e in spans[i]] for i in rewritable}
+    # Bodies repeat (the same error, the same file view): each distinct one is cut once.
+    cut: dict[str, tuple[list[tuple[int, int]], list[str]]] = {}
+    for i in rewritable:
+        if bodies[i] not in cut:
+            body_spans = pieces.split(bodies[i])
+            cut[bodies[i]] = (body_spans, [bodies[i][s:e] for s, e in body_spans])
+    spans = {i: cut[bodies[i]][0] for i in rewritable}
+    piece_texts = {i: cut[bodies[i]][1] for i in rewritable}
     seen = {
         " ".join(line.split())
         for i in layout.fixed

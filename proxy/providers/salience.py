@@ -93,6 +93,50 @@ def edges(text: str, reach: int) -> tuple[bool, bool]:
     )
 
 
+_Analysis = tuple[tuple[tuple[str, float], ...], tuple[tuple[str, int], ...], int, tuple[str, ...]]
+"""What the scores read of one piece: its specific terms (lower case, weight of the form), the
+tail's terms it holds with their counts, its length in terms, and the terms it counts for in
+the document frequencies."""
+
+
+class _Terms:
+    """Each distinct term of a conversation, as written, judged once: its lower case and the
+    weight of its form (the specific ones), and whether the tail asks for it."""
+
+    def __init__(self, asked: set[str]) -> None:
+        self._asked = asked
+        self._judged: set[str] = set()
+        self._specific: dict[str, tuple[str, float]] = {}
+        self._asked_forms: set[str] = set()
+
+    def analyze(self, piece: str) -> _Analysis:
+        """What the scores read of `piece`."""
+        written = _TERM.findall(piece)
+        distinct = set(written)
+        for term in distinct.difference(self._judged):
+            self._judged.add(term)
+            lower = term.lower()
+            weight = form(term)
+            if weight:
+                self._specific[term] = (lower, weight)
+            if lower in self._asked:
+                self._asked_forms.add(term)
+        # Sorted wherever a set's order would reach a sum: the same input must score the same
+        # in every worker, whatever its string hash seed.
+        forms = self._specific
+        specific = dict(map(forms.__getitem__, sorted(forms.keys() & distinct)))
+        for name in _NAME.findall(piece):
+            specific.setdefault(name.lower(), NAMED)
+        if self._asked_forms.isdisjoint(distinct):
+            return tuple(specific.items()), (), len(written), tuple(specific)
+        # Terms hold no line break: one lower() of them all, not one per term.
+        lowered = "\n".join(written).lower().split("\n")
+        asked = sorted(self._asked.intersection(lowered))
+        hits = tuple((t, lowered.count(t)) for t in asked)
+        scored = (*specific, *(t for t in asked if t not in specific))
+        return tuple(specific.items()), hits, len(written), scored
+
+
 class Scorer:
     """Specificity and relevance of every piece of one conversation.
 
@@ -106,12 +150,7 @@ class Scorer:
         # what is asked now: its names count twice the tail's.
         self._query = {t.lower(): 1.0 for t in named_terms(query)}
         self._query.update({t.lower(): 2.0 for t in named_terms(focus)})
-        asked = set(self._query)
-        # Each distinct term of the conversation, as written, is judged once: its lower case and
-        # the weight of its form (the specific ones), and whether the tail asks for it.
-        judged: set[str] = set()
-        specific_forms: dict[str, tuple[str, float]] = {}
-        asked_forms: set[str] = set()
+        terms = _Terms(set(self._query))
         df: Counter[str] = Counter()  # document frequencies of the scored terms
         counted: list[str] = []  # each piece's distinct scored terms, not counted in df yet
         # Tuples, not lists: the garbage collector stops tracking a tuple of strings and numbers,
@@ -120,35 +159,16 @@ class Scorer:
         self._specific: list[tuple[tuple[str, float], ...]] = []
         self._hits: list[tuple[tuple[str, int], ...]] = []
         self._lengths: list[int] = []
+        known: dict[str, _Analysis] = {}  # a quarter of an agent run's pieces are repeats
         for piece in pieces:
-            written = _TERM.findall(piece)
-            distinct = set(written)
-            for term in distinct.difference(judged):
-                judged.add(term)
-                lower = term.lower()
-                weight = form(term)
-                if weight:
-                    specific_forms[term] = (lower, weight)
-                if lower in asked:
-                    asked_forms.add(term)
-            # Sorted wherever a set's order would reach a sum: the same input must score the
-            # same in every worker, whatever its string hash seed.
-            specific = dict(
-                map(specific_forms.__getitem__, sorted(specific_forms.keys() & distinct))
-            )
-            for name in _NAME.findall(piece):
-                specific.setdefault(name.lower(), NAMED)
-            counted.extend(specific)
-            hits: tuple[tuple[str, int], ...] = ()
-            if not asked_forms.isdisjoint(distinct):
-                # Terms hold no line break: one lower() of them all, not one per term.
-                lowered = "\n".join(written).lower().split("\n")
-                asked_here = sorted(asked.intersection(lowered))
-                counted.extend(t for t in asked_here if t not in specific)
-                hits = tuple((t, lowered.count(t)) for t in asked_here)
-            self._specific.append(tuple(specific.items()))
+            analysis = known.get(piece)
+            if analysis is None:
+                analysis = known[piece] = terms.analyze(piece)
+            specific, hits, length, scored = analysis
+            self._specific.append(specific)
             self._hits.append(hits)
-            self._lengths.append(len(written))
+            self._lengths.append(length)
+            counted.extend(scored)
             if len(counted) >= COUNT_BATCH:
                 df.update(counted)
                 counted.clear()
