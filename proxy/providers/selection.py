@@ -63,14 +63,14 @@ def rank(texts: Sequence[Text], label: float) -> list[Pick]:
     picks: list[Pick] = []
     opened: set[int] = set()
     spent = 0.0
-    for t, k in (candidates[c] for c in _by_key(density)):
+    for t, k in map(candidates.__getitem__, _by_key(density)):
         text = texts[t]
         if text.kept[k]:
             continue
         bundle = _bundle(text, k)
         for j in bundle:
             text.kept[j] = True
-        spent += sum(text.tokens[j] for j in bundle)
+        spent += sum(map(text.tokens.__getitem__, bundle))
         if t not in opened:
             opened.add(t)
             spent += label
