@@ -192,10 +192,16 @@ def _fit(
     checked by one exact count, and walked back if that is over. None when not even the floor
     is within the target."""
     base = config.count_tokens([])  # priming and tool schemas: a request adds its messages
+    renderings: dict[int, Rendered] = {}  # the latest one within the target, to check exactly
 
     def tokens(n: int) -> int:
         apply(texts, picks, n)
-        return base + sum(render(layout, texts, short=False).costs)
+        rendered = render(layout, texts, short=False)
+        got = base + sum(rendered.costs)
+        if got <= config.limit:
+            renderings.clear()
+            renderings[n] = rendered
+        return got
 
     floor = tokens(0)
     if floor > config.limit:
@@ -223,8 +229,10 @@ def _fit(
         if spent[guess - 1] > 0 and got > floor:
             scale = (got - floor) / spent[guess - 1]
     while True:
-        apply(texts, picks, fits)
-        rendered = render(layout, texts, short=False)
+        rendered = renderings.pop(fits, None)
+        if rendered is None:
+            apply(texts, picks, fits)
+            rendered = render(layout, texts, short=False)
         if config.count_tokens(rendered.messages) <= config.limit:
             return rendered
         if fits == 0:
