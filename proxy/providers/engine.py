@@ -30,6 +30,7 @@ input, same output bytes.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -284,7 +285,7 @@ def _texts(
         weight = weights[unit_of[i]] * (SUPERSEDED if i in superseded else 1.0)
         if messages[i].get("role") == "tool":
             weight *= RAW
-        tokens, values, short = [], [], []
+        tokens, values, short = array("d"), array("d"), bytearray()
         for k, piece in enumerate(piece_texts[i]):
             cost = len(piece) * per_char
             worth = PRESENCE * cost + salient[n]

@@ -14,6 +14,7 @@ counted exactly.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -34,16 +35,18 @@ class Text:
     """What the pieces cut: the message's text (and, in a unit that may be folded, its tool
     calls written as `name arguments`)."""
     spans: list[tuple[int, int]]
-    tokens: list[float]
-    value: list[float]
-    short: list[bool]
+    # Per piece, in arrays and byte strings rather than lists: the garbage collector does not
+    # walk them, and a long log has tens of thousands of pieces alive through every collection.
+    tokens: array[float]
+    value: array[float]
+    short: bytearray
     """Whether piece k is short enough to come along with a kept neighbour."""
     full: float
     """Tokens the message costs unchanged."""
-    kept: list[bool] = field(default_factory=list)
+    kept: bytearray = field(default_factory=bytearray)
 
     def __post_init__(self) -> None:
-        self.kept = [False] * len(self.spans)
+        self.kept = bytearray(len(self.spans))
 
 
 Pick = tuple[int, tuple[int, ...], float]
@@ -76,7 +79,7 @@ def rank(texts: Sequence[Text], label: float) -> list[Pick]:
             spent += label
         picks.append((t, tuple(bundle), spent))
     for text in texts:
-        text.kept = [False] * len(text.kept)
+        text.kept = bytearray(len(text.kept))
     return picks
 
 
@@ -109,8 +112,8 @@ def _bundle(text: Text, k: int) -> list[int]:
         # comes along, so the fact keeps the words around it.
         start, end = text.spans[k]
         near_start, near_end = edges(text.body[start:end], NEAR)
-        before = before and (near_start or short[k - 1])
-        after = after and (near_end or short[k + 1])
+        before = before and (near_start or bool(short[k - 1]))
+        after = after and (near_end or bool(short[k + 1]))
     if before:
         out.append(k - 1)
     if after:
@@ -121,7 +124,7 @@ def _bundle(text: Text, k: int) -> list[int]:
 def apply(texts: Sequence[Text], picks: Sequence[Pick], n: int) -> None:
     """Set every text's kept pieces to the first `n` picks of a ranking."""
     for text in texts:
-        text.kept = [False] * len(text.kept)
+        text.kept = bytearray(len(text.kept))
     for pick in picks[:n]:
         t, pieces, _ = pick
         kept = texts[t].kept
