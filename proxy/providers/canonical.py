@@ -51,3 +51,40 @@ def source_digest(messages: Sequence[Message]) -> str:
 def ref_id(originals: Sequence[Message]) -> str:
     """`make_ref_id(originals)`."""
     return source_digest(originals)[:10]
+
+
+class Digests:
+    """Digests of slices of one conversation, each message serialized once: a fit folds runs
+    of the same messages again on every round, and walking them for floats costs more than
+    hashing them."""
+
+    def __init__(self, messages: Sequence[Message]) -> None:
+        self._messages = messages
+        self._parts: dict[int, bytes | None] = {}
+
+    def source_digest(self, start: int, end: int) -> str:
+        """`source_digest(messages[start:end])`."""
+        parts = [p for p in map(self._part, range(start, end)) if p is not None]
+        if len(parts) < end - start:
+            return source_digest(self._messages[start:end])
+        # orjson writes a list as its items' own bytes, comma-separated, in brackets. Hashed
+        # part by part, not joined: sha256 lets other threads run while it hashes a big part,
+        # a join of megabytes would not.
+        digest = hashlib.sha256(b"[")
+        for k, part in enumerate(parts):
+            if k:
+                digest.update(b",")
+            digest.update(part)
+        digest.update(b"]")
+        return digest.hexdigest()
+
+    def ref_id(self, start: int, end: int) -> str:
+        """`ref_id(messages[start:end])`."""
+        return self.source_digest(start, end)[:10]
+
+    def _part(self, i: int) -> bytes | None:
+        if i not in self._parts:
+            message = self._messages[i]
+            plain = _plain(message)
+            self._parts[i] = orjson.dumps(message, option=orjson.OPT_SORT_KEYS) if plain else None
+        return self._parts[i]

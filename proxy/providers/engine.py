@@ -30,13 +30,14 @@ input, same output bytes.
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from proxy.providers import canonical, pieces
+from proxy.providers import pieces
 from proxy.providers.base import (
     CompactionResult,
     CompressionConfig,
@@ -131,12 +132,12 @@ def compact(
     messages: list[Message], config: CompressionConfig, opts: EngineOptions
 ) -> CompactionResult:
     """The engine algorithm with explicit options (what `EngineProvider.compress` runs)."""
-    digest = canonical.source_digest(messages)
     units = split_units(messages)
     prot = protection(messages, units, config.keep_head, 0)
     fixed = set(prot.hard | prot.head)
     fixed |= {i for i, m in enumerate(messages) if m.get("role") in opts.preserve}
     layout = Layout(messages, units, frozenset(fixed), config)
+    digest = layout.source_digest()
     # A request adds its messages' costs to its priming and tool schemas: the layout has them.
     if config.count_tokens([]) + sum(layout.costs) <= config.limit:
         return CompactionResult(messages=list(messages), source_digest=digest)
@@ -192,10 +193,16 @@ def _fit(
     checked by one exact count, and walked back if that is over. None when not even the floor
     is within the target."""
     base = config.count_tokens([])  # priming and tool schemas: a request adds its messages
+    renderings: dict[int, Rendered] = {}  # the latest one within the target, to check exactly
 
     def tokens(n: int) -> int:
         apply(texts, picks, n)
-        return base + sum(render(layout, texts, short=False).costs)
+        rendered = render(layout, texts, short=False)
+        got = base + sum(rendered.costs)
+        if got <= config.limit:
+            renderings.clear()
+            renderings[n] = rendered
+        return got
 
     floor = tokens(0)
     if floor > config.limit:
@@ -223,8 +230,10 @@ def _fit(
         if spent[guess - 1] > 0 and got > floor:
             scale = (got - floor) / spent[guess - 1]
     while True:
-        apply(texts, picks, fits)
-        rendered = render(layout, texts, short=False)
+        rendered = renderings.pop(fits, None)
+        if rendered is None:
+            apply(texts, picks, fits)
+            rendered = render(layout, texts, short=False)
         if config.count_tokens(rendered.messages) <= config.limit:
             return rendered
         if fits == 0:
@@ -245,8 +254,14 @@ def _texts(
         i: _body(messages[i], foldable=not layout.stays(unit_of[i])) for i in layout.rewritable()
     }
     rewritable = [i for i, body in bodies.items() if body.strip()]
-    spans = {i: pieces.split(bodies[i]) for i in rewritable}
-    piece_texts = {i: [bodies[i][s:e] for s, e in spans[i]] for i in rewritable}
+    # Bodies repeat (the same error, the same file view): each distinct one is cut once.
+    cut: dict[str, tuple[list[tuple[int, int]], list[str]]] = {}
+    for i in rewritable:
+        if bodies[i] not in cut:
+            body_spans = pieces.split(bodies[i])
+            cut[bodies[i]] = (body_spans, [bodies[i][s:e] for s, e in body_spans])
+    spans = {i: cut[bodies[i]][0] for i in rewritable}
+    piece_texts = {i: cut[bodies[i]][1] for i in rewritable}
     seen = {
         " ".join(line.split())
         for i in layout.fixed
@@ -270,7 +285,7 @@ def _texts(
         weight = weights[unit_of[i]] * (SUPERSEDED if i in superseded else 1.0)
         if messages[i].get("role") == "tool":
             weight *= RAW
-        tokens, values, short = [], [], []
+        tokens, values, short = array("d"), array("d"), bytearray()
         for k, piece in enumerate(piece_texts[i]):
             cost = len(piece) * per_char
             worth = PRESENCE * cost + salient[n]

@@ -44,6 +44,8 @@ class Layout:
     costs: list[int] = field(default_factory=list)
     """Tokens of each original message (the counts the request was priced with)."""
     _refs: dict[tuple[int, int], str] = field(default_factory=dict)
+    _digests: canonical.Digests = field(init=False)
+    _lines: dict[tuple[str, int, bytes], tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
@@ -51,13 +53,32 @@ class Layout:
             unit.kind == "system" or not self.fixed.isdisjoint(unit.indices())
             for unit in self.units
         ]
+        self._digests = canonical.Digests(self.messages)
+
+    def source_digest(self) -> str:
+        """The digest of the whole conversation."""
+        return self._digests.source_digest(0, len(self.messages))
 
     def ref_of(self, start: int, end: int) -> str:
         """The ref id of messages[start:end] (a run is folded again on every round of a fit)."""
         key = (start, end)
         if key not in self._refs:
-            self._refs[key] = canonical.ref_id(self.messages[start:end])
+            self._refs[key] = self._digests.ref_id(start, end)
         return self._refs[key]
+
+    def line(self, text: Text, role: str) -> tuple[str, int]:
+        """A text's line in a stand-in of this role (`speaker: kept pieces`) and what it adds to
+        the stand-in's cost: remembered by what it keeps, as a fit renders most lines again on
+        every round."""
+        key = (role, text.index, bytes(text.kept))
+        found = self._lines.get(key)
+        if found is None:
+            speaker = self.messages[text.index].get("role")
+            line = f"{speaker}: {kept_text(text)}"
+            count = self.config.count_message
+            cost = count({"role": role, "content": line}) - count({"role": role, "content": ""})
+            found = self._lines[key] = (line, cost + 1)
+        return found
 
     def rewritable(self) -> list[int]:
         """Messages a compaction may rewrite, in order."""
@@ -126,12 +147,12 @@ def render(layout: Layout, texts: Sequence[Text], *, short: bool) -> Rendered:
 
     newest = _newest_whole(layout, by_index)
     for u, unit in enumerate(layout.units):
-        mine = [by_index.get(i) for i in unit.indices()]
         if not layout.stays(u) and u < newest:
             run.extend(unit.indices())
             continue
         flush()
-        for i, text in zip(unit.indices(), mine, strict=True):
+        for i in unit.indices():
+            text = by_index.get(i)
             new, ref = (None, "")
             if text is not None and not all(text.kept):
                 new, ref = _rewritten(layout, text, short)
@@ -169,18 +190,16 @@ def _fold(
     """One stand-in for a run of whole units, carrying what they keep; the run itself when
     that would cost as much."""
     run = [layout.messages[i] for i in indices]
-    tokens = sum(layout.costs[i] for i in indices)
+    tokens = sum(layout.costs[indices[0] : indices[-1] + 1])  # a run is contiguous
     ref, stand_in = placeholder(run, tokens, ref=layout.ref_of(indices[0], indices[-1] + 1))
     role = stand_in["role"]
     lines = [dropped_marker(ref) if short else message_text(stand_in)]
+    cost = layout.config.count_message({"role": role, "content": lines[0]})
     for text in texts:
         if text is not None and any(text.kept):
-            speaker = layout.messages[text.index].get("role")
-            lines.append(f"{speaker}: {kept_text(text)}")
-    cost = layout.config.count_message({"role": role, "content": lines[0]})
-    empty = layout.config.count_message({"role": role, "content": ""})
-    for line in lines[1:]:
-        cost += layout.config.count_message({"role": role, "content": line}) - empty + 1
+            line, added = layout.line(text, role)
+            lines.append(line)
+            cost += added
     if cost >= tokens:
         for i, message in zip(indices, run, strict=True):
             rendered.add(message, layout.costs[i])  # whole units, cheaper than a stand-in
@@ -193,7 +212,7 @@ def _rewritten(layout: Layout, text: Text, short: bool) -> tuple[Message | None,
     """Message `text.index` with only its kept pieces, headed by its marker; None when that
     would cost as much as the original."""
     original = layout.messages[text.index]
-    ref = canonical.ref_id([original])
+    ref = layout.ref_of(text.index, text.index + 1)
     marker = short_marker(ref) if short else ref_marker(ref, 1, int(text.full), CUT)
     body = kept_text(text)
     new = with_text(original, f"{marker}\n{body}" if body else marker)

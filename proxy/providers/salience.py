@@ -27,15 +27,21 @@ from proxy.providers.pieces import SCAN
 
 # A term: a run of word characters, joined through the punctuation of paths, URLs, versions,
 # amounts and dates (`src/app.py`, `https://x.org/a_b`, `2024-05-20`, `$1,250.00`).
-_TERM = re.compile(r"\w(?:[\w.,:/@#%+~-]*\w)?")
-_DIGIT = re.compile(r"\d")
-_JOINED = re.compile(r"[a-z][A-Z]|[_./@:]")
+# (Written as word runs joined by punctuation runs: the same matches as `\w(?:[\w.,:/@#%+~-]*\w)?`
+# without backtracking off every term's last character.)
+_TERM = re.compile(r"\w+(?:[.,:/@#%+~-]+\w+)*")
+# A digit, a path's, URL's or identifier's punctuation, a camelCase join.
+_EXACT = re.compile(r"\d|[_./@:]|[a-z][A-Z]")
 # A capitalized word after a lower-case word or a comma: a name, not a sentence's first word.
-_NAME = re.compile(r"(?<=[a-z,;] )[A-Z]\w*")
+# (The capital comes first, then the look behind it: a search then skips to capitals.)
+_NAME = re.compile(r"[A-Z](?<=[a-z,;] [A-Z])\w*")
 # Where a fact may sit: a digit, joined punctuation inside a word, a camelCase join, a capital
 # after a lower-case word or a comma (a name, not a sentence's first word), an acronym.
 _FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[a-z][A-Z]|(?<=[a-z,;] )[A-Z]|\b[A-Z]{2}")
 
+# Terms counted into the document frequencies at once: one update of a 3 MB log's terms held
+# the GIL for ~10 ms.
+COUNT_BATCH = 8192
 # BM25's usual constants (Robertson & Zaragoza).
 K1 = 1.2
 B = 0.75
@@ -64,7 +70,7 @@ def form(term: str) -> float:
     """How specific a term is by its form alone: anything with a digit, a path, URL or
     identifier (EXACT); an acronym (NAMED); else 0 (a capitalized word counts as a name only
     where it does not start a sentence: `Scorer` looks at that)."""
-    if _DIGIT.search(term) or _JOINED.search(term):
+    if _EXACT.search(term):
         return EXACT
     return NAMED if len(term) > 1 and term.isupper() else 0.0
 
@@ -87,6 +93,50 @@ def edges(text: str, reach: int) -> tuple[bool, bool]:
     )
 
 
+_Analysis = tuple[tuple[tuple[str, float], ...], tuple[tuple[str, int], ...], int, tuple[str, ...]]
+"""What the scores read of one piece: its specific terms (lower case, weight of the form), the
+tail's terms it holds with their counts, its length in terms, and the terms it counts for in
+the document frequencies."""
+
+
+class _Terms:
+    """Each distinct term of a conversation, as written, judged once: its lower case and the
+    weight of its form (the specific ones), and whether the tail asks for it."""
+
+    def __init__(self, asked: set[str]) -> None:
+        self._asked = asked
+        self._judged: set[str] = set()
+        self._specific: dict[str, tuple[str, float]] = {}
+        self._asked_forms: set[str] = set()
+
+    def analyze(self, piece: str) -> _Analysis:
+        """What the scores read of `piece`."""
+        written = _TERM.findall(piece)
+        distinct = set(written)
+        for term in distinct.difference(self._judged):
+            self._judged.add(term)
+            lower = term.lower()
+            weight = form(term)
+            if weight:
+                self._specific[term] = (lower, weight)
+            if lower in self._asked:
+                self._asked_forms.add(term)
+        # Sorted wherever a set's order would reach a sum: the same input must score the same
+        # in every worker, whatever its string hash seed.
+        forms = self._specific
+        specific = dict(map(forms.__getitem__, sorted(forms.keys() & distinct)))
+        for name in _NAME.findall(piece):
+            specific.setdefault(name.lower(), NAMED)
+        if self._asked_forms.isdisjoint(distinct):
+            return tuple(specific.items()), (), len(written), tuple(specific)
+        # Terms hold no line break: one lower() of them all, not one per term.
+        lowered = "\n".join(written).lower().split("\n")
+        asked = sorted(self._asked.intersection(lowered))
+        hits = tuple((t, lowered.count(t)) for t in asked)
+        scored = (*specific, *(t for t in asked if t not in specific))
+        return tuple(specific.items()), hits, len(written), scored
+
+
 class Scorer:
     """Specificity and relevance of every piece of one conversation.
 
@@ -100,37 +150,29 @@ class Scorer:
         # what is asked now: its names count twice the tail's.
         self._query = {t.lower(): 1.0 for t in named_terms(query)}
         self._query.update({t.lower(): 2.0 for t in named_terms(focus)})
-        asked = set(self._query)
-        judged: set[str] = set()
-        weights: dict[str, float] = {}  # the specific terms as written, by their form
-        df: Counter[str] = Counter()
+        terms = _Terms(set(self._query))
+        df: Counter[str] = Counter()  # document frequencies of the scored terms
+        counted: list[str] = []  # each piece's distinct scored terms, not counted in df yet
         # Tuples, not lists: the garbage collector stops tracking a tuple of strings and numbers,
         # and a full collection walking a list per piece (60,000 for a 3 MB log) held the GIL
         # for ~70 ms.
         self._specific: list[tuple[tuple[str, float], ...]] = []
         self._hits: list[tuple[tuple[str, int], ...]] = []
         self._lengths: list[int] = []
+        known: dict[str, _Analysis] = {}  # a quarter of an agent run's pieces are repeats
         for piece in pieces:
-            written = _TERM.findall(piece)
-            # Terms hold no line break: one lower() of them all, not one per term or a rescan.
-            lowered = "\n".join(written).lower().split("\n") if written else []
-            # Sorted wherever a set's order would reach a sum: the same input must score the
-            # same in every worker, whatever its string hash seed.
-            hits = sorted(asked.intersection(lowered))
-            fresh = set(written)
-            fresh.difference_update(judged)
-            for term in fresh:  # each distinct term of the conversation is judged once
-                judged.add(term)
-                weight = form(term)
-                if weight:
-                    weights[term] = weight
-            specific = {t.lower(): weights[t] for t in sorted(weights.keys() & written)}
-            for name in _NAME.findall(piece):
-                specific.setdefault(name.lower(), NAMED)
-            df.update(specific.keys() | set(hits))
-            self._specific.append(tuple(specific.items()))
-            self._hits.append(tuple((t, lowered.count(t)) for t in hits))
-            self._lengths.append(len(lowered))
+            analysis = known.get(piece)
+            if analysis is None:
+                analysis = known[piece] = terms.analyze(piece)
+            specific, hits, length, scored = analysis
+            self._specific.append(specific)
+            self._hits.append(hits)
+            self._lengths.append(length)
+            counted.extend(scored)
+            if len(counted) >= COUNT_BATCH:
+                df.update(counted)
+                counted.clear()
+        df.update(counted)
         n = max(len(pieces), 1)
         self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
         self._avg = max(sum(self._lengths) / n, 1.0)
@@ -146,7 +188,10 @@ class Scorer:
         thousands of pieces at once held the GIL for ~20 ms)."""
         out = []
         for i in range(len(self._specific) - 1, -1, -1):
-            out.append(self.specificity(i) + relevance * self.relevance(i))
+            score = self.specificity(i)
+            if self._hits[i]:  # most pieces hold none of the tail's terms
+                score += relevance * self.relevance(i)
+            out.append(score)
             self._specific.pop()
             self._hits.pop()
         out.reverse()

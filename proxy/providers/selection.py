@@ -14,6 +14,7 @@ counted exactly.
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -34,16 +35,18 @@ class Text:
     """What the pieces cut: the message's text (and, in a unit that may be folded, its tool
     calls written as `name arguments`)."""
     spans: list[tuple[int, int]]
-    tokens: list[float]
-    value: list[float]
-    short: list[bool]
+    # Per piece, in arrays and byte strings rather than lists: the garbage collector does not
+    # walk them, and a long log has tens of thousands of pieces alive through every collection.
+    tokens: array[float]
+    value: array[float]
+    short: bytearray
     """Whether piece k is short enough to come along with a kept neighbour."""
     full: float
     """Tokens the message costs unchanged."""
-    kept: list[bool] = field(default_factory=list)
+    kept: bytearray = field(default_factory=bytearray)
 
     def __post_init__(self) -> None:
-        self.kept = [False] * len(self.spans)
+        self.kept = bytearray(len(self.spans))
 
 
 Pick = tuple[int, tuple[int, ...], float]
@@ -63,20 +66,20 @@ def rank(texts: Sequence[Text], label: float) -> list[Pick]:
     picks: list[Pick] = []
     opened: set[int] = set()
     spent = 0.0
-    for t, k in (candidates[c] for c in _by_key(density)):
+    for t, k in map(candidates.__getitem__, _by_key(density)):
         text = texts[t]
         if text.kept[k]:
             continue
         bundle = _bundle(text, k)
         for j in bundle:
             text.kept[j] = True
-        spent += sum(text.tokens[j] for j in bundle)
+        spent += sum(map(text.tokens.__getitem__, bundle))
         if t not in opened:
             opened.add(t)
             spent += label
         picks.append((t, tuple(bundle), spent))
     for text in texts:
-        text.kept = [False] * len(text.kept)
+        text.kept = bytearray(len(text.kept))
     return picks
 
 
@@ -92,6 +95,8 @@ def _by_key(keys: list[float]) -> Iterator[int]:
         sorted(range(start, min(start + SORT_BLOCK, len(keys))), key=keys.__getitem__)
         for start in range(0, len(keys), SORT_BLOCK)
     ]
+    if len(blocks) == 1:
+        return iter(blocks[0])
     return heapq.merge(*blocks, key=keys.__getitem__)
 
 
@@ -99,13 +104,19 @@ def _bundle(text: Text, k: int) -> list[int]:
     """Piece k with the neighbours that come along (short ones, and the one beside a fact at
     its edge), those not kept yet."""
     out = [k]
-    start, end = text.spans[k]
-    # Whether the piece holds a fact near its start, or its end: the neighbour on that side
-    # comes along, so the fact keeps the words around it.
-    before, after = edges(text.body[start:end], NEAR)
-    if k > 0 and (before or text.short[k - 1]) and not text.kept[k - 1]:
+    kept, short = text.kept, text.short
+    before = k > 0 and not kept[k - 1]
+    after = k + 1 < len(kept) and not kept[k + 1]
+    if (before and not short[k - 1]) or (after and not short[k + 1]):
+        # Whether the piece holds a fact near its start, or its end: the neighbour on that side
+        # comes along, so the fact keeps the words around it.
+        start, end = text.spans[k]
+        near_start, near_end = edges(text.body[start:end], NEAR)
+        before = before and (near_start or bool(short[k - 1]))
+        after = after and (near_end or bool(short[k + 1]))
+    if before:
         out.append(k - 1)
-    if k + 1 < len(text.kept) and (after or text.short[k + 1]) and not text.kept[k + 1]:
+    if after:
         out.append(k + 1)
     return out
 
@@ -113,7 +124,7 @@ def _bundle(text: Text, k: int) -> list[int]:
 def apply(texts: Sequence[Text], picks: Sequence[Pick], n: int) -> None:
     """Set every text's kept pieces to the first `n` picks of a ranking."""
     for text in texts:
-        text.kept = [False] * len(text.kept)
+        text.kept = bytearray(len(text.kept))
     for pick in picks[:n]:
         t, pieces, _ = pick
         kept = texts[t].kept

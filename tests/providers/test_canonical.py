@@ -96,3 +96,19 @@ def test_plain_of_deep_nesting_raises() -> None:
         deep = [deep]
     with pytest.raises(RecursionError):
         canonical._plain(deep)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.dictionaries(st.sampled_from(["role", "content", "name", "x"]), _JSON)),
+    st.data(),
+)
+def test_digests_of_slices_equal_the_plugin_api(
+    messages: list[dict[str, Any]], data: st.DataObject
+) -> None:
+    digests = canonical.Digests(messages)
+    for _ in range(3):
+        start = data.draw(st.integers(0, len(messages)))
+        end = data.draw(st.integers(start, len(messages)))
+        assert digests.source_digest(start, end) == compute_source_digest(messages[start:end])
+        assert digests.ref_id(start, end) == make_ref_id(messages[start:end])
