@@ -241,12 +241,12 @@ class PolicySettings:
     mode: Mode = "enforce"
     providers: tuple[str, ...] = ("engine",)
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
-    budget_tokens: int = option(32000, minimum=0)
+    budget_tokens: int = option(64000, minimum=0)
     budget_fraction: float = option(1.0, above=0, maximum=1)
-    cap_apis: tuple[str, ...] = ("chat.completions", "responses")
+    cap_apis: tuple[str, ...] = APIS
     """The APIs budget_tokens and budget_fraction apply to; the others are budgeted by the
-    model's window alone (Anthropic bills a cache write at 1.25x, so on bench/cost a cap made
-    Messages sessions dearer)."""
+    model's window alone (on bench/cost the 64k cap made no session dearer under OpenAI's or
+    Anthropic's cache rules, so it applies to all three)."""
     trigger_ratio: float = option(1.0, above=0, maximum=1)
     target_ratio: float = option(0.7, above=0, maximum=1)
     min_saving: float = option(0.10, minimum=0, below=1)

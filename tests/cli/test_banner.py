@@ -96,8 +96,13 @@ def test_every_upstream_is_named_and_the_split_case_is_a_warning() -> None:
 
 
 def test_a_cap_that_never_applies_is_a_warning() -> None:
-    claude = {"name": "claude", "match_apis": ["messages"], "budget_tokens": 50000}
-    sized = {"name": "sized", "match_apis": ["messages"]}  # the built-in cap: no warning
+    claude = {
+        "name": "claude",
+        "match_apis": ["messages"],
+        "budget_tokens": 50000,
+        "cap_apis": ["chat.completions", "responses"],
+    }
+    sized = {"name": "sized", "match_apis": ["messages"]}  # the built-in cap applies: no warning
     env = {"COMPACTD_UPSTREAM_URL": "http://x/v1"}
     settings = load_settings(None, env=env, overrides={"policies": [claude, sized]})
     warned = [w for w in describe(settings, None, env={}).warnings if "cap_apis" in w]

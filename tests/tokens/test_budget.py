@@ -212,8 +212,8 @@ def test_budgets_of_real_models(
     assert compute_budget(table.lookup(model), body, POLICY, 64).budget == expected
 
 
-def test_the_default_policy_caps_the_budget_at_32k() -> None:
-    assert compute_budget(_info(), {}, PolicySettings(), 64).budget == 32_000
+def test_the_default_policy_caps_the_budget_at_64k() -> None:
+    assert compute_budget(_info(), {}, PolicySettings(), 64).budget == 64_000
     assert compute_budget(
         _info(window=16_000, max_output=4000), {}, PolicySettings(), 64
     ).budget == (16_000 - 4000 - 64)
@@ -247,8 +247,11 @@ def test_reserving_the_whole_window_leaves_a_small_positive_budget() -> None:
 
 def test_the_caps_apply_to_the_apis_of_cap_apis_only() -> None:
     default = PolicySettings()
-    assert compute_budget(_info(), {}, default, 64, "responses").budget == 32_000
-    assert compute_budget(_info(), {}, default, 64, "messages").budget == 111_552  # the window's
-    claude = PolicySettings(budget_fraction=0.5, cap_apis=("messages",))
+    for api in ("chat.completions", "responses", "messages"):
+        assert compute_budget(_info(), {}, default, 64, api).budget == 64_000
+    openai_only = PolicySettings(budget_tokens=32_000, cap_apis=("chat.completions", "responses"))
+    assert compute_budget(_info(), {}, openai_only, 64, "responses").budget == 32_000
+    assert compute_budget(_info(), {}, openai_only, 64, "messages").budget == 111_552  # the window
+    claude = PolicySettings(budget_fraction=0.25, cap_apis=("messages",))
     assert compute_budget(_info(), {}, claude, 64, "messages").budget == 32_000
     assert compute_budget(_info(), {}, claude, 64, "chat.completions").budget == 111_552
