@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from proxy.config import APIS, PolicySettings
 from proxy.telemetry.metrics import Metrics
 from proxy.telemetry.pricing import rule_for
 from proxy.tokens.budget import ModelInfo
+
+log = logging.getLogger("compactd.compaction")
 
 MAX_CONVERSATIONS = 50_000
 """Conversations whose last request time is remembered, per worker (the least recently seen
@@ -163,6 +166,9 @@ class ColdCache:
         key = (api, model)
         known = self._learned.pop(key, 0.0)
         self._learned[key] = max(known, min(lifetime, MAX_LIFETIME))
+        if self._learned[key] > known:
+            extra = {"api": api, "model": model, "lifetime_s": round(self._learned[key])}
+            log.info("learned prompt cache lifetime", extra=extra)
         if len(self._learned) > self.models:
             self._learned.popitem(last=False)
 

@@ -12,9 +12,11 @@ import asyncio
 import collections
 import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
@@ -139,11 +141,13 @@ def test_misses_and_small_hits_never_lower_or_raise_it_and_the_policy_wins() -> 
     assert cold_after(POLICY, INFO, api, learned=gap) == gap
 
 
-def test_learned_lifetimes_are_bounded_in_memory() -> None:
+def test_learned_lifetimes_are_bounded_in_memory(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
     cold = ColdCache(clock=clock, models=3)
-    for n in range(10):
-        cold.learn("chat.completions", f"m{n}", 5000.0 + n)
+    with caplog.at_level(logging.INFO, logger="compactd.compaction"):
+        for n in range(10):
+            cold.learn("chat.completions", f"m{n}", 5000.0 + n)
+    assert [getattr(r, "lifetime_s", None) for r in caplog.records][-1] == 5009
     assert sum(cold.lifetime("chat.completions", f"m{n}") > 0 for n in range(10)) == 3
     assert cold.lifetime("chat.completions", "m9") == 5009.0  # the most recent kept
     cold.learn("chat.completions", "m9", 100.0)  # lower: kept as it was
