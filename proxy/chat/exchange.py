@@ -366,6 +366,9 @@ class ChatExchange:
         """Metrics now; the log line and the store's accounting off the request path."""
         out, req = self.outcome, self.request
         model = req.model or "unknown"
+        accepted = self.status is not None and 200 <= self.status < 300
+        if accepted and self.usage is not None and out.answered is not None:
+            out.answered(self.usage.prompt_tokens, self.usage.cached_tokens)  # this request's own
         if self.expander is not None and self.expander.usage is not None:
             self.usage = add_usage(self.usage, self.expander.usage)  # the continuations' too
         before = out.tokens_before or 0
@@ -409,7 +412,6 @@ class ChatExchange:
         )
         # Only requests the upstream accepted: a client with a made-up key or model name must
         # not be able to create rows that live for months.
-        accepted = self.status is not None and 200 <= self.status < 300
         if accepted and self.usage is not None:
             self._calibrate(self.usage)
         if self.context.accountant is not None and req.body is not None and accepted:

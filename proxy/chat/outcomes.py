@@ -71,6 +71,7 @@ class Outcomes:
             "tokens_before": counted.tokens,
             "tokens_after": counted.tokens,
             "cold": counted.cold.cold,
+            "answered": counted.cold.answered if counted.cold.learn is not None else None,
         }
         if policy.mode == "off":
             return self.of(request, "passthrough", **figures)

@@ -208,6 +208,8 @@ class Outcome:
     """The request offers the expand tool: how its answer is continued (`proxy.chat.expand`)."""
     cold: bool = False
     """The conversation's prompt cache had expired: budgeted deeper (`proxy.chat.cold_cache`)."""
+    answered: Callable[[int, int], None] | None = field(default=None, compare=False, repr=False)
+    """Told the upstream's prompt and cached tokens (`proxy.chat.cold_cache.ColdTurn.answered`)."""
 
     @property
     def tokens_sent(self) -> int:

@@ -98,7 +98,9 @@ class Sizing:
         margin = self.settings.safety_margin
         api, tenant = request.dialect.name, request.tenant
         cold = (
-            self.cold.turn(tenant, request.conversation, policy, info, api) if not window else WARM
+            self.cold.turn(tenant, request.conversation, policy, info, api, model=request.model)
+            if not window
+            else WARM
         )
         budget = compute_budget(info, request.body, cold.policy or policy, margin, api)
         base = self.tokenizers.for_model(info)

@@ -10,19 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from proxy.chat.cold_cache import ColdCache, cold_after
+from proxy.chat.cold_cache import MAX_LIFETIME, ColdCache, cold_after
 from proxy.config import APIS, PolicySettings
 from proxy.telemetry.pricing import ANTHROPIC, OPENAI
 from proxy.tokens.budget import ModelInfo
-from tests.inprocess import Proxy, running
+from tests.inprocess import Proxy, reply, running
+from tests.upstream import chat_completion
 
 INFO = ModelInfo("gpt-x", 128_000, 4096, "o200k_base", 2.0, 0.2, 8.0)
 POLICY = PolicySettings(budget_tokens=32_000, cold_budget_tokens=8000)
@@ -78,6 +82,107 @@ def test_off_without_a_cold_budget_and_bounded_in_memory() -> None:
     clock.now += 10_000
     assert not cold.turn("t", "a", POLICY, INFO, "chat.completions").cold  # forgotten: warm
     assert cold.turn("t", "c", POLICY, INFO, "chat.completions").cold
+
+
+def hit_after(gap: float, model: str) -> tuple[ColdCache, Clock]:
+    """A conversation of `model` whose second turn, `gap` seconds on, the upstream served from
+    its cache (most of the prompt cached)."""
+    clock = Clock()
+    cold = ColdCache(clock=clock)
+    cold.turn("t", "c", POLICY, INFO, "chat.completions", model=model)
+    clock.now += gap
+    first = cold.turn("t", "c", POLICY, INFO, "chat.completions", model=model)
+    assert first.cold  # the published bound says gone
+    first.answered(prompt_tokens=10_000, cached_tokens=9_000)  # ... but the upstream hit
+    return cold, clock
+
+
+def test_a_hit_after_a_longer_gap_raises_the_lifetime_and_later_such_gaps_stay_warm() -> None:
+    api, gap = "chat.completions", 3 * OPENAI.cold_after
+    cold, clock = hit_after(gap, "gpt-x")
+    assert cold.lifetime(api, "gpt-x") == gap
+    clock.now += gap
+    again = cold.turn("t", "c", POLICY, INFO, api, model="gpt-x")
+    assert (again.cold, again.policy) == (False, None)  # warm: not compacted deeper
+    # Per (API, model): another model, or the same one on another API, keeps the published bound.
+    cold.turn("t", "d", POLICY, INFO, api, model="gpt-z")
+    cold.turn("t", "e", POLICY, INFO, "responses", model="gpt-x")
+    clock.now += gap
+    assert cold.turn("t", "d", POLICY, INFO, api, model="gpt-z").cold
+    assert cold.turn("t", "e", POLICY, INFO, "responses", model="gpt-x").cold
+    # A longer gap's hit raises it further, never past the sane maximum.
+    clock.now += 10 * 24 * 3600
+    far = cold.turn("t", "c", POLICY, INFO, api, model="gpt-x")
+    assert far.cold
+    far.answered(prompt_tokens=100, cached_tokens=100)
+    assert cold.lifetime(api, "gpt-x") == MAX_LIFETIME
+
+
+def test_misses_and_small_hits_never_lower_or_raise_it_and_the_policy_wins() -> None:
+    api, gap = "chat.completions", 2 * OPENAI.cold_after
+    cold, clock = hit_after(gap, "m")
+    clock.now += 2 * gap
+    turn = cold.turn("t", "c", POLICY, INFO, api, model="m")
+    assert turn.cold
+    turn.answered(prompt_tokens=10_000, cached_tokens=0)  # a miss says nothing of the lifetime
+    # A hit on a shared prefix only (a system prompt others keep warm) is not this one's cache.
+    turn.answered(prompt_tokens=10_000, cached_tokens=1_024)
+    assert cold.lifetime(api, "m") == gap
+    clock.now += gap
+    assert not cold.turn("t", "c", POLICY, INFO, api, model="m").cold  # still learned
+    # A warm turn carries nothing to learn from.
+    clock.now += 1
+    assert cold.turn("t", "c", POLICY, INFO, api, model="m").learn is None
+    # The policy's own lifetime wins over what is learned.
+    mine = dataclasses.replace(POLICY, cold_after_seconds=60.0)
+    clock.now += 61
+    assert cold.turn("t", "c", mine, INFO, api, model="m").cold
+    assert cold_after(mine, INFO, api, learned=gap) == 60.0
+    assert cold_after(POLICY, INFO, api, learned=gap) == gap
+
+
+def test_learned_lifetimes_are_bounded_in_memory(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    cold = ColdCache(clock=clock, models=3)
+    with caplog.at_level(logging.INFO, logger="compactd.compaction"):
+        for n in range(10):
+            cold.learn("chat.completions", f"m{n}", 5000.0 + n)
+    assert [getattr(r, "lifetime_s", None) for r in caplog.records][-1] == 5009
+    assert sum(cold.lifetime("chat.completions", f"m{n}") > 0 for n in range(10)) == 3
+    assert cold.lifetime("chat.completions", "m9") == 5009.0  # the most recent kept
+    cold.learn("chat.completions", "m9", 100.0)  # lower: kept as it was
+    assert cold.lifetime("chat.completions", "m9") == 5009.0
+
+
+async def test_the_proxy_learns_the_lifetime_from_the_upstreams_cached_tokens(
+    tmp_path: Path,
+) -> None:
+    clock = Clock()
+    gap = 2 * OPENAI.cold_after  # gpt-4o: OpenAI's older rule, gone after 10 minutes
+    policy = {"budget_tokens": 64_000, "cold_budget_tokens": 8000}
+    hit = chat_completion(
+        usage={
+            "prompt_tokens": 40,
+            "completion_tokens": 3,
+            "prompt_tokens_details": {"cached_tokens": 32},
+        }
+    )
+    async with running(tmp_path, default_policy=policy, server={"secret": "s"}) as proxy:
+        cold = proxy.services.compactor.sizing.cold
+        cold.clock = clock
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "hello there"}]
+        caches = []
+        for answer in (reply(), reply(body=hit), reply(body=hit), reply()):
+            proxy.upstream.then(answer)
+            r = await proxy.chat({"model": "gpt-4o", "messages": messages})
+            assert r.status_code == 200, r.text
+            caches.append(r.headers.get("x-compactd-cache", ""))
+            messages = [*messages, {"role": "assistant", "content": "Hello!"}]
+            messages.append({"role": "user", "content": f"and then {len(messages)}"})
+            clock.now += gap
+    # The first gap looked cold and the upstream hit: later such gaps are warm.
+    assert caches == ["", "cold", "", ""]
+    assert cold.lifetime("chat.completions", "gpt-4o") == gap
 
 
 # ---- the proxy, driven through gaps -------------------------------------------------------
