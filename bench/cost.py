@@ -33,17 +33,19 @@ also counts facts kept in context inside the originals of the refs the forwarded
 
 Policies: `default` (the shipped default policy; under `--rule anthropic` as it budgets a Messages
 request, which its `cap_apis` leave uncapped), `no-cap` (budget_tokens = 0: the budget is the
-model's window), `cap-<N>k` (budget_tokens = N x 1000), `window-<P>%` (budget_fraction, no
-cap), the caps on every API, each also with `+lossless` and `+expand` and both, where the
-policy keys exist. Prints markdown tables: the totals per policy, net saving / facts kept per
-policy and corpus, and the prompt tokens the lossless tier alone saves per corpus
-(`no-cap+lossless`: nothing else rewrites a request under a 1M window); `--sessions` adds one row
-per corpus and policy and one per session for the `--session-policies` (default: the shipped
+model's window), `cap-<N>k` (budget_tokens = N x 1000), `window-<P>%` (budget_fraction, no cap), the
+caps on every API, each also with `+lossless` and `+expand` and both, where the policy keys exist,
+and `cap-<N>k+summarize` (the `summarize` provider with the conversation's own model: its calls are
+answered with the span's first words, as many as it asks for, and priced in the "with" arm through
+the same cache, which their prefix shares). Prints markdown tables: the totals per policy, net
+saving / facts kept per policy and corpus, and the prompt tokens the lossless tier alone saves per
+corpus (`no-cap+lossless`: nothing else rewrites a request under a 1M window); `--sessions` adds one
+row per corpus and policy and one per session for the `--session-policies` (default: the shipped
 default and the policies the rule picks). Last, the rule's picks (`choose_default`): over every
-policy, over those that forward requests under their trigger byte for byte (what the shipped
-default may be), and letting sessions pay more (the `savings` preset). `--json` keeps every
-session's figures, `--plot` draws net saving and facts kept against the budget cap, one line per
-corpus (needs matplotlib: the `bench` extra).
+policy, over those that forward requests under their trigger byte for byte (what the shipped default
+may be), and letting sessions pay more (the `savings` preset). `--json` keeps every session's
+figures, `--plot` draws net saving and facts kept against the budget cap, one line per corpus (needs
+matplotlib: the `bench` extra).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -73,7 +76,8 @@ from bench.session import table
 from bench.timing import KINDS, timing
 from proxy.chat.cold_cache import ColdCache
 from proxy.config import APIS, PolicySettings
-from proxy.providers.units import refs_in
+from proxy.providers.summarize import CACHED_AGGRESSIVE, CACHED_INSTRUCTION, NORMAL_PROMPT
+from proxy.providers.units import message_text, refs_in
 from proxy.telemetry.pricing import RULES, CacheRule, Prices
 from proxy.tokens.budget import ModelInfo, ModelTable
 from proxy.tokens.counter import TokenCounter, Tokenizers
@@ -90,6 +94,10 @@ PEAK = 32_000
 """The issue's target is over sessions whose largest request exceeds this many tokens."""
 FRACTIONS = (0.25, 0.5)
 LOSSLESS_ALONE = "no-cap+lossless"
+SUMMARIZE = {"providers": ["summarize"], "options": {"summarize": {"model": ""}}}
+"""The `+summarize` policies' chain: LLM summaries by the conversation's own model, whose
+requests read the conversation from the cache (proxy/providers/summarize.py)."""
+_STARTS = tuple(t.split("{", 1)[0] for t in (CACHED_INSTRUCTION, CACHED_AGGRESSIVE, NORMAL_PROMPT))
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,8 @@ def all_policies() -> list[Policy]:
             for k in COLD_BUDGETS
             if b.cap is None or k * 1000 < b.cap
         ]
+    # The summarize provider on the caps (its calls are priced into the bill).
+    grid += [Policy(f"{b.name}+summarize", {**b.keys, **SUMMARIZE}, b.cap) for b in bases if b.cap]
     return grid
 
 
@@ -187,6 +197,10 @@ class Figures:
     """... or in the originals of the refs it carries (what the expand tool can bring back)."""
     verbatim: int = 0
     """Facts still anywhere in what is forwarded, with or without their surroundings."""
+    summary_calls: int = 0
+    """Calls the summarize provider made upstream; their cost is in `sent` ..."""
+    summary_usd: float = 0.0
+    """... and is this much of it."""
 
     @property
     def saving(self) -> float:
@@ -277,6 +291,27 @@ def _head(body: dict[str, Any]) -> int:
     return max(n, 1)
 
 
+def summary_call(body: dict[str, Any]) -> bool:
+    """Whether an upstream request is the summarize provider's (by its instruction's words)."""
+    messages = body.get("messages") or []
+    ends = messages[-1].get("content") if messages else None
+    starts = messages[0].get("content") if messages else None
+    return any(isinstance(t, str) and t.startswith(_STARTS) for t in (ends, starts))
+
+
+def fake_summary(body: dict[str, Any]) -> str:
+    """The bench's summarizer: the first words of the span, as many as the instruction allows."""
+    messages = body["messages"]
+    asked = messages[-1]["content"]
+    if asked.startswith(_STARTS[:2]):
+        count = int(re.search(r"the last (\d+) messages", asked).group(1))  # type: ignore[union-attr]
+        text = " ".join(message_text(m) for m in messages[-1 - count : -1])
+    else:
+        asked, text = messages[0]["content"], asked
+    words = int(re.search(r"at most (\d+) words", asked).group(1))  # type: ignore[union-attr]
+    return " ".join(text.split()[:words]) or "nothing"
+
+
 def turns_of(case: Case) -> list[int]:
     """Indices of the assistant messages after the first message: each is one request."""
     return [i for i, m in enumerate(case.messages) if m.get("role") == "assistant" and i > 0]
@@ -327,9 +362,15 @@ class Replayer:
         self.upstream = MockUpstream(default=self._answer)
         self.reply: dict[str, Any] = {"role": "assistant", "content": ""}
         self.store_timeout_ms = store_timeout_ms
+        self.summaries: list[tuple[dict[str, Any], str]] = []
+        """The summarize provider's calls since the last turn was priced, with their replies."""
 
     def _answer(self, request: httpx.Request) -> httpx.Response:
         message = {k: v for k, v in self.reply.items() if k in ("role", "content", "tool_calls")}
+        asked = orjson.loads(request.content)
+        if summary_call(asked):
+            message = {"role": "assistant", "content": fake_summary(asked)}
+            self.summaries.append((asked, message["content"]))
         body = chat_completion()
         body["choices"][0]["message"] = {**message, "refusal": None}
         body["choices"][0]["finish_reason"] = "tool_calls" if message.get("tool_calls") else "stop"
@@ -387,6 +428,7 @@ class Replayer:
             self.clock.now = times.times[turn] if self.gap is None else turn * self.gap
             body = self._body(case, case.messages[:index])
             self.reply = case.messages[index]
+            self.summaries.clear()
             response = await proxy.chat(body, key=key, **headers)
             forwarded = orjson.loads(proxy.upstream.last.content)
             if response.status_code != 200:
@@ -405,6 +447,8 @@ class Replayer:
             result.overhead_ms.append(float(response.headers.get("x-compactd-overhead-ms") or 0))
             now = self.clock.now
             result.peak = max(result.peak, before)
+            # The summarizer's calls went before the forwarded request, through the same cache.
+            summarized = self._price_summaries(with_, now, result)
             plain = without.price(self.segmenter.request(body), now, _head(body)).scale(before)
             sent = with_.price(self.segmenter.request(forwarded), now, _head(forwarded)).scale(
                 after
@@ -414,9 +458,27 @@ class Replayer:
             usd = self.pricing.cost(plain, output), self.pricing.cost(sent, output)
             result.plain.add(plain, usd[0])
             result.sent.add(sent, usd[1])
-            result.add_gap(times.kinds[turn] if self.gap is None else "fixed", *usd)
+            kind = times.kinds[turn] if self.gap is None else "fixed"
+            result.add_gap(kind, usd[0], usd[1] + summarized)
         await self._probe(proxy, case, result, key, headers)
         return result
+
+    def _price_summaries(self, cache: PromptCache, now: float, result: SessionResult) -> float:
+        """Price this turn's summarizer calls into `result.sent`: their prompt (its cached share
+        by the arm's cache, which their prefix shares) and their reply. Returns their USD."""
+        usd = 0.0
+        for asked, answer in self.summaries:
+            tokens = self.counter.count_messages(asked["messages"])
+            priced = cache.price(self.segmenter.request(asked), now, _head(asked)).scale(tokens)
+            cost = self.pricing.cost(
+                priced, self.counter.count_message({"role": "assistant", "content": answer})
+            )
+            result.sent.add(priced, cost)
+            result.summary_calls += 1
+            usd += cost
+        result.summary_usd += usd
+        self.summaries.clear()
+        return usd
 
     def _body(self, case: Case, messages: list[dict[str, Any]]) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
@@ -502,6 +564,7 @@ class Total(Figures):
             "verbatim": _share(self.verbatim, self.facts),
             "latency": f"{mean:.1f} / {p95:.1f}",
             "errors": str(self.errors),
+            "summaries": f"{self.summary_calls} / {self.summary_usd:.2f}",
         }
 
 
@@ -523,6 +586,7 @@ COLUMNS = (
     ("facts verbatim", "verbatim"),
     ("added ms / turn, mean / p95", "latency"),
     ("errors", "errors"),
+    ("summarizer calls / USD (in `with`)", "summaries"),
 )
 
 
@@ -739,7 +803,8 @@ async def main() -> None:
         ]
     if args.providers:
         chain = args.providers.split(",")
-        policies = [dataclasses.replace(p, keys={**p.keys, "providers": chain}) for p in policies]
+        # A policy that names its own chain (+summarize) keeps it.
+        policies = [dataclasses.replace(p, keys={"providers": chain, **p.keys}) for p in policies]
     if args.policies:
         wanted = args.policies.split(",")
         policies = [p for p in policies if p.name in wanted]

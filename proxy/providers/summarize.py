@@ -8,6 +8,16 @@ deterministic `engine`. Facts of the span (ids, paths, names, numbers) that the 
 appended to its summary, so an imperfect summary never loses them. Summaries are cached by the
 digest of the span they replace, so a span is never paid for twice and a replayed span always gets
 the same bytes.
+
+When the summarizing model is the conversation's own (`model = ""`, or the name the client asked
+for) the request reads from the provider's prompt cache: it is the conversation's messages exactly
+as the provider is given them, up to the end of the span, followed by one user instruction to
+summarize the last messages above (`cached_request`); every input token but the instruction's is
+then a cached read. A different model (the default, `gpt-4o-mini`) cannot share that cache, so it
+gets a fresh prompt with the span pasted in as text (`fresh_request`), as does a span longer than
+`max_input_chars` (the cached shape cannot cut it). The cache is only shared when `summarize` is
+first in its chain (a provider before it changes the messages) and the conversation has no tool
+schemas (the completer sends none, and they head the cached prefix).
 """
 
 from __future__ import annotations
@@ -52,6 +62,16 @@ NORMAL_PROMPT = (
     "You compress chat history. Summarize the conversation excerpt below so the assistant can "
     "continue the conversation without it, in at most {words} words. " + _RULES
 )
+CACHED_INSTRUCTION = (
+    "Stop the conversation here: do not answer or continue it. Summarize the last {count} "
+    "messages above so the assistant can continue the conversation without them, in at most "
+    "{words} words. "
+)
+"""The one instruction after the cached conversation ({count} messages, then {words})."""
+CACHED_AGGRESSIVE = (
+    "Stop the conversation here: do not answer or continue it. Reduce the last {count} messages "
+    "above to terse bullet points of facts only, at most {words} words in total. "
+)
 AGGRESSIVE_PROMPT = (
     "You compress chat history. Reduce the conversation excerpt below to terse bullet points of "
     "facts only, at most {words} words in total. " + _RULES
@@ -63,6 +83,7 @@ class SummarizeOptions:
     """The summarize provider's `extra_config` keys (unknown keys are rejected)."""
 
     model: str = "gpt-4o-mini"
+    """The summarizing model; "": the conversation's own, whose prompt cache the call reads."""
     timeout: float = option(20.0, above=0)
     summary_tokens: int = option(400, minimum=16)
     max_input_chars: int = option(200_000, minimum=1000)
@@ -159,7 +180,7 @@ class SummarizeProvider(ContextProvider):
         cache = config.summary_cache
         summary = await cache.get(digest) if cache is not None else None
         if summary is None:
-            summary = await self._ask(originals, span_tokens, config, opts)
+            summary = await self._ask(messages, span, span_tokens, config, opts)
             if summary is None:
                 return None
             if cache is not None:
@@ -183,33 +204,58 @@ class SummarizeProvider(ContextProvider):
 
     async def _ask(
         self,
-        originals: list[Message],
+        messages: list[Message],
+        span: range,
         span_tokens: int,
         config: CompressionConfig,
         opts: SummarizeOptions,
     ) -> str | None:
         """Normal, then aggressive prompt; None when neither gives a usable, shorter summary."""
         assert config.complete is not None
-        text = transcript(originals, opts.max_input_chars)
+        model = opts.model or config.model
         # Half a word per token: code and ids cost several tokens per word.
         words = summary_budget(span_tokens, opts.summary_tokens) // 2
-        for prompt in (
-            NORMAL_PROMPT.format(words=words),
-            AGGRESSIVE_PROMPT.format(words=words // 2),
-        ):
-            request = [{"role": "system", "content": prompt}, {"role": "user", "content": text}]
+        for aggressive in (False, True):
+            budget = words // 2 if aggressive else words
+            if model == config.model and fits(messages[span.start : span.stop], opts):
+                request = cached_request(messages, span, budget, aggressive=aggressive)
+            else:
+                request = fresh_request(messages[span.start : span.stop], budget, opts, aggressive)
             try:
                 reply = await asyncio.wait_for(
-                    config.complete(request, opts.model, opts.timeout), opts.timeout
+                    config.complete(request, model, opts.timeout), opts.timeout
                 )
             except Exception as exc:  # noqa: BLE001 - any upstream failure means: escalate
-                log.warning("summarize: %s call failed: %s", opts.model, type(exc).__name__)
+                log.warning("summarize: %s call failed: %s", model, type(exc).__name__)
                 continue
             reply = reply.strip() if isinstance(reply, str) else ""
             if reply and config.count_message({"role": "user", "content": reply}) < span_tokens:
                 return reply
-            log.info("summarize: %s reply was empty or not shorter; escalating", opts.model)
+            log.info("summarize: %s reply was empty or not shorter; escalating", model)
         return None
+
+
+def fits(originals: Sequence[Message], opts: SummarizeOptions) -> bool:
+    """Whether the span is short enough to be read whole (`max_input_chars` of its transcript)."""
+    return len(transcript(originals, opts.max_input_chars + 1)) <= opts.max_input_chars
+
+
+def cached_request(
+    messages: Sequence[Message], span: range, words: int, *, aggressive: bool = False
+) -> list[Message]:
+    """The conversation as given, up to the span's end, then one instruction: a cached prefix."""
+    template = CACHED_AGGRESSIVE if aggressive else CACHED_INSTRUCTION
+    instruction = template.format(count=len(span), words=words) + _RULES
+    return [*messages[: span.stop], {"role": "user", "content": instruction}]
+
+
+def fresh_request(
+    originals: Sequence[Message], words: int, opts: SummarizeOptions, aggressive: bool
+) -> list[Message]:
+    """A new prompt with the span pasted in as text (for a model that cannot share the cache)."""
+    prompt = (AGGRESSIVE_PROMPT if aggressive else NORMAL_PROMPT).format(words=words)
+    text = transcript(originals, opts.max_input_chars)
+    return [{"role": "system", "content": prompt}, {"role": "user", "content": text}]
 
 
 def build_result(

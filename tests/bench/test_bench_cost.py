@@ -10,17 +10,21 @@ import pytest
 from bench.cache_model import Priced, PromptCache, Segment, openai_cached
 from bench.cost import (
     LOSSLESS_ALONE,
+    SUMMARIZE,
     Policy,
     Replayer,
     SessionResult,
     all_policies,
     choose_default,
+    fake_summary,
     lossless_alone,
     per_session,
+    summary_call,
     totals,
 )
 from bench.quality import Case
 from bench.timing import DAY_START, timing
+from proxy.providers.summarize import cached_request
 
 
 def seg(name: str, n: int) -> Segment:
@@ -237,3 +241,32 @@ async def test_replay_drives_compactds_clock_so_cold_turns_compact_deeper() -> N
     }["no-cap+cold4k"]
     assert warm.compactions == 0
     assert warm.sent.prompt == warm.plain.prompt
+
+
+@pytest.mark.asyncio
+async def test_a_summarize_policy_pays_for_its_summarizer_calls_which_read_the_cache(
+    tmp_path: Path,
+) -> None:
+    """The summarizer's calls are priced into the `with` arm, their prefix read from its cache."""
+    del tmp_path
+    policies = [Policy("cap-4k+summarize", {"budget_tokens": 4000, **SUMMARIZE}, cap=4000)]
+    replayer = Replayer("gpt-5.4", "openai", 300, 30, policies)
+    (result,) = await replayer.run([_case()], progress=False)
+    assert result.errors == 0
+    assert result.summary_calls > 0
+    assert result.summary_usd > 0
+    with_gaps = sum(row[2] for row in result.gaps.values())
+    assert with_gaps == pytest.approx(result.sent.usd)  # the per-gap bill includes them too
+    assert result.compactions >= 1
+
+
+def test_the_fake_summarizer_answers_within_the_words_asked_for() -> None:
+    messages = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "alpha beta gamma delta"},
+        {"role": "assistant", "content": "epsilon zeta"},
+    ]
+    asked = cached_request(messages, range(1, 3), words=3)
+    assert summary_call({"messages": asked})
+    assert not summary_call({"messages": messages})
+    assert fake_summary({"messages": asked}) == "alpha beta gamma"

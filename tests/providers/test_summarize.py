@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from proxy.providers.base import CompactionResult, Message, OptionError, parse_options
@@ -262,3 +263,42 @@ async def test_a_summary_is_the_models_words_never_a_list_of_terms_it_left_out()
     assert "The user wants a booking." in text
     assert "facts:" not in text
     assert "HAT136" not in text, "what the summary left out is restored from its ref, not listed"
+
+
+@pytest.mark.parametrize("model", ["", "gpt-4o"])
+async def test_with_the_conversations_model_the_request_is_the_cached_prefix_plus_one_instruction(
+    model: str,
+) -> None:
+    messages = chat(6)
+    completer = FakeCompleter("", SUMMARY)  # the normal prompt's empty reply escalates
+    result = await run(messages, 0.5, completer, model=model)
+    (originals,) = result.verbatim.values()
+    stop = messages.index(originals[-1]) + 1
+    for request, used, _ in completer.calls:
+        assert used == "gpt-4o"  # make_config's conversation model
+        *head, instruction = request
+        # Byte for byte the prefix the provider has cached: the messages up to the span's end.
+        assert orjson.dumps(head) == orjson.dumps(messages[:stop])
+        assert orjson.dumps(request).startswith(orjson.dumps(messages[:stop])[:-1])
+        assert instruction["role"] == "user"
+        assert f"the last {len(originals)} messages above" in instruction["content"]
+        assert "file path" in instruction["content"]
+    assert len(completer.calls) == 2
+    assert "terse bullet points" in completer.calls[1][0][-1]["content"]
+    assert SUMMARY in message_text(result.messages[1])
+
+
+async def test_another_model_gets_a_fresh_prompt_since_it_cannot_share_the_cache() -> None:
+    completer = FakeCompleter()
+    await run(chat(6), 0.5, completer, model="gpt-4o-mini")
+    ((request, _, _),) = completer.calls
+    assert [m["role"] for m in request] == ["system", "user"]
+    assert "src/app_0.py" in request[1]["content"]
+
+
+async def test_a_span_over_max_input_chars_gets_the_fresh_prompt_it_can_cut() -> None:
+    completer = FakeCompleter()
+    await run(chat(6), 0.5, completer, model="", max_input_chars=1000)
+    ((request, _, _),) = completer.calls
+    assert [m["role"] for m in request] == ["system", "user"]
+    assert "[…]" in request[1]["content"]
