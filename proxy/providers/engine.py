@@ -14,8 +14,11 @@ Five principles, each a stage a reviewer can read on its own:
    later (a newer view of the same file, a repeated error template) is worth nothing where it
    stands first, and the output of a call that is made again later is worth a tenth.
 4. **Salience** (`salience.Scorer`). Pieces are worth their specificity (rare ids, numbers,
-   dates, paths, URLs, names) plus their relevance to the tail (BM25 against the last user
-   message and the newest exchanges), plus a little for being there at all. A tool's output
+   dates, paths, URLs, names), plus a little for being there at all; relevance to the tail
+   (BM25 against the last user message and the newest exchanges) is an option, off by
+   default: the tail itself is kept whole and the working set holds what it works on, and on
+   every corpus, dev and held-out, weighing relevance kept no more facts in context (up to 5
+   points fewer). A tool's output
    counts a quarter (`RAW`): it is what the user and the model read, and their own turns after
    it say what mattered in it.
 5. **Fill the budget** (`selection.py`). Pieces are kept best value per token first until the
@@ -74,7 +77,7 @@ class EngineOptions:
         doc="share of the target the newest pieces of the last recency_turns turns may fill first",
     )
     relevance: float = option(
-        0.25, minimum=0.0, doc="weight of relevance to the tail beside specificity"
+        0.0, minimum=0.0, doc="weight of relevance to the tail beside specificity (0: off)"
     )
 
 

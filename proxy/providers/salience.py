@@ -189,7 +189,7 @@ class Scorer:
         out = []
         for i in range(len(self._specific) - 1, -1, -1):
             score = self.specificity(i)
-            if self._hits[i]:  # most pieces hold none of the tail's terms
+            if relevance and self._hits[i]:  # most pieces hold none of the tail's terms
                 score += relevance * self.relevance(i)
             out.append(score)
             self._specific.pop()
