@@ -283,3 +283,67 @@ def test_any_gaps_keep_warm_turns_stable_and_cold_turns_deeper(tmp_path: Path) -
     # Not vacuous: turns were compacted cold, and warm turns replayed what a cold one made.
     assert SEEN[("cold", "compacted")] >= 3
     assert SEEN[("warm", "replayed")] >= 3
+
+
+class LearningMachine(RuleBasedStateMachine):
+    """The rule against a model of it: conversations of two models on one API, any gaps, the
+    upstream answering hits, small hits or misses. A turn is cold exactly when its gap passes
+    the longer of the published and the learned bound; what is learned is the longest gap of a
+    cold turn that got a hit (at most MAX_LIFETIME), and never goes down."""
+
+    API = "chat.completions"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.cold = ColdCache(clock=self.clock)
+        self.last: dict[str, float] = {}
+        self.learned = {"a": 0.0, "b": 0.0}
+        self.pending: dict[str, Any] = {}
+
+    @rule(
+        conversation=st.sampled_from(["c1", "c2", "c3"]),
+        model=st.sampled_from(["a", "b"]),
+        gap=st.sampled_from([1.0, 599.0, 601.0, 1800.0, 7200.0, 3 * MAX_LIFETIME]),
+    )
+    def turn(self, conversation: str, model: str, gap: float) -> None:
+        self.clock.now += gap
+        key = f"{conversation}/{model}"
+        turn = self.cold.turn("t", key, POLICY, INFO, self.API, model=model)
+        since = self.clock.now - self.last[key] if key in self.last else None
+        self.last[key] = self.clock.now
+        bound = max(cold_after(POLICY, INFO, self.API), self.learned[model])
+        assert turn.cold == (since is not None and since > bound)
+        assert (turn.gap is not None) == turn.cold  # only a cold turn can teach anything
+        self.pending[model] = (turn, since)
+
+    @rule(model=st.sampled_from(["a", "b"]), cached=st.sampled_from([0, 1_024, 5_000, 9_000]))
+    def answer(self, model: str, cached: int) -> None:
+        if model not in self.pending:
+            return
+        turn, since = self.pending.pop(model)
+        turn.answered(prompt_tokens=10_000, cached_tokens=cached)
+        if turn.cold and cached >= 5_000:
+            self.learned[model] = max(self.learned[model], min(since, MAX_LIFETIME))
+        assert self.cold.lifetime(self.API, model) == self.learned[model]
+
+    @rule(model=st.sampled_from(["a", "b"]))
+    def the_policys_own_lifetime_wins(self, model: str) -> None:
+        mine = dataclasses.replace(POLICY, cold_after_seconds=30.0)
+        self.clock.now += 31.0
+        turn = self.cold.turn("t", f"own/{model}", mine, INFO, self.API, model=model)
+        if turn.gap is not None:
+            assert turn.cold  # 31 s past a 30 s lifetime, whatever was learned
+        self.clock.now += 31.0
+        turn = self.cold.turn("t", f"own/{model}", mine, INFO, self.API, model=model)
+        assert turn.cold
+        # A hit 31 s on teaches 31 s, which lowers nothing already learned.
+        turn.answered(prompt_tokens=10_000, cached_tokens=9_000)
+        self.learned[model] = max(self.learned[model], 31.0)
+        assert self.cold.lifetime(self.API, model) == self.learned[model]
+
+
+LearningMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, derandomize=True, deadline=None
+)
+test_learned_lifetimes_follow_the_model_of_the_rule = LearningMachine.TestCase
