@@ -5,8 +5,8 @@ A piece is a whole line of code or output, a whole sentence of prose, or a whole
 meaning. Pieces tile the text exactly, so kept neighbours join back into the original bytes.
 
 A line up to `LONG_LINE` characters is one piece, short ones gathered with the lines after
-them. A longer one is cut where its own structure
-allows: prose at sentence ends (a sentence shorter than `SENTENCE` characters stays with the
+them. A longer one is cut where its own structure allows: a script or file inside a JSON
+string (a tool call's arguments) at its escaped line breaks, like lines; prose at sentence ends (a sentence shorter than `SENTENCE` characters stays with the
 next), data (JSON, a Python repr, a CSV row) at the commas and semicolons between its members,
 never inside a quoted string, small members joined up to `PART` characters so a fact keeps a
 few words on either side. Anything still longer than
@@ -31,6 +31,10 @@ LONGEST = 600
 """No piece is longer than this."""
 SCAN = 4096
 """Characters one regex call looks at, at most."""
+ESCAPED_BREAK = "\\n"
+"""A line break as a JSON string writes it."""
+ESCAPED_LINES = 3
+"""A long line with at least this many escaped line breaks is cut at them, like lines."""
 
 # A sentence ends at . ! ? (or a run of them), optional closing quotes or brackets, then space.
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]\u201d\u2019]*\s+")
@@ -70,8 +74,14 @@ def _lines(text: str) -> Iterator[str]:
 def _parts(text: str, start: int, end: int) -> Iterator[tuple[int, int]]:
     """A long line cut at its own boundaries and joined back up to about PART characters."""
     stripped = text[start:end].lstrip()
-    data = stripped[:1] in _OPENERS or _looks_like_data(stripped)
-    cuts, least = (_data_cuts, PART) if data else (_prose_cuts, SENTENCE)
+    if text.count(ESCAPED_BREAK, start, end) >= ESCAPED_LINES:
+        # A script or a file inside a JSON string (a tool call's arguments): its escaped line
+        # breaks are its lines.
+        cuts, least = _escaped_cuts, SHORT
+    elif stripped[:1] in _OPENERS or _looks_like_data(stripped):
+        cuts, least = _data_cuts, PART
+    else:
+        cuts, least = _prose_cuts, SENTENCE
     piece_start = start
     for cut in (*cuts(text, start, end), end):
         if cut - piece_start >= least or cut == end:
@@ -92,6 +102,14 @@ def _prose_cuts(text: str, start: int, end: int) -> Iterator[int]:
     for pos in range(start, end, SCAN):
         for m in _SENTENCE_END.finditer(text, pos, min(pos + SCAN, end)):
             yield m.end()
+
+
+def _escaped_cuts(text: str, start: int, end: int) -> Iterator[int]:
+    """Offsets just after each escaped line break of text[start:end]."""
+    at = text.find(ESCAPED_BREAK, start, end)
+    while at >= 0:
+        yield at + len(ESCAPED_BREAK)
+        at = text.find(ESCAPED_BREAK, at + len(ESCAPED_BREAK), end)
 
 
 def _data_cuts(text: str, start: int, end: int) -> Iterator[int]:
