@@ -22,8 +22,10 @@ Five principles, each a stage a reviewer can read on its own:
    counts a quarter (`RAW`): it is what the user and the model read, and their own turns after
    it say what mattered in it.
 5. **Fill the budget** (`selection.py`). Pieces are kept best value per token first until the
-   target is reached, counted exactly and adjusted; a request that can fit does. The final tool
-   results are cut (head and tail) only when nothing else makes it fit.
+   target is reached, counted exactly and adjusted; then the later pieces that still fit in
+   the room left (`_fill`: the piece that stopped the ranking may be one long line while short
+   ones fit beside it). A request that can fit does. The final tool results are cut (head and
+   tail) only when nothing else makes it fit.
 
 System and developer messages, the head (`keep_head`), the last user message and the final
 message are never touched; roles, tool-call ids, names and content types never change. Same
@@ -104,6 +106,9 @@ REPEAT_MIN_CHARS = 12
 # it bisects.
 FIT_ROUNDS = 12
 GUESSES = 4
+# How many exact counts filling the room after the ranking's prefix may take (each takes half
+# as many of the later picks as the one before).
+FILL_ROUNDS = 3
 # How many times the last resort may cut the final tool results again.
 CUT_ROUNDS = 4
 # A result at least this share of the target is close enough.
@@ -237,11 +242,46 @@ def _fit(
         if rendered is None:
             apply(texts, picks, fits)
             rendered = render(layout, texts, short=False)
-        if config.count_tokens(rendered.messages) <= config.limit:
-            return rendered
+        got = config.count_tokens(rendered.messages)
+        if got <= config.limit:
+            return _fill(
+                layout, texts, picks, fits, rendered, room=config.limit - got, config=config
+            )
         if fits == 0:
             return None
         fits -= max(fits // 100, 1)  # the stand-ins' lines priced apart fell short
+
+
+def _fill(
+    layout: Layout,
+    texts: list[Text],
+    picks: list[Pick],
+    fits: int,
+    rendered: Rendered,
+    *,
+    room: int,
+    config: CompressionConfig,
+) -> Rendered:
+    """Fill the room the ranking's prefix leaves: the later picks that still fit, best first
+    (the pick that stopped the prefix may be one long line while a dozen short ones fit
+    beside it). Checked by one exact count, with fewer of them taken until it is within the
+    target; the prefix alone when none fits."""
+    extra: list[int] = []
+    left = room * CLOSE
+    for j in range(fits, len(picks)):
+        cost = picks[j][2] - (picks[j - 1][2] if j else 0.0)
+        if cost <= left:
+            extra.append(j)
+            left -= cost
+    for _ in range(FILL_ROUNDS):
+        if not extra:
+            break
+        apply(texts, [picks[j] for j in [*range(fits), *extra]], fits + len(extra))
+        candidate = render(layout, texts, short=False)
+        if config.count_tokens(candidate.messages) <= config.limit:
+            return candidate
+        extra = extra[: len(extra) // 2]
+    return rendered
 
 
 def _texts(

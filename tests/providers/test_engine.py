@@ -61,6 +61,36 @@ def test_pieces_tile_the_text_and_cut_long_lines_at_sentences_and_members() -> N
     assert all(p.count('{"id"') <= p.count("}") + 1 for p in cut if '"id"' in p)
 
 
+def test_a_script_inside_a_json_string_is_cut_at_its_escaped_line_breaks() -> None:
+    script = "".join(f"value_{k} = compute({k}, scale=2.5)\n" for k in range(40))
+    call = "bash " + json.dumps({"command": f"cat <<'EOF' > calc.py\n{script}EOF"})
+    text = "Writing the script.\n" + call + "\n"
+    spans = pieces.split(text)
+    cut = [text[s:e] for s, e in spans]
+    assert "".join(cut) == text
+    # Each piece is a few whole lines of the script as the JSON string writes them.
+    assert any(p == "value_7 = compute(7, scale=2.5)\\n" for p in cut)
+    assert all(e - s <= 2 * pieces.LONG_LINE for s, e in spans)
+
+
+def test_short_lines_fill_the_room_a_long_one_leaves() -> None:
+    # The most specific line (28 ids) is too long for the room the floor leaves; the orders
+    # after it in the ranking still fit, and are kept instead of leaving the room empty.
+    long_line = " ".join(f"ID-{k:04d}" for k in range(28))
+    history: list[Message] = [system()]
+    for k in range(10):
+        history.append(user(f"Order ZX-{k}471 ships to Lisbon. " + words(20, f"chat{k}")))
+        history.append(assistant(words(60, f"reply{k}")))
+    history += [user(long_line), assistant("Noted."), user("Where do the orders ship?")]
+    config = make_config(160)
+    result = ENGINE.compress(history, config)
+    assert check_result(history, result, config) == []
+    sent = sent_text(result.messages)
+    assert long_line not in sent
+    assert sum(f"Order ZX-{k}471 ships to Lisbon." in sent for k in range(10)) >= 2
+    assert 0.75 * config.limit <= count_tokens(result.messages) <= config.limit
+
+
 def test_an_agent_run_fits_and_the_newest_outputs_stay_whole() -> None:
     messages = agent_run(20, result_tokens=300)
     out, _ = compact(messages, 0.5)
