@@ -9,7 +9,10 @@ Five principles, each a stage a reviewer can read on its own:
    units that keep nothing become one stand-in. Nothing is ever re-worded into a list of terms.
 2. **Recency gradient** (`_weights`, `_working_set`). Every piece's value is multiplied by how
    new its unit is; the newest pieces of the last `recency_turns` user turns, up to a fifth of
-   the target (the working set), count many times more, so they are the last to lose anything.
+   the room (the target less what must stay: the working set), count many times more, so they
+   are the last to lose anything. Sized by the room, not the target: where what must stay
+   takes most of a small target, a fifth of the target was all the room, and the engine kept
+   only the newest lines, like dropping the oldest messages.
 3. **Redundancy and supersession** (`salience.said_later`, `_superseded`). A line said again
    later (a newer view of the same file, a repeated error template) is worth nothing where it
    stands first, and the output of a call that is made again later is worth a tenth.
@@ -76,7 +79,8 @@ class EngineOptions:
         0.2,
         above=0.0,
         maximum=1.0,
-        doc="share of the target the newest pieces of the last recency_turns turns may fill first",
+        doc="share of the room (the target less what must stay) the newest pieces of the last "
+        "recency_turns turns may fill first",
     )
     relevance: float = option(
         0.0, minimum=0.0, doc="weight of relevance to the tail beside specificity (0: off)"
@@ -339,7 +343,9 @@ def _texts(
             n += 1
         texts.append(Text(i, bodies[i], spans[i], tokens, values, short, full))
     recent = recency_start(messages, config.recency_turns)
-    _working_set([t for t in texts if t.index >= recent], opts.working_set * config.limit)
+    # The room: what the target leaves once the request's priming and what must stay are paid.
+    room = config.limit - config.count_tokens([]) - sum(layout.costs[i] for i in layout.fixed)
+    _working_set([t for t in texts if t.index >= recent], opts.working_set * max(room, 0))
     return texts
 
 

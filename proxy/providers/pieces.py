@@ -6,11 +6,11 @@ meaning. Pieces tile the text exactly, so kept neighbours join back into the ori
 
 A line up to `LONG_LINE` characters is one piece, short ones gathered with the lines after
 them. A longer one is cut where its own structure allows: a script or file inside a JSON
-string (a tool call's arguments) at its escaped line breaks, like lines; prose at sentence ends (a sentence shorter than `SENTENCE` characters stays with the
-next), data (JSON, a Python repr, a CSV row) at the commas and semicolons between its members,
-never inside a quoted string, small members joined up to `PART` characters so a fact keeps a
-few words on either side. Anything still longer than
-`LONGEST` (a line without any such boundary) is cut at spaces.
+string (a tool call's arguments) at its escaped line breaks, like lines; prose at sentence
+ends (a sentence shorter than `SENTENCE` characters stays with the next); data (JSON, a Python
+repr, a CSV row) at the commas and semicolons between its members, never inside a quoted
+string, small members joined up to `PART` characters so a fact keeps a few words on either
+side. Anything still longer than `LONGEST` (a line without any such boundary) is cut at spaces.
 """
 
 from __future__ import annotations

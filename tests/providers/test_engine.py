@@ -111,6 +111,25 @@ def test_a_specific_line_the_last_question_asks_about_is_kept_over_filler() -> N
     assert "My booking reference is ZX81-4471 for the Lisbon flight." in sent_text(out)
 
 
+def test_when_what_must_stay_takes_most_of_the_target_the_working_set_leaves_room() -> None:
+    # The last user message takes most of the target. The working set is a fifth of the room
+    # left, not of the target (which was all the room: only the newest lines were kept, as
+    # dropping the oldest messages would), so the specific line said first still fits.
+    history: list[Message] = [
+        system(),
+        user("My booking reference is ZX81-4471 for the Lisbon flight."),
+        assistant("Noted."),
+    ]
+    for k in range(8):
+        history += [user(words(50, f"chat{k}")), assistant(words(50, f"reply{k}"))]
+    history.append(user(f"The itinerary: {words(600, 'trip')} Which booking reference was it?"))
+    config = make_config(780)
+    result = ENGINE.compress(history, config)
+    assert check_result(history, result, config) == []
+    assert "My booking reference is ZX81-4471 for the Lisbon flight." in sent_text(result.messages)
+    assert count_tokens(result.messages) <= config.limit
+
+
 def test_a_file_region_viewed_again_later_is_cut_where_it_was_seen_first() -> None:
     messages: list[Message] = [system(), user("Fix compute in src/calc.py.")]
     for k in range(6):
