@@ -247,6 +247,8 @@ def _fit(
             apply(texts, picks, fits)
             rendered = render(layout, texts, short=False)
         got = config.count_tokens(rendered.messages)
+        if CLOSE * config.limit <= got <= config.limit:
+            return rendered  # close enough: filling the last few tokens costs a recount
         if got <= config.limit:
             return _fill(
                 layout, texts, picks, fits, rendered, room=config.limit - got, config=config
@@ -266,10 +268,10 @@ def _fill(
     room: int,
     config: CompressionConfig,
 ) -> Rendered:
-    """Fill the room the ranking's prefix leaves: the later picks that still fit, best first
-    (the pick that stopped the prefix may be one long line while a dozen short ones fit
-    beside it). Checked by one exact count, with fewer of them taken until it is within the
-    target; the prefix alone when none fits."""
+    """Fill the room the ranking's prefix leaves short of CLOSE to the target: the later
+    picks that still fit, best first (the pick that stopped the prefix may be one long line
+    while a dozen short ones fit beside it). Checked by one exact count, with fewer of them
+    taken until it is within the target; the prefix alone when none fits."""
     extra: list[int] = []
     left = room * CLOSE
     for j in range(fits, len(picks)):
