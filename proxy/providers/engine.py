@@ -151,7 +151,7 @@ def compact(
     layout = Layout(messages, units, frozenset(fixed), config)
     digest = layout.source_digest()
     # A request adds its messages' costs to its priming and tool schemas: the layout has them.
-    if config.count_tokens([]) + sum(layout.costs) <= config.limit:
+    if layout.base + sum(layout.costs) <= config.limit:
         return CompactionResult(messages=list(messages), source_digest=digest)
     texts = _texts(messages, units, layout, opts, config)
     picks = rank(texts, LABEL_TOKENS)
@@ -204,7 +204,7 @@ def _fit(
     bound), guessed from the estimates, corrected by how far off they were, then bisected;
     checked by one exact count, and walked back if that is over. None when not even the floor
     is within the target."""
-    base = config.count_tokens([])  # priming and tool schemas: a request adds its messages
+    base = layout.base  # priming and tool schemas: a request adds its messages
     renderings: dict[int, Rendered] = {}  # the latest one within the target, to check exactly
 
     def tokens(n: int) -> int:
@@ -247,8 +247,6 @@ def _fit(
             apply(texts, picks, fits)
             rendered = render(layout, texts, short=False)
         got = config.count_tokens(rendered.messages)
-        if CLOSE * config.limit <= got <= config.limit:
-            return rendered  # close enough: filling the last few tokens costs a recount
         if got <= config.limit:
             return _fill(
                 layout, texts, picks, fits, rendered, room=config.limit - got, config=config
@@ -272,6 +270,8 @@ def _fill(
     picks that still fit, best first (the pick that stopped the prefix may be one long line
     while a dozen short ones fit beside it). Checked by one exact count, with fewer of them
     taken until it is within the target; the prefix alone when none fits."""
+    if room <= (1 - CLOSE) * config.limit:
+        return rendered  # close enough: filling the last few tokens costs a recount
     extra: list[int] = []
     left = room * CLOSE
     for j in range(fits, len(picks)):
@@ -346,7 +346,7 @@ def _texts(
         texts.append(Text(i, bodies[i], spans[i], tokens, values, short, full))
     recent = recency_start(messages, config.recency_turns)
     # The room: what the target leaves once the request's priming and what must stay are paid.
-    room = config.limit - config.count_tokens([]) - sum(layout.costs[i] for i in layout.fixed)
+    room = config.limit - layout.base - sum(layout.costs[i] for i in layout.fixed)
     _working_set([t for t in texts if t.index >= recent], opts.working_set * max(room, 0))
     return texts
 

@@ -43,12 +43,15 @@ class Layout:
     _stays: list[bool] = field(default_factory=list)
     costs: list[int] = field(default_factory=list)
     """Tokens of each original message (the counts the request was priced with)."""
+    base: int = 0
+    """Tokens of the request without its messages (priming, tool schemas)."""
     _refs: dict[tuple[int, int], str] = field(default_factory=dict)
     _digests: canonical.Digests = field(init=False)
     _lines: dict[tuple[str, int, bytes], tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
+        self.base = self.config.count_tokens([])
         self._stays = [
             unit.kind == "system" or not self.fixed.isdisjoint(unit.indices())
             for unit in self.units
