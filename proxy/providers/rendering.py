@@ -4,7 +4,7 @@ A unit that may go and keeps all its pieces stays whole. Every other such unit i
 its neighbours into one stand-in for the run: its marker (`[compactd:ref=<id> … 5 messages,
 3,200 tokens dropped]`), then what the run keeps, message by message under its speaker's label
 (`user:`, `assistant:`, `tool:`; a tool call as `name arguments`), whole lines and sentences
-joined where they were adjacent, a gap saying how much is missing between them. In a unit that
+joined where they were adjacent, an ellipsis for each gap between them. In a unit that
 must stay, each message keeps its role, tool identity and content type: whole when every piece
 is kept, else headed by its own marker with its kept pieces. Each ref maps to the original
 messages it stands for.
@@ -28,6 +28,8 @@ from proxy.providers.units import (
 )
 
 CUT = "cut"
+# What stands for the lines missing between kept lines.
+GAP = "…\n"
 # What a speaker's label in a stand-in costs (`\nassistant: `), in tokens.
 LABEL_TOKENS = 3.0
 
@@ -246,8 +248,10 @@ def _rewritten(layout: Layout, text: Text, short: bool) -> tuple[Message | None,
 
 
 def kept_text(text: Text) -> str:
-    """The kept pieces of a text, adjacent ones joined as they were, a gap between the rest
-    (an ellipsis inside a line, a count of the lines missing between lines)."""
+    """The kept pieces of a text, adjacent ones joined as they were, an ellipsis for each gap
+    between the rest (inside a line, or on a line of its own between lines: one token, where
+    `[… 12 lines]` cost five, a fifth of the room on small budgets with many gaps; the
+    message's marker says how much it stood for, and the expand tool brings it all back)."""
     body = text.body
     parts: list[str] = []
     spans, kept = text.spans, text.kept
@@ -260,12 +264,11 @@ def kept_text(text: Text) -> str:
         if kept[k]:
             parts.append(body[start:end])
         elif parts or j < n:
-            lines = body.count("\n", start, end)
-            if lines == 0:
+            if body.find("\n", start, end) < 0:
                 parts.append(" … ")
             else:
                 if parts and not parts[-1].endswith("\n"):
                     parts.append("\n")
-                parts.append(f"[… {lines} line{'s' if lines > 1 else ''}]\n")
+                parts.append(GAP)
         k = j
     return "".join(parts).strip()

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from hypothesis import given
 from proxy.providers import pieces
 from proxy.providers.base import REF_PATTERN, CompressionConfig, Message, OptionError
 from proxy.providers.engine import EngineOptions, EngineProvider
+from proxy.providers.rendering import GAP, kept_text
+from proxy.providers.selection import Text
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import message_text
 from proxy.providers.validate import check_result
@@ -163,10 +166,32 @@ def test_kept_text_is_whole_lines_never_a_list_of_terms() -> None:
             continue
         for written in message_text(m).splitlines():
             line = written.split(": ", 1)[1] if written.startswith(labels) else written
-            if REF_PATTERN.search(line) or line.startswith("[… ") or not line.strip():
+            if REF_PATTERN.search(line) or line == GAP.strip() or not line.strip():
                 continue
             assert line in originals or line.strip(" …") in originals, line
         assert "facts:" not in message_text(m)
+
+
+def test_a_gap_between_kept_lines_costs_one_ellipsis() -> None:
+    body = "".join(f"line {k}: nothing to see here at all\n" for k in range(12))
+    spans = pieces.split(body)
+    text = Text(0, body, spans, array("d", [10.0] * len(spans)), array("d"), bytearray(), 0.0)
+    text.kept[:] = bytes(k in (0, 5, 6, 11) for k in range(len(spans)))
+    kept = kept_text(text).splitlines()
+    assert kept[0] == "line 0: nothing to see here at all"
+    assert kept[1:4] == [
+        GAP.strip(),
+        "line 5: nothing to see here at all",
+        "line 6: nothing to see here at all",
+    ]
+    assert kept[4:] == [GAP.strip(), "line 11: nothing to see here at all"]
+    # Inside a line, the gap is an ellipsis between the kept sentences.
+    prose = "The first sentence is long enough to stand alone here. " * 8
+    spans = pieces.split(prose)
+    text = Text(0, prose, spans, array("d", [10.0] * len(spans)), array("d"), bytearray(), 0.0)
+    text.kept[0] = text.kept[-1] = True
+    assert " … " in kept_text(text)
+    assert "\n" not in kept_text(text)
 
 
 def test_a_feasible_request_whose_final_result_is_huge_fits_by_cutting_it_last() -> None:
