@@ -4,9 +4,10 @@ Five principles, each a stage a reviewer can read on its own:
 
 1. **Lines and sentences are the unit of keeping** (`pieces.py`). A rewritten message keeps
    whole lines of code and output, whole sentences of prose, whole JSON members, joined where
-   they were adjacent; a gap says how much is missing, and a marker heads the message naming
-   its reference (the original comes back through restore and the expand tool). Runs of whole
-   units that keep nothing become one stand-in. Nothing is ever re-worded into a list of terms.
+   they were adjacent; an ellipsis marks each gap, and a marker heads the message naming its
+   reference and how much it stood for (the original comes back through restore and the
+   expand tool). Runs of whole units that keep nothing become one stand-in. Nothing is ever
+   re-worded into a list of terms.
 2. **Recency gradient** (`_weights`, `_working_set`). Every piece's value is multiplied by how
    new its unit is; the newest pieces of the last `recency_turns` user turns, up to a fifth of
    the room (the target less what must stay: the working set), count many times more, so they
@@ -110,8 +111,7 @@ REPEAT_MIN_CHARS = 12
 # it bisects.
 FIT_ROUNDS = 12
 GUESSES = 4
-# How many exact counts filling the room after the ranking's prefix may take (each takes half
-# as many of the later picks as the one before).
+# How many exact counts filling the room after the ranking's prefix may take.
 FILL_ROUNDS = 3
 # How many times the last resort may cut the final tool results again.
 CUT_ROUNDS = 4
@@ -268,25 +268,31 @@ def _fill(
 ) -> Rendered:
     """Fill the room the ranking's prefix leaves short of CLOSE to the target: the later
     picks that still fit, best first (the pick that stopped the prefix may be one long line
-    while a dozen short ones fit beside it). Checked by one exact count, with fewer of them
-    taken until it is within the target; the prefix alone when none fits."""
+    while a dozen short ones fit beside it). Checked by one exact count; when that is over,
+    the estimates are scaled by how far they fell short (they leave out the ellipses of the
+    gaps a pick opens) and the picks chosen again; the prefix alone when none fits."""
     if room <= (1 - CLOSE) * config.limit:
         return rendered  # close enough: filling the last few tokens costs a recount
-    extra: list[int] = []
-    left = room * CLOSE
-    for j in range(fits, len(picks)):
-        cost = picks[j][2] - (picks[j - 1][2] if j else 0.0)
-        if cost <= left:
-            extra.append(j)
-            left -= cost
+    used = config.limit - room  # what the prefix's rendering counts
+    scale = 1.0  # how far the estimates fell short of the count
     for _ in range(FILL_ROUNDS):
+        extra: list[int] = []
+        estimate = 0.0
+        left = room * CLOSE / scale
+        for j in range(fits, len(picks)):
+            cost = picks[j][2] - (picks[j - 1][2] if j else 0.0)
+            if cost <= left:
+                extra.append(j)
+                left -= cost
+                estimate += cost
         if not extra:
             break
         apply(texts, [picks[j] for j in [*range(fits), *extra]], fits + len(extra))
         candidate = render(layout, texts, short=False)
-        if config.count_tokens(candidate.messages) <= config.limit:
+        got = config.count_tokens(candidate.messages)
+        if got <= config.limit:
             return candidate
-        extra = extra[: len(extra) // 2]
+        scale = (got - used) / max(estimate, 1.0)
     return rendered
 
 
