@@ -3,11 +3,11 @@
 A unit that may go and keeps all its pieces stays whole. Every other such unit is folded with
 its neighbours into one stand-in for the run: its marker (`[compactd:ref=<id> … 5 messages,
 3,200 tokens dropped]`), then what the run keeps, message by message under its speaker's label
-(`user:`, `assistant:`, `tool:`; a tool call as `name arguments`), whole lines and sentences
-joined where they were adjacent, an ellipsis for each gap between them. In a unit that
-must stay, each message keeps its role, tool identity and content type: whole when every piece
-is kept, else headed by its own marker with its kept pieces. Each ref maps to the original
-messages it stands for.
+(`user:`, `assistant:`, `tool:`, three tokens, given once for a speaker's consecutive messages;
+a tool call as `name arguments`), whole lines and sentences joined where they were adjacent,
+an ellipsis for each gap between them. In a unit that must stay, each message keeps its role,
+tool identity and content type: whole when every piece is kept, else headed by its own marker
+with its kept pieces. Each ref maps to the original messages it stands for.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Layout:
     """Tokens of the request without its messages (priming, tool schemas)."""
     _refs: dict[tuple[int, int], str] = field(default_factory=dict)
     _digests: canonical.Digests = field(init=False)
-    _lines: dict[tuple[str, int, bytes], tuple[str, int]] = field(default_factory=dict)
+    _lines: dict[tuple[str, int, bytes, bool], tuple[str, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.costs = [self.config.count_message(m) for m in self.messages]
@@ -77,15 +77,15 @@ class Layout:
             self._refs[key] = self._digests.ref_id(start, end)
         return self._refs[key]
 
-    def line(self, text: Text, role: str) -> tuple[str, int]:
-        """A text's line in a stand-in of this role (`speaker: kept pieces`) and what it adds to
-        the stand-in's cost: remembered by what it keeps, as a fit renders most lines again on
-        every round."""
-        key = (role, text.index, bytes(text.kept))
+    def line(self, text: Text, role: str, *, labelled: bool = True) -> tuple[str, int]:
+        """A text's line in a stand-in of this role (`speaker: kept pieces`, or the kept pieces
+        alone where the line before has the same speaker) and what it adds to the stand-in's
+        cost: remembered by what it keeps, as a fit renders most lines again on every round."""
+        key = (role, text.index, bytes(text.kept), labelled)
         found = self._lines.get(key)
         if found is None:
             speaker = self.messages[text.index].get("role")
-            line = f"{speaker}: {kept_text(text)}"
+            line = f"{speaker}: {kept_text(text)}" if labelled else kept_text(text)
             count = self.config.count_message
             cost = count({"role": role, "content": line}) - count({"role": role, "content": ""})
             found = self._lines[key] = (line, cost + 1)
@@ -221,9 +221,12 @@ def _fold(
     role = stand_in["role"]
     lines = [dropped_marker(ref) if short else message_text(stand_in)]
     cost = layout.config.count_message({"role": role, "content": lines[0]})
+    speaker = None  # a speaker's consecutive lines share one label
     for text in texts:
         if text is not None and any(text.kept):
-            line, added = layout.line(text, role)
+            said_by = layout.messages[text.index].get("role")
+            line, added = layout.line(text, role, labelled=said_by != speaker)
+            speaker = said_by
             lines.append(line)
             cost += added
     if cost >= tokens:

@@ -194,6 +194,22 @@ def test_a_gap_between_kept_lines_costs_one_ellipsis() -> None:
     assert "\n" not in kept_text(text)
 
 
+def test_a_speakers_consecutive_lines_in_a_stand_in_share_one_label() -> None:
+    # Notes a user left over several messages, in a row: the stand-in names the speaker once.
+    history: list[Message] = [system()]
+    history += [
+        user(f"Note {k}: order ZX-{k}471 ships to Lisbon by the slow freight train.\n" + words(30))
+        for k in range(12)
+    ]
+    history += [user("Which orders ship to Lisbon?")]
+    out, _ = compact(history, 0.5)
+    stand_in = next(m for m in out if REF_PATTERN.search(message_text(m)))
+    lines = message_text(stand_in).splitlines()[1:]
+    notes = [line for line in lines if "ships to Lisbon" in line]
+    assert len(notes) >= 3
+    assert [line for line in lines if line.startswith("user: ")] == notes[:1]
+
+
 def test_a_feasible_request_whose_final_result_is_huge_fits_by_cutting_it_last() -> None:
     messages: list[Message] = [system(), user("Read the log.")]
     messages.append(assistant(None, "c0"))
