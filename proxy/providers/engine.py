@@ -16,7 +16,11 @@ Five principles, each a stage a reviewer can read on its own:
    only the newest lines, like dropping the oldest messages.
 3. **Redundancy and supersession** (`salience.said_later`, `_superseded`). A line said again
    later (a newer view of the same file, a repeated error template) is worth nothing where it
-   stands first, and the output of a call that is made again later is worth a tenth.
+   stands first, and the output of a call that is made again later is worth a tenth. An id,
+   number or path that what stays already holds (the messages never rewritten and the working
+   set) adds nothing to a piece elsewhere: what stays carries it. Names are not discounted so:
+   a name recurs as the topic of what is said about it, an id is the same fact wherever it
+   stands.
 4. **Salience** (`salience.Scorer`). Pieces are worth their specificity (rare ids, numbers,
    dates, paths, URLs, names), plus a little for being there at all; relevance to the tail
    (BM25 against the last user message and the newest exchanges) is an option, off by
@@ -56,7 +60,7 @@ from proxy.providers.base import (
     parse_options,
 )
 from proxy.providers.rendering import LABEL_TOKENS, Layout, Rendered, render
-from proxy.providers.salience import Scorer, said_later
+from proxy.providers.salience import Scorer, exact_terms, said_later
 from proxy.providers.selection import NEAR, Pick, Text, apply, rank
 from proxy.providers.units import (
     Unit,
@@ -325,35 +329,45 @@ def _texts(
     flags = said_later((piece_texts[i] for i in rewritable), seen, REPEAT_MIN_CHARS)
     repeated = dict(zip(rewritable, flags, strict=True))
     flat = [p for i in rewritable for p in piece_texts[i]]
+    # Per piece, in arrays (the garbage collector does not walk them): its estimated tokens and
+    # the message it is cut from.
+    per_char = {i: layout.costs[i] / max(len(bodies[i]), 1) for i in rewritable}
+    costs = array("d", (len(p) * per_char[i] for i in rewritable for p in piece_texts[i]))
+    owners = array("q", (i for i in rewritable for _ in piece_texts[i]))
+    # The room: what the target leaves once the request's priming and what must stay are paid.
+    room = config.limit - layout.base - sum(layout.costs[i] for i in layout.fixed)
+    recent = recency_start(messages, config.recency_turns)
+    working = _working_set(owners, costs, recent, opts.working_set * max(room, 0))
+    # What stays holds its ids, numbers and paths: a piece elsewhere gains nothing by them.
+    carried = exact_terms(
+        _body(messages[i], foldable=True)
+        for i in layout.fixed
+        if messages[i].get("role") not in ("system", "developer")
+    )
+    carried |= exact_terms(flat[n] for n in working)
     tail = _tail(messages, units, layout)
     query = "\n".join(_body(messages[i], foldable=True) for i in tail)
-    salient = Scorer(flat, query, message_text(messages[last_index(messages, "user")])).scores(
-        opts.relevance
-    )
+    focus = message_text(messages[last_index(messages, "user")])
+    salient = Scorer(flat, query, focus).scores(opts.relevance, carried, working)
     weights = _weights(units)
     superseded = _superseded(messages, units)
     texts = []
     n = 0
     for i in rewritable:
-        full = layout.costs[i]
-        per_char = full / max(len(bodies[i]), 1)
         weight = weights[unit_of[i]] * (SUPERSEDED if i in superseded else 1.0)
         if messages[i].get("role") == "tool":
             weight *= RAW
         tokens, values, short = array("d"), array("d"), bytearray()
         for k, piece in enumerate(piece_texts[i]):
-            cost = len(piece) * per_char
-            worth = PRESENCE * cost + salient[n]
+            worth = PRESENCE * costs[n] + salient[n]
             worth *= weight * (REPEATED if repeated[i][k] else 1.0)
-            tokens.append(cost)
+            if n in working:
+                worth *= WORKING_SET_WEIGHT
+            tokens.append(costs[n])
             values.append(worth)
             short.append(len(piece.strip()) <= NEAR)
             n += 1
-        texts.append(Text(i, bodies[i], spans[i], tokens, values, short, full))
-    recent = recency_start(messages, config.recency_turns)
-    # The room: what the target leaves once the request's priming and what must stay are paid.
-    room = config.limit - layout.base - sum(layout.costs[i] for i in layout.fixed)
-    _working_set([t for t in texts if t.index >= recent], opts.working_set * max(room, 0))
+        texts.append(Text(i, bodies[i], spans[i], tokens, values, short, layout.costs[i]))
     return texts
 
 
@@ -392,16 +406,17 @@ def _weights(units: list[Unit]) -> list[float]:
     return weights
 
 
-def _working_set(texts: list[Text], room: float) -> None:
+def _working_set(owners: array[int], costs: array[float], recent: int, room: float) -> set[int]:
     """The newest pieces of the recency window (`recency_turns`), `room` tokens of them at
-    most, count WORKING_SET_WEIGHT times more: they are what the conversation is working on,
-    the last to lose anything."""
-    for text in reversed(texts):
-        for k in range(len(text.spans) - 1, -1, -1):
-            if room <= 0:
-                return
-            room -= text.tokens[k]
-            text.value[k] *= WORKING_SET_WEIGHT
+    most (`owners`: each piece's message, `costs`: its tokens): what the conversation is working
+    on, the last to lose anything (they count WORKING_SET_WEIGHT times more)."""
+    out: set[int] = set()
+    for n in range(len(owners) - 1, -1, -1):
+        if owners[n] < recent or room <= 0:
+            break
+        room -= costs[n]
+        out.add(n)
+    return out
 
 
 def _superseded(messages: list[Message], units: list[Unit]) -> set[int]:

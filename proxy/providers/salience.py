@@ -13,7 +13,8 @@ Two things make a line or sentence worth its tokens, and one makes it worthless:
   answer the last question is about outrank what nobody mentions.
 - **Redundancy.** A piece said again later (the same line in a newer view of a file, the same
   error template, a repeated banner) is worth nothing where it stands first: the later copy
-  carries it, in its newer surroundings.
+  carries it, in its newer surroundings. An exact term (an id, number, path) that what stays
+  holds counts only there (`Scorer.scores`' `carried`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Set
 
 from proxy.providers.pieces import SCAN
 
@@ -80,6 +81,15 @@ def named_terms(text: str) -> set[str]:
     not start a sentence (the rule specificity uses: `What`, `The`, `THOUGHT:` name nothing)."""
     out = {t for t in terms(text) if form(t)}
     out.update(terms(text, _NAME))
+    return out
+
+
+def exact_terms(texts: Iterable[str]) -> set[str]:
+    """The ids, numbers, paths, URLs and identifiers the texts hold (terms whose form alone makes
+    them EXACT), lower case: what a piece holding them too says again."""
+    out: set[str] = set()
+    for text in texts:
+        out.update(t.lower() for t in terms(text) if form(t) == EXACT)
     return out
 
 
@@ -177,18 +187,22 @@ class Scorer:
         self._idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
         self._avg = max(sum(self._lengths) / n, 1.0)
 
-    def specificity(self, i: int) -> float:
-        """Form times rarity, summed over the distinct specific terms of piece i."""
+    def specificity(self, i: int, carried: Set[str] = frozenset()) -> float:
+        """Form times rarity, summed over the distinct specific terms of piece i, but for the
+        exact ones (ids, numbers, paths) in `carried`."""
         idf = self._idf
-        return sum(w * idf[t] for t, w in self._specific[i])
+        return sum(w * idf[t] for t, w in self._specific[i] if w != EXACT or t not in carried)
 
-    def scores(self, relevance: float) -> list[float]:
-        """Every piece's specificity plus `relevance` times its relevance, in order. Consumes
-        the scorer: each piece's terms are let go as it is scored (freeing those of tens of
-        thousands of pieces at once held the GIL for ~20 ms)."""
+    def scores(
+        self, relevance: float, carried: Set[str] = frozenset(), carriers: Set[int] = frozenset()
+    ) -> list[float]:
+        """Every piece's specificity plus `relevance` times its relevance, in order; the exact
+        terms in `carried` (what stays holds them) count only in the pieces `carriers` names.
+        Consumes the scorer: each piece's terms are let go as it is scored (freeing those of
+        tens of thousands of pieces at once held the GIL for ~20 ms)."""
         out = []
         for i in range(len(self._specific) - 1, -1, -1):
-            score = self.specificity(i)
+            score = self.specificity(i, frozenset() if i in carriers else carried)
             if relevance and self._hits[i]:  # most pieces hold none of the tail's terms
                 score += relevance * self.relevance(i)
             out.append(score)

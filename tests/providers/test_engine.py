@@ -210,6 +210,24 @@ def test_a_speakers_consecutive_lines_in_a_stand_in_share_one_label() -> None:
     assert [line for line in lines if line.startswith("user: ")] == notes[:1]
 
 
+def test_an_id_what_stays_holds_gives_way_to_one_nobody_else_holds() -> None:
+    # Room for one of two notes: the newer names the ticket the last question asks about (the
+    # question carries that id), the older an invoice nothing else names. The invoice stays.
+    history: list[Message] = [system()]
+    history += [
+        user("Invoice INV-2002 for the printer on floor two is still unpaid.\n" + words(40)),
+        assistant(words(40, "reply")),
+        user("Ticket TK-1001 for the printer on floor two is still open.\n" + words(40)),
+        assistant(words(40, "answer")),
+    ]
+    for _ in range(3):
+        history += [user(words(40, "chat")), assistant(words(40, "talk"))]
+    history.append(user("What is the status of ticket TK-1001?"))
+    sent = sent_text(compact(history, 0.25)[0])
+    assert "Invoice INV-2002 for the printer on floor two is still unpaid." in sent
+    assert "Ticket TK-1001 for the printer" not in sent
+
+
 def test_a_feasible_request_whose_final_result_is_huge_fits_by_cutting_it_last() -> None:
     messages: list[Message] = [system(), user("Read the log.")]
     messages.append(assistant(None, "c0"))
