@@ -17,8 +17,9 @@ Five principles, each a stage a reviewer can read on its own:
 3. **Redundancy and supersession** (`salience.said_later`, `_superseded`). A line said again
    later (a newer view of the same file, a repeated error template) is worth nothing where it
    stands first, and the output of a call that is made again later is worth a tenth. An id,
-   number or path that what stays already holds (the messages never rewritten and the working
-   set) adds nothing to a piece elsewhere: what stays carries it. Names are not discounted so:
+   number or path that what stays already holds (the user's and the model's messages that are
+   never rewritten, and the working set) adds nothing to a piece elsewhere: what stays carries
+   it. Names are not discounted so:
    a name recurs as the topic of what is said about it, an id is the same fact wherever it
    stands.
 4. **Salience** (`salience.Scorer`). Pieces are worth their specificity (rare ids, numbers,
@@ -339,10 +340,12 @@ def _texts(
     recent = recency_start(messages, config.recency_turns)
     working = _working_set(owners, costs, recent, opts.working_set * max(room, 0))
     # What stays holds its ids, numbers and paths: a piece elsewhere gains nothing by them.
+    # (Not a tool's output that stays: it may be megabytes of log, and scanning it cost a
+    # quarter more CPU on such a request for no fact more on any corpus.)
     carried = exact_terms(
         _body(messages[i], foldable=True)
         for i in layout.fixed
-        if messages[i].get("role") not in ("system", "developer")
+        if messages[i].get("role") not in ("system", "developer", "tool")
     )
     carried |= exact_terms(flat[n] for n in working)
     tail = _tail(messages, units, layout)

@@ -89,7 +89,7 @@ def exact_terms(texts: Iterable[str]) -> set[str]:
     them EXACT), lower case: what a piece holding them too says again."""
     out: set[str] = set()
     for text in texts:
-        out.update(t.lower() for t in terms(text) if form(t) == EXACT)
+        out.update(t.lower() for t in set(terms(text)) if form(t) == EXACT)  # each judged once
     return out
 
 
