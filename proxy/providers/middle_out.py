@@ -17,6 +17,7 @@ from proxy.providers.base import (
 )
 from proxy.providers.units import (
     Unit,
+    drop_units,
     droppable,
     placeholder,
     placeholder_cost,
@@ -34,7 +35,7 @@ class MiddleOutProvider(ContextProvider):
         """Drop middle units (nearest the middle first) until under `config.limit`."""
         units = split_units(messages)
         prot = protection(messages, units, config.keep_head, config.recency_turns)
-        candidates = [u for u in units if droppable(u, prot, relaxed=True)]
+        candidates = [u for u in drop_units(messages, units) if droppable(u, prot, relaxed=True)]
         total = config.count_tokens(messages)
         dropped: set[int] = set()
         cost = placeholder_cost(config)

@@ -17,6 +17,7 @@ from proxy.providers.base import (
 )
 from proxy.providers.markers import ref_marker, short_marker
 from proxy.providers.units import (
+    drop_units,
     final_tool_results,
     message_text,
     placeholder,
@@ -64,6 +65,7 @@ class TrimPlan:
         self.overhead = config.count_tokens([])
         self.total = self.overhead + sum(self.orig)
         self.units = split_units(messages)
+        self.drop_units = drop_units(messages, self.units)
         self.unit_of = [k for k, u in enumerate(self.units) for _ in u.indices()]
         self.level = self._levels()
         self.base: dict[int, Message] = {}
@@ -290,7 +292,7 @@ class TrimPlan:
 
     def _drop_oldest(self, tier: int) -> None:
         n = len(self.src)
-        for unit in self.units:
+        for unit in self.drop_units:
             if unit.kind == "system" or self.dropped[unit.start]:
                 continue
             if any(self.level[i] > tier for i in unit.indices()):
@@ -318,7 +320,7 @@ class TrimPlan:
     def _force(self, tier: int) -> None:
         """Drop every droppable unit and bare every other rewritable message, whatever the
         running estimate says (it only estimates the stand-ins)."""
-        for unit in self.units:
+        for unit in self.drop_units:
             if unit.kind != "system" and all(self.level[i] <= tier for i in unit.indices()):
                 for i in unit.indices():
                     self.dropped[i] = True

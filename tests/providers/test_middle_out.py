@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from proxy.providers.base import Message
+from proxy.providers.base import REF_PATTERN, Message
 from proxy.providers.middle_out import MiddleOutProvider, middle_first
 from proxy.providers.uncompress import uncompress
 from proxy.providers.units import Unit, message_text
@@ -49,12 +49,29 @@ def test_protected_messages_survive_even_when_the_target_is_unreachable() -> Non
         user("a " + words(300)),
         assistant(None, "t"),
         tool("t", words(300)),
+        assistant("Read it."),
         user("last"),
     ]
     out = middle_out(msgs, 10)
     assert out[0] == msgs[0]
     assert out[-1] == msgs[-1]
     assert len(out) == 3
+
+
+def test_a_user_message_right_after_tool_results_goes_with_them() -> None:
+    # Anthropic's clients send the results and the text after them as one message: a stand-in
+    # takes both or neither. Here the text is the last user message, so the exchange stays.
+    msgs = [
+        system(),
+        user("a " + words(300)),
+        assistant(None, "t"),
+        tool("t", words(300)),
+        user("last"),
+    ]
+    out = middle_out(msgs, count_tokens(msgs) // 2)
+    assert out[0] == msgs[0]
+    assert out[2:] == msgs[2:]
+    assert REF_PATTERN.search(out[1]["content"])
 
 
 def test_under_target_nothing_changes() -> None:

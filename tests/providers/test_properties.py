@@ -319,10 +319,10 @@ SPLIT = pytest.mark.xfail(
 )
 
 
-# `none` forwards the messages as they are; `engine` never ends a stand-in between a tool result
-# and a user message right after it (rendering.Layout), nor does `summarize` here, where it has
-# no model and compacts with the engine; the others may.
-EXACT = ("none", "engine", "summarize")
+# `none` forwards the messages as they are; no other provider ends a stand-in between a tool
+# result and a user message right after it (`engine`: rendering.Layout; `trim`, `middle-out`:
+# units.drop_units; `summarize` here has no model and compacts with the engine).
+EXACT = ("none", "engine", "summarize", "trim", "middle-out")
 
 
 @pytest.mark.parametrize(
