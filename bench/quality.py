@@ -32,7 +32,8 @@ original surroundings on each side, whitespace ignored: bench/measure.py), the f
 and facts kept *verbatim* (the probe appears anywhere), never reported alone.
 
 A case can fit when system/developer + tools + the last user message (and a final message that
-is not a tool result) fit with room for a marker; "after/target" is the mean of tokens after
+is not a tool result, or the calls that final tool results answer) fit with room for a marker
+per reference the smallest reversible result names; "after/target" is the mean of tokens after
 over the budget on those cases.
 
 Times are CPU time of the `compress` call in this thread (`time.thread_time`), so they do not
@@ -74,6 +75,7 @@ from proxy.providers.units import (
     final_unit_start,
     hard_protected,
     last_index,
+    message_text,
     split_units,
 )
 from proxy.providers.validate import check_result, pairing_problems
@@ -262,7 +264,8 @@ def can_fit(case: Case, count: Callable[[Sequence[Message]], int], budget: int) 
     final message that is not a tool result) fit the budget, with room for the one reference
     marker (`[compactd:ref=…]`) any reversible result needs. Final tool results do not count:
     as the last resort they may be cut head and tail, never dropped, so the tool calls they
-    answer stay too (the calls alone: the text of their assistant message may be condensed)."""
+    answer stay too (the calls alone: the text of their assistant message may go, but what
+    stands in its place names its ref, one marker more), and the cut results name theirs."""
     messages = case.messages
     trailing = len(messages)
     while trailing > 0 and messages[trailing - 1].get("role") == "tool":
@@ -270,12 +273,13 @@ def can_fit(case: Case, count: Callable[[Sequence[Message]], int], budget: int) 
     keep = {i for i in hard_protected(messages) if i < trailing}
     kept = [messages[i] for i in sorted(keep)]
     start = final_unit_start(messages)
+    markers = int(len(keep) < len(messages)) + int(trailing < len(messages))
     if trailing < len(messages) and start < trailing and start not in keep:
         kept.append(
             {"role": "assistant", "content": None, "tool_calls": messages[start]["tool_calls"]}
         )
-    marker = MARKER_TOKENS * (1 + (trailing < len(messages))) if len(keep) < len(messages) else 0
-    return count(kept) + marker <= budget
+        markers += bool(message_text(messages[start]).strip())
+    return count(kept) + MARKER_TOKENS * markers <= budget
 
 
 @dataclass

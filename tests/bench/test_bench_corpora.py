@@ -116,9 +116,13 @@ def test_a_feasible_request_has_room_for_the_calls_its_final_results_answer() ->
         return len(json.dumps(ms)) // 4
 
     calls = count([messages[0], messages[1], {**messages[2], "content": None}])
-    # The call stays (its result may only be cut), the text of its message need not.
-    assert not can_fit(case, count, calls)
-    assert can_fit(case, count, calls + 40)
+    # The call stays (its result may only be cut), the text of its message need not; a marker
+    # names the ref of each: the dropped messages', the text's and the cut result's.
+    assert not can_fit(case, count, calls + 40)
+    assert can_fit(case, count, calls + 60)
+    # Without text, the call's message needs no marker of its own.
+    bare = {**case.messages[2], "content": None}
+    assert can_fit(Case("t", "id", [*messages[:2], bare, messages[3]], None, []), count, calls + 40)
 
 
 def test_the_verbatim_bound_keeps_the_densest_messages_and_bounds_every_whole_pick() -> None:
