@@ -21,6 +21,7 @@ from proxy.providers.markers import dropped_marker
 from proxy.providers.selection import Text
 from proxy.providers.units import (
     Unit,
+    after_results,
     final_tool_results,
     message_text,
     placeholder,
@@ -62,7 +63,8 @@ class Layout:
         # message of the client's (Anthropic's `tool_result` blocks, then text), and a stand-in
         # must not end between them, so it stays too (its messages may still be cut in place).
         for u in range(len(self.units) - 2, -1, -1):
-            if self._stays[u + 1] and not self._stays[u] and _after_results(self, u + 1):
+            follows = after_results(self.messages, self.units[u + 1])
+            if self._stays[u + 1] and not self._stays[u] and follows:
                 self._stays[u] = True
         self._digests = canonical.Digests(self.messages)
 
@@ -191,19 +193,10 @@ def _newest_whole(layout: Layout, by_index: dict[int, Text]) -> int:
     # A user message right after tool results may be the text sent in one message with them
     # (Anthropic's `tool_result` blocks, then a reminder): the stand-in takes it too, so it
     # never ends between the two and a restore gives back the one message.
-    while u < len(layout.units) and not layout.stays(u) and _after_results(layout, u):
+    units, messages = layout.units, layout.messages
+    while u < len(units) and not layout.stays(u) and after_results(messages, units[u]):
         u += 1
     return u
-
-
-def _after_results(layout: Layout, u: int) -> bool:
-    """Whether unit u is a user message right after a tool result."""
-    start = layout.units[u].start
-    return (
-        layout.units[u].kind == "user"
-        and start > 0
-        and layout.messages[start - 1].get("role") == "tool"
-    )
 
 
 def _fold(

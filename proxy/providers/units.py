@@ -180,15 +180,19 @@ def protection(
     return Protection(hard=hard, head=head, recent=recent)
 
 
+def after_results(messages: Sequence[Message], unit: Unit) -> bool:
+    """Whether `unit` is a user message right after a tool result: Anthropic's clients send the
+    two as one message (the `tool_result` blocks, then text such as Claude Code's reminders)."""
+    return unit.kind == "user" and unit.start > 0 and messages[unit.start - 1].get("role") == "tool"
+
+
 def drop_units(messages: Sequence[Message], units: Sequence[Unit]) -> list[Unit]:
-    """The units a provider drops whole, with a user unit that comes right after tool results
-    joined to the unit before it: Anthropic's clients send the two as one message (the
-    `tool_result` blocks, then text such as Claude Code's reminders), so a stand-in takes both
-    or neither, and a restore gives back the one message."""
+    """The units a provider drops whole, with a user unit right after tool results joined to
+    the unit before it (`after_results`): a stand-in takes both or neither, and a restore gives
+    back the one message."""
     out: list[Unit] = []
     for unit in units:
-        after_results = unit.start > 0 and messages[unit.start - 1].get("role") == "tool"
-        if out and unit.kind == "user" and after_results:
+        if out and after_results(messages, unit):
             out[-1] = Unit(out[-1].start, unit.end, out[-1].kind)
         else:
             out.append(unit)
