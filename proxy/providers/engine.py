@@ -10,7 +10,8 @@ Five principles, each a stage a reviewer can read on its own:
    re-worded into a list of terms.
 2. **Recency gradient** (`_weights`, `_working_set`). Every piece's value is multiplied by how
    new its unit is; the newest pieces of the last `recency_turns` user turns, up to a fifth of
-   the room (the target less what must stay: the working set), count many times more, so they
+   the room (the target less what must stay: the working set; whole pieces, none said again
+   later), count many times more, so they
    are the last to lose anything. Sized by the room, not the target: where what must stay
    takes most of a small target, a fifth of the target was all the room, and the engine kept
    only the newest lines, like dropping the oldest messages.
@@ -96,7 +97,7 @@ class EngineOptions:
 # Value of a piece for being there at all, per token: with nothing specific in it, age decides.
 PRESENCE = 0.1
 # The working set counts this many times more than the newest piece outside it.
-WORKING_SET_WEIGHT = 20.0
+WORKING_SET_WEIGHT = 10.0
 # Outside the working set, the newest unit counts this many times more than the oldest.
 AGE_SPAN = 1.0
 # The output of a call made again later (same tool, same arguments) keeps this share of its
@@ -338,7 +339,8 @@ def _texts(
     # The room: what the target leaves once the request's priming and what must stay are paid.
     room = config.limit - layout.base - sum(layout.costs[i] for i in layout.fixed)
     recent = recency_start(messages, config.recency_turns)
-    working = _working_set(owners, costs, recent, opts.working_set * max(room, 0))
+    said = bytearray(f for i in rewritable for f in repeated[i])
+    working = _working_set(owners, costs, said, recent, opts.working_set * max(room, 0))
     # What stays holds its ids, numbers and paths: a piece elsewhere gains nothing by them.
     # (Not a tool's output that stays: it may be megabytes of log, and scanning it cost a
     # quarter more CPU on such a request for no fact more on any corpus.)
@@ -409,13 +411,23 @@ def _weights(units: list[Unit]) -> list[float]:
     return weights
 
 
-def _working_set(owners: array[int], costs: array[float], recent: int, room: float) -> set[int]:
+def _working_set(
+    owners: array[int], costs: array[float], said: bytearray, recent: int, room: float
+) -> set[int]:
     """The newest pieces of the recency window (`recency_turns`), `room` tokens of them at
     most (`owners`: each piece's message, `costs`: its tokens): what the conversation is working
-    on, the last to lose anything (they count WORKING_SET_WEIGHT times more)."""
+    on, the last to lose anything (they count WORKING_SET_WEIGHT times more). It ends before
+    the first piece that does not fit whole: on a short chat a fifth of the room is less than
+    one message, and taking that message whole gave it all the room the older facts needed.
+    A piece said again later (`said`: a banner, a prompt, an error template the final output
+    repeats) is not in it and costs it nothing: the later copy carries it."""
     out: set[int] = set()
     for n in range(len(owners) - 1, -1, -1):
-        if owners[n] < recent or room <= 0:
+        if owners[n] < recent:
+            break
+        if said[n]:
+            continue
+        if costs[n] > room:
             break
         room -= costs[n]
         out.add(n)
