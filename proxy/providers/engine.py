@@ -11,10 +11,10 @@ Five principles, each a stage a reviewer can read on its own:
 2. **Recency gradient** (`_weights`, `_working_set`). Every piece's value is multiplied by how
    new its unit is; the newest pieces of the last `recency_turns` user turns, up to a fifth of
    the room (the target less what must stay: the working set; whole pieces, none said again
-   later), count many times more, so they
-   are the last to lose anything. Sized by the room, not the target: where what must stay
-   takes most of a small target, a fifth of the target was all the room, and the engine kept
-   only the newest lines, like dropping the oldest messages.
+   later), count many times more, so they are the last to lose anything. Sized by the room,
+   not the target: where what must stay takes most of a small target, a fifth of the target
+   was all the room, and the engine kept only the newest lines, like dropping the oldest
+   messages.
 3. **Redundancy and supersession** (`salience.said_later`, `_superseded`). A line said again
    later (a newer view of the same file, a repeated error template) is worth nothing where it
    stands first, and the output of a call that is made again later is worth a tenth. An id,

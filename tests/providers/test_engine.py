@@ -151,6 +151,28 @@ def test_a_working_set_is_never_more_than_its_share_of_the_room() -> None:
     assert count_tokens(result.messages) <= config.limit
 
 
+def test_what_the_final_output_repeats_takes_no_room_from_the_working_set() -> None:
+    # The newest view ends with an error banner that the final output repeats word for word.
+    # The working set skips the banner (the final output carries it) and holds the view's
+    # last lines, which would otherwise lose to the older outputs' ids.
+    banner = "\n".join(
+        f"Note {k}: your edit was not applied; fix the command and try again." for k in range(12)
+    )
+    messages: list[Message] = [system(), user("Fix compute in src/calc.py.")]
+    for k in range(6):
+        ids = (f"ID-{k}{j:03d} ORD-{k}{j:03d}X REF-{j}{k:03d}" for j in range(40))
+        messages += [assistant(None, f"c{k}"), tool(f"c{k}", "\n".join(ids))]
+    messages += [
+        assistant(None, "c6"),
+        tool("c6", file_view("src/calc.py", 700, 30) + "\n" + banner),
+    ]
+    messages += [assistant(None, "c7"), tool("c7", banner)]
+    out, _ = compact(messages, 0.1)
+    sent = sent_text(out)
+    for line in (726, 727, 728, 729):
+        assert f"{line}:    value_{line} = compute({line})" in sent
+
+
 def test_a_file_region_viewed_again_later_is_cut_where_it_was_seen_first() -> None:
     messages: list[Message] = [system(), user("Fix compute in src/calc.py.")]
     for k in range(6):
