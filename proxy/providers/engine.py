@@ -24,13 +24,12 @@ Five principles, each a stage a reviewer can read on its own:
    a name recurs as the topic of what is said about it, an id is the same fact wherever it
    stands.
 4. **Salience** (`salience.Scorer`). Pieces are worth their specificity (rare ids, numbers,
-   dates, paths, URLs, names), plus a little for being there at all; relevance to the tail
-   (BM25 against the last user message and the newest exchanges) is an option, off by
-   default: the tail itself is kept whole and the working set holds what it works on, and on
-   every corpus, dev and held-out, weighing relevance kept no more facts in context (up to 5
-   points fewer). A tool's output
-   counts a quarter (`RAW`): it is what the user and the model read, and their own turns after
-   it say what mattered in it.
+   dates, paths, URLs, names, quoted titles), plus a little for being there at all;
+   relevance to the tail (BM25 against the last user message and the newest exchanges) is an
+   option, off by default: the tail itself is kept whole and the working set holds what it
+   works on, and on every corpus, dev and held-out, weighing relevance kept no more facts in
+   context (up to 5 points fewer). A tool's output counts a quarter (`RAW`): it is what the
+   user and the model read, and their own turns after it say what mattered in it.
 5. **Fill the budget** (`selection.py`). Pieces are kept best value per token first until the
    target is reached, counted exactly and adjusted; then the later pieces that still fit in
    the room left (`_fill`: the piece that stopped the ranking may be one long line while short
@@ -353,7 +352,13 @@ def _texts(
     tail = _tail(messages, units, layout)
     query = "\n".join(_body(messages[i], foldable=True) for i in tail)
     focus = message_text(messages[last_index(messages, "user")])
-    salient = Scorer(flat, query, focus).scores(opts.relevance, carried, working)
+    # What the user and the model wrote: their messages' text, not a tool's output and not the
+    # arguments of their tool calls (JSON, scripts).
+    text_end = {
+        i: len(message_text(messages[i])) for i in rewritable if messages[i].get("role") != "tool"
+    }
+    written = bytearray(s < text_end.get(i, -1) for i in rewritable for s, _ in spans[i])
+    salient = Scorer(flat, query, focus, written).scores(opts.relevance, carried, working)
     weights = _weights(units)
     superseded = _superseded(messages, units)
     texts = []

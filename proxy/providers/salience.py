@@ -4,9 +4,9 @@ Two things make a line or sentence worth its tokens, and one makes it worthless:
 
 - **Specificity.** Rare, exact items are what a later turn needs and cannot rebuild: ids,
   numbers, dates, amounts, paths, URLs, names. Each distinct specific term of a piece is
-  weighted by its form (anything with a digit, a path, URL or identifier: 1; a name or an
-  acronym: 0.6; plain words: nothing) times its rarity in the conversation (inverse document
-  frequency over all pieces).
+  weighted by its form (anything with a digit, a path, URL or identifier: 1; a name, an
+  acronym or a quoted phrase, a title someone gave: 0.6; plain words: nothing) times its rarity
+  in the conversation (inverse document frequency over all pieces).
 - **Relevance.** What the conversation is about now: BM25 of the piece against what the tail
   names (the files, functions, ids, numbers and names of the newest exchanges, those of the
   last user message counted twice), so the file an agent is still editing and the earlier
@@ -36,6 +36,13 @@ _EXACT = re.compile(r"\d|[_./@:]|[a-z][A-Z]")
 # A capitalized word after a lower-case word or a comma: a name, not a sentence's first word.
 # (The capital comes first, then the look behind it: a search then skips to capitals.)
 _NAME = re.compile(r"[A-Z](?<=[a-z,;] [A-Z])\w*")
+# A quoted phrase: a title, a name someone gave, a message someone saw ("Netrunner's Gambit",
+# “domain users”, 'Firefox closed unexpectedly'), 3 to 60 characters on one line. A single
+# quote opens only after a non-word character and closes only before one, so `it's` and `don't`
+# open nothing, and an apostrophe followed by a letter stays inside.
+_QUOTED = re.compile(
+    r'"([^"\n]{3,60})"|“([^”\n]{3,60})”|(?<!\w)\'((?:[^\'\n]|\'(?=\w)){3,60})\'(?!\w)'
+)
 # Where a fact may sit: a digit, joined punctuation inside a word, a camelCase join, a capital
 # after a lower-case word or a comma (a name, not a sentence's first word), an acronym.
 _FACTLIKE = re.compile(r"\d|\w[_./@:]\w|[a-z][A-Z]|(?<=[a-z,;] )[A-Z]|\b[A-Z]{2}")
@@ -119,8 +126,8 @@ class _Terms:
         self._specific: dict[str, tuple[str, float]] = {}
         self._asked_forms: set[str] = set()
 
-    def analyze(self, piece: str) -> _Analysis:
-        """What the scores read of `piece`."""
+    def analyze(self, piece: str, quoting: bool) -> _Analysis:
+        """What the scores read of `piece` (with its quoted phrases where `quoting`)."""
         written = _TERM.findall(piece)
         distinct = set(written)
         for term in distinct.difference(self._judged):
@@ -137,6 +144,9 @@ class _Terms:
         specific = dict(map(forms.__getitem__, sorted(forms.keys() & distinct)))
         for name in _NAME.findall(piece):
             specific.setdefault(name.lower(), NAMED)
+        if quoting and ("'" in piece or '"' in piece or "\u201c" in piece):
+            for quoted in _QUOTED.findall(piece):
+                specific.setdefault("".join(quoted).lower(), NAMED)
         if self._asked_forms.isdisjoint(distinct):
             return tuple(specific.items()), (), len(written), tuple(specific)
         # Terms hold no line break: one lower() of them all, not one per term.
@@ -154,7 +164,13 @@ class Scorer:
     it holds (with their counts) and its length in terms; document frequencies are counted for
     those terms alone."""
 
-    def __init__(self, pieces: Sequence[str], query: str, focus: str) -> None:
+    def __init__(
+        self, pieces: Sequence[str], query: str, focus: str, written: bytes | bytearray = b""
+    ) -> None:
+        # `written`: whether each piece is what the user or the model wrote in words, where a
+        # quoted phrase is a title or a name someone gave; in a tool's output or a call's
+        # arguments, quotes are a program's string literals and JSON's keys and values (none
+        # by default).
         # The working set is what the tail names (its files, functions, ids, numbers, names):
         # plain words match too much to say what a piece is about. The last user message says
         # what is asked now: its names count twice the tail's.
@@ -169,11 +185,14 @@ class Scorer:
         self._specific: list[tuple[tuple[str, float], ...]] = []
         self._hits: list[tuple[tuple[str, int], ...]] = []
         self._lengths: list[int] = []
-        known: dict[str, _Analysis] = {}  # a quarter of an agent run's pieces are repeats
-        for piece in pieces:
-            analysis = known.get(piece)
+        # A quarter of an agent run's pieces are repeats: each is analyzed once (once as
+        # written, once as output).
+        known: tuple[dict[str, _Analysis], dict[str, _Analysis]] = ({}, {})
+        for k, piece in enumerate(pieces):
+            quoting = k < len(written) and written[k] == 1
+            analysis = known[quoting].get(piece)
             if analysis is None:
-                analysis = known[piece] = terms.analyze(piece)
+                analysis = known[quoting][piece] = terms.analyze(piece, quoting)
             specific, hits, length, scored = analysis
             self._specific.append(specific)
             self._hits.append(hits)

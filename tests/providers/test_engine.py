@@ -173,6 +173,19 @@ def test_what_the_final_output_repeats_takes_no_room_from_the_working_set() -> N
         assert f"{line}:    value_{line} = compute({line})" in sent
 
 
+def test_a_title_someone_gave_in_quotes_outlives_filler() -> None:
+    # Nothing in the line is an id, a number or a capitalized name: only the quotes say that
+    # "glass orchard" is a name someone gave, said once. It outlives newer plain filler.
+    history: list[Message] = [system()]
+    seeds = ["amber", "birch", "cedar", "delta", "ember", "fjord", "grove", "heath", "inlet"]
+    for seed in [*seeds, "juniper"]:
+        history += [user(words(40, seed)), assistant(words(40, seed + "s"))]
+    history.insert(11, user('we settled on a name: the working title is "glass orchard" for now.'))
+    history.append(user("what did we call it?"))
+    out, _ = compact(history, 0.1)
+    assert 'the working title is "glass orchard" for now.' in sent_text(out)
+
+
 def test_a_file_region_viewed_again_later_is_cut_where_it_was_seen_first() -> None:
     messages: list[Message] = [system(), user("Fix compute in src/calc.py.")]
     for k in range(6):

@@ -53,6 +53,20 @@ def test_a_rare_id_outweighs_filler_and_relevance_follows_the_question() -> None
     assert relevant[11] == max(relevant) > 0
 
 
+def test_a_quoted_phrase_is_a_name_where_someone_wrote_it_not_in_output() -> None:
+    pieces = [
+        "the working title is 'netrunner's gambit' now",
+        'it said "firefox closed unexpectedly" and quit',
+        "don't worry, it's fine",
+        '{"status": "closed unexpectedly"}',
+    ]
+    scorer = Scorer(pieces, query="ok", focus="ok", written=bytes([1, 1, 1, 0]))
+    assert scorer.specificity(0) > 0
+    assert scorer.specificity(1) > 0
+    assert scorer.specificity(2) == 0, "an apostrophe opens no quote"
+    assert scorer.specificity(3) == 0, "a tool's output: quotes are JSON's, not a name"
+
+
 def test_a_line_said_again_later_is_marked_where_it_stands_first() -> None:
     groups = [
         ["Error: disk full on /dev/sda1\n", "}\n"],
