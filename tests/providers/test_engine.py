@@ -29,7 +29,12 @@ ENGINE = EngineProvider()
 
 def compact(messages: list[Message], share: float) -> tuple[list[Message], CompressionConfig]:
     """The engine's result at `share` of the conversation's tokens, checked valid."""
-    config = make_config(int(count_tokens(messages) * share))
+    return compact_to(messages, int(count_tokens(messages) * share))
+
+
+def compact_to(messages: list[Message], limit: int) -> tuple[list[Message], CompressionConfig]:
+    """The engine's result within `limit` tokens, checked valid, within it and restorable."""
+    config = make_config(limit)
     result = ENGINE.compress(messages, config)
     assert check_result(messages, result, config) == []
     assert count_tokens(result.messages) <= config.limit
@@ -126,11 +131,8 @@ def test_when_what_must_stay_takes_most_of_the_target_the_working_set_leaves_roo
     for k in range(8):
         history += [user(words(50, f"chat{k}")), assistant(words(50, f"reply{k}"))]
     history.append(user(f"The itinerary: {words(600, 'trip')} Which booking reference was it?"))
-    config = make_config(780)
-    result = ENGINE.compress(history, config)
-    assert check_result(history, result, config) == []
-    assert "My booking reference is ZX81-4471 for the Lisbon flight." in sent_text(result.messages)
-    assert count_tokens(result.messages) <= config.limit
+    out, _ = compact_to(history, 780)
+    assert "My booking reference is ZX81-4471 for the Lisbon flight." in sent_text(out)
 
 
 def test_a_working_set_is_never_more_than_its_share_of_the_room() -> None:
@@ -144,11 +146,8 @@ def test_a_working_set_is_never_more_than_its_share_of_the_room() -> None:
         user("Reliability matters most to us now, and the budget for the next quarter is open."),
         user("How have our app metrics changed since the launch?"),
     ]
-    config = make_config(78)
-    result = ENGINE.compress(history, config)
-    assert check_result(history, result, config) == []
-    assert "Launch week: 22K MAU, up from 15K." in sent_text(result.messages)
-    assert count_tokens(result.messages) <= config.limit
+    out, _ = compact_to(history, 78)
+    assert "Launch week: 22K MAU, up from 15K." in sent_text(out)
 
 
 def test_what_the_final_output_repeats_takes_no_room_from_the_working_set() -> None:
